@@ -1,0 +1,86 @@
+"""Run every benchmark module side by side with its peers and write docs/benchmarks.md.
+
+    python benchmarks/run.py                 # all modules, writes docs/benchmarks.md
+    python benchmarks/run.py ops warp        # only bench_ops.py and bench_warp.py
+    python benchmarks/run.py --out FILE      # write elsewhere
+
+Each ``benchmarks/bench_<name>.py`` defines ``SECTION`` (a title) and ``run(report)``.
+Times are medians of repeated calls after a warm-up; ratios are peer time / our time in
+the same run, which is what carries over between machines (absolute times do not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import os
+import pathlib
+import platform
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _harness import Report  # noqa: E402
+
+
+def machine_description() -> list[str]:
+    import numpy
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    lines = [
+        f"- date: {datetime.date.today().isoformat()}",
+        f"- machine: {cpu}, {os.cpu_count()} logical cores, torch threads {torch.get_num_threads()}",
+        f"- python {platform.python_version()}, torch {torch.__version__}, numpy {numpy.__version__}",
+    ]
+    versions = []
+    for mod in ("scipy", "skimage", "pytorch_msssim", "kornia", "monai", "pystackreg"):
+        try:
+            versions.append(f"{mod} {importlib.import_module(mod).__version__}")
+        except Exception:  # a missing peer is reported, not fatal
+            versions.append(f"{mod} (not installed)")
+    lines.append("- peers: " + ", ".join(versions))
+    if torch.cuda.is_available():
+        lines.append(f"- GPU: {torch.cuda.get_device_name()}")
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("modules", nargs="*", help="bench_<name>.py modules to run (default: all)")
+    parser.add_argument("--out", default=str(HERE.parent / "docs" / "benchmarks.md"))
+    args = parser.parse_args(argv)
+    names = args.modules or sorted(p.stem[len("bench_"):] for p in HERE.glob("bench_*.py"))
+    report = Report()
+    sections = []
+    for name in names:
+        module = importlib.import_module(f"bench_{name}")
+        print(f"== {module.SECTION}", flush=True)
+        start = len(report.rows)
+        module.run(report)
+        sections.append((module.SECTION, report.rows[start:]))
+    text = ["# Benchmarks", "", *machine_description(), "",
+            "Times are medians after a warm-up; 'peer time / ours' above 1 means we are faster.",
+            "Peak memory is the resident-set peak during one call above the level before it.", ""]
+    for title, rows in sections:
+        sub = Report(rows=rows, section_notes=report.section_notes)
+        text.append(sub.markdown(title))
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(text) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
