@@ -2,6 +2,8 @@
 
     napari-simwarp demo --out DIR      run the operators on the bundled sample data and
                                        write the maps, a summary and a picture into DIR
+    napari-simwarp build-kernels       build the compiled kernels now (else: on first use)
+    napari-simwarp info                which backend runs each op, and why
 """
 
 from __future__ import annotations
@@ -34,6 +36,40 @@ def _run_demo(args) -> int:
     return 0
 
 
+def _add_build_kernels(subparsers) -> None:
+    p = subparsers.add_parser("build-kernels", help="build (or find cached) compiled kernels",
+                              description="Build the C++/CUDA kernels into the cache now, so "
+                              "that the first call of an op does not wait for the compiler.")
+    p.add_argument("--verbose", action="store_true", help="show the compiler's output")
+    p.set_defaults(func=_run_build_kernels)
+
+
+def _run_build_kernels(args) -> int:
+    from .ops import _backend
+
+    path = _backend.build(verbose=args.verbose)
+    print(f"kernels built in {path} (CUDA kernels: {_backend._state['cuda']})")
+    return 0
+
+
+def _add_info(subparsers) -> None:
+    p = subparsers.add_parser("info", help="which backend runs each op, and why")
+    p.set_defaults(func=_run_info)
+
+
+def _run_info(args) -> int:
+    from .ops._backend import backend_info
+
+    info = backend_info()
+    print(f"requested backend: {info['requested']}")
+    for key, value in info["build"].items():
+        print(f"build {key}: {value}")
+    for op, per_device in info["ops"].items():
+        cells = "; ".join(f"{dev}: {b} ({why})" for dev, (b, why) in per_device.items())
+        print(f"{op:24s} {cells}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="napari-simwarp",
@@ -41,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_demo(subparsers)
+    _add_build_kernels(subparsers)
+    _add_info(subparsers)
     return parser
 
 

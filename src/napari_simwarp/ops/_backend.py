@@ -1,0 +1,195 @@
+"""Which implementation runs each op: compiled kernels (built on first use) or pure torch.
+
+The kernels in ``napari_simwarp/csrc`` are an optional speed layer. On the first call of an
+op that has a compiled implementation, this module builds them with
+``torch.utils.cpp_extension`` (the CPU sources always; the CUDA sources only where torch
+has CUDA and ``nvcc`` is found), caches the build between runs, and registers the ops'
+fake and autograd implementations. Where the build fails or no compiler exists, the pure
+torch operators run instead, after one warning that says why. Importing this module builds
+nothing.
+
+Environment:
+    SIMWARP_BACKEND    "auto" (default: compiled where it builds, else torch),
+                       "torch" (never build), "compiled" (build or raise).
+    SIMWARP_CACHE_DIR  where builds are cached (default ~/.cache/napari-simwarp).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import shutil
+import threading
+import warnings
+
+import torch
+
+ENV_BACKEND = "SIMWARP_BACKEND"
+ENV_CACHE = "SIMWARP_CACHE_DIR"
+BACKENDS = ("auto", "torch", "compiled")
+
+CSRC = pathlib.Path(__file__).resolve().parent.parent / "csrc"
+
+#: public op name -> the torch.ops.simwarp ops that implement it.
+COMPILED_OPS = {
+    "local_std": ("local_std_fwd", "local_std_bwd", "box_sum"),
+}
+
+_lock = threading.Lock()
+_state: dict = {"tried": False, "loaded": False, "cuda": False, "error": None, "path": None}
+
+
+class CompiledBackendError(RuntimeError):
+    """SIMWARP_BACKEND=compiled was asked for and the kernels could not be built or loaded."""
+
+
+def requested_backend() -> str:
+    """The backend asked for through ``SIMWARP_BACKEND`` (validated)."""
+    value = os.environ.get(ENV_BACKEND, "auto").strip().lower() or "auto"
+    if value not in BACKENDS:
+        raise ValueError(f"{ENV_BACKEND} must be one of {', '.join(BACKENDS)}, got {value!r}")
+    return value
+
+
+def cuda_build_possible() -> tuple[bool, str]:
+    """Whether the CUDA sources can be built here, and why not when they cannot."""
+    if not torch.cuda.is_available() or torch.version.cuda is None:
+        return False, "torch has no usable CUDA"
+    from torch.utils import cpp_extension
+
+    if cpp_extension.CUDA_HOME is None:
+        return False, "nvcc was not found (set CUDA_HOME)"
+    return True, "torch has CUDA and nvcc was found"
+
+
+def sources(with_cuda: bool) -> list[pathlib.Path]:
+    """The C++ (and, with CUDA, .cu and binding) sources of the extension."""
+    files = [CSRC / "ops.cpp", *sorted((CSRC / "cpu").glob("*.cpp"))]
+    if with_cuda:
+        files += sorted((CSRC / "cuda").glob("*.cu")) + [CSRC / "cuda" / "bindings.cpp"]
+    return files
+
+
+def _build_directory(files: list[pathlib.Path], with_cuda: bool) -> pathlib.Path:
+    # A new directory per source content and torch version: a stale build is never loaded.
+    digest = hashlib.sha256()
+    for f in files + sorted(CSRC.rglob("*.h")):
+        digest.update(f.read_bytes())
+    digest.update(torch.__version__.encode())
+    root = pathlib.Path(os.environ.get(ENV_CACHE, pathlib.Path.home() / ".cache" / "napari-simwarp"))
+    tag = f"{'cuda' if with_cuda else 'cpu'}-{digest.hexdigest()[:16]}"
+    path = root / tag
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def build(verbose: bool = False) -> pathlib.Path:
+    """Build (or find in the cache) and load the kernels; return the build directory.
+
+    Raises whatever the compiler or loader raised; ``ensure_loaded`` turns that into a
+    warning and a torch fallback.
+    """
+    from torch.utils import cpp_extension
+
+    with_cuda, _ = cuda_build_possible()
+    files = sources(with_cuda)
+    build_dir = _build_directory(files, with_cuda)
+    cflags = ["-O3", "-std=c++17", "-fopenmp"]
+    cpp_extension.load(
+        name=f"simwarp_ops_{'cuda' if with_cuda else 'cpu'}",
+        sources=[str(f) for f in files],
+        extra_include_paths=[str(CSRC / "include"), str(CSRC)],
+        extra_cflags=cflags,
+        extra_cuda_cflags=["-O3", "-std=c++17"],
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(build_dir),
+        with_cuda=with_cuda,
+        is_python_module=False,
+        verbose=verbose,
+    )
+    from . import _compiled  # registers fake and autograd implementations
+
+    _compiled.register()
+    _state.update(cuda=with_cuda, path=str(build_dir))
+    return build_dir
+
+
+def ensure_loaded() -> bool:
+    """Build/load the kernels once per process; False (after one warning) if that fails."""
+    if _state["tried"]:
+        return _state["loaded"]
+    with _lock:
+        if _state["tried"]:
+            return _state["loaded"]
+        backend = requested_backend()
+        if backend == "torch":
+            _state.update(tried=True, loaded=False, error=f"{ENV_BACKEND}=torch")
+            return False
+        if shutil.which(os.environ.get("CXX", "c++")) is None:
+            error = "no C++ compiler found (install g++ or set CXX)"
+        else:
+            try:
+                build()
+                error = None
+            except Exception as exc:  # any build or load failure falls back to torch
+                error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}"
+        _state.update(tried=True, loaded=error is None, error=error)
+        if error is not None:
+            if backend == "compiled":
+                raise CompiledBackendError(
+                    f"{ENV_BACKEND}=compiled, but the kernels could not be built: {error}"
+                )
+            warnings.warn(
+                f"napari-simwarp: compiled kernels unavailable ({error}); using the pure "
+                f"torch operators. Set {ENV_BACKEND}=torch to silence this.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return _state["loaded"]
+
+
+def use_compiled(op: str, *tensors: torch.Tensor) -> bool:
+    """Whether ``op`` should run its compiled implementation on these tensors' device."""
+    if op not in COMPILED_OPS or requested_backend() == "torch":
+        return False
+    device_types = {t.device.type for t in tensors}
+    if not device_types <= {"cpu", "cuda"}:
+        return False  # MPS and others: pure torch
+    if not ensure_loaded():
+        return False
+    return "cuda" not in device_types or _state["cuda"]
+
+
+def backend_info() -> dict:
+    """Which backend runs each op, per device type, and why.
+
+    Returns ``{"requested": ..., "build": {...}, "ops": {op: {"cpu": (backend, reason),
+    "cuda": (backend, reason)}}}``. Calling it triggers the one-time build where the
+    requested backend allows one.
+    """
+    backend = requested_backend()
+    loaded = backend != "torch" and ensure_loaded()
+    cuda_ok, cuda_reason = cuda_build_possible()
+    from . import __all__ as public_ops
+
+    ops = {}
+    for op in sorted(set(public_ops) | set(COMPILED_OPS)):
+        if op not in COMPILED_OPS:
+            why = "no compiled implementation (pure torch)"
+            ops[op] = {"cpu": ("torch", why), "cuda": ("torch", why)}
+        elif backend == "torch":
+            ops[op] = {d: ("torch", f"{ENV_BACKEND}=torch") for d in ("cpu", "cuda")}
+        elif not loaded:
+            ops[op] = {d: ("torch", f"build failed: {_state['error']}") for d in ("cpu", "cuda")}
+        else:
+            ops[op] = {
+                "cpu": ("compiled", "built kernels"),
+                "cuda": ("compiled", "built kernels") if _state["cuda"] else ("torch", cuda_reason),
+            }
+    return {
+        "requested": backend,
+        "build": {"loaded": loaded, "cuda_kernels": bool(_state["cuda"]) and cuda_ok,
+                  "path": _state["path"], "error": _state["error"]},
+        "ops": ops,
+    }
