@@ -105,3 +105,35 @@ def test_compiles_under_torch_compile(compiled, rng):
     x = torch.from_numpy(rng.standard_normal((1, 1, 16, 16)))
     fn = torch.compile(lambda t: compiled.local_std_valid(t, (3, 3), 0.0, True) * 2, backend="eager")
     torch.testing.assert_close(fn(x), 2 * compiled.local_std_valid(x, (3, 3), 0.0, True))
+
+
+@pytest.mark.parametrize("shape,sizes", [((2, 3, 30, 41), (5, 4)), ((1, 1, 9, 10, 11), (3, 1, 5)),
+                                         ((1, 1, 7, 7), (7, 7))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_correlate_matches_scipy(compiled, shape, sizes, dtype, rng):
+    x = rng.standard_normal(shape)
+    taps = [rng.standard_normal(k) for k in sizes]
+    out = compiled.correlate(torch.from_numpy(x).to(dtype), [t.tolist() for t in taps])
+    kernel = taps[0]
+    for t in taps[1:]:
+        kernel = np.multiply.outer(kernel, t)
+    full = ndi.correlate(x, kernel[None, None], mode="constant",
+                         origin=[0, 0] + [-(k // 2) for k in sizes])
+    # origin shifts SciPy's centred window to start at i: the valid part is the prefix.
+    ref = full[(..., *[slice(0, n - k + 1) for n, k in zip(shape[2:], sizes)])]
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    np.testing.assert_allclose(out.double().numpy(), ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
+def test_correlate_transpose_is_the_adjoint(compiled, rng):
+    x = torch.from_numpy(rng.standard_normal((1, 2, 19, 23)))
+    taps = [rng.standard_normal(5).tolist(), rng.standard_normal(4).tolist()]  # not symmetric
+    y = torch.from_numpy(rng.standard_normal((1, 2, 15, 20)))
+    lhs = (compiled.correlate(x, taps) * y).sum()
+    rhs = (x * compiled.correlate(y, taps, transpose=True)).sum()
+    assert torch.allclose(lhs, rhs, rtol=1e-12)
+    xr = x[..., :8, :9].clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: compiled.correlate(t, taps), (xr,))
+    assert torch.autograd.gradcheck(lambda t: compiled.correlate(t, taps, True), (xr,))
+    torch.library.opcheck(torch.ops.simwarp.correlate.default,
+                          (x, [v for t in taps for v in t], [5, 4], False))

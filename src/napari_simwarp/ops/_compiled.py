@@ -29,6 +29,16 @@ def box_sum(x: torch.Tensor, window, full: bool = False) -> torch.Tensor:
     return torch.ops.simwarp.box_sum(x, list(window), full)
 
 
+def correlate(x: torch.Tensor, taps, transpose: bool = False) -> torch.Tensor:
+    """Separable correlation of ``x (..., *S)`` over the trailing ``len(taps)`` axes.
+
+    ``taps[i]`` are the 1-D weights of axis ``i``. Valid mode gives ``(..., *(S - k + 1))``;
+    ``transpose=True`` is its adjoint ``(..., *(S + k - 1))``. Differentiable.
+    """
+    flat = [float(t) for axis in taps for t in axis]
+    return torch.ops.simwarp.correlate(x, flat, [len(axis) for axis in taps], transpose)
+
+
 def local_std_valid(xp: torch.Tensor, window, eps: float, normalized: bool) -> torch.Tensor:
     """Fused local std of an already padded ``xp (..., *P)``, valid mode ``(..., *(P - k + 1))``.
 
@@ -56,6 +66,22 @@ def register() -> None:
 
     torch.library.register_autograd(
         "simwarp::box_sum", _box_sum_backward, setup_context=_box_sum_setup
+    )
+
+    @torch.library.register_fake("simwarp::correlate")
+    def _correlate_fake(x, taps, sizes, transpose=False):
+        return x.new_empty(_window_shape(x.shape, sizes, transpose))
+
+    def _correlate_setup(ctx, inputs, output):
+        _, ctx.taps, ctx.sizes, ctx.transpose = inputs
+
+    def _correlate_backward(ctx, grad):
+        # The valid correlation and its transpose are each other's adjoints.
+        out = torch.ops.simwarp.correlate(grad.contiguous(), ctx.taps, ctx.sizes, not ctx.transpose)
+        return out, None, None, None
+
+    torch.library.register_autograd(
+        "simwarp::correlate", _correlate_backward, setup_context=_correlate_setup
     )
 
     @torch.library.register_fake("simwarp::local_std_fwd")

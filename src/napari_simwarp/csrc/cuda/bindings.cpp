@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include <tuple>
+#include <vector>
 
 #include "launch.h"
 
@@ -129,10 +130,42 @@ at::Tensor local_std_bwd(const at::Tensor& grad_in, const at::Tensor& out, const
   return dx;
 }
 
+at::Tensor correlate(const at::Tensor& x_in, at::ArrayRef<double> taps, at::IntArrayRef sizes,
+                     bool transpose) {
+  TORCH_CHECK(x_in.is_floating_point(), "correlate: x must be float32 or float64");
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const int64_t first = x_in.dim() - static_cast<int64_t>(sizes.size());
+  at::Tensor all_taps = at::tensor(std::vector<double>(taps.begin(), taps.end()),
+                                   x_in.options().dtype(at::kDouble).device(at::kCPU))
+                            .to(x_in.options());
+  at::Tensor cur = x_in.contiguous();
+  auto stream = at::cuda::getCurrentCUDAStream();
+  int64_t offset = 0;
+  for (int64_t a = 0; a < static_cast<int64_t>(sizes.size()); ++a) {
+    const int64_t k = sizes[a], dim = first + a;
+    const Lines l = lines_of(cur, dim);
+    TORCH_CHECK(k >= 1 && (transpose || k <= l.L), "correlate: window larger than the axis");
+    const int64_t n_out = transpose ? l.L + k - 1 : l.L - k + 1;
+    auto out_sizes = cur.sizes().vec();
+    out_sizes[dim] = n_out;
+    at::Tensor out = at::empty(out_sizes, cur.options());
+    AT_DISPATCH_FLOATING_TYPES(cur.scalar_type(), "simwarp_correlate_cuda", [&] {
+      check(launch_correlate_axis<scalar_t>(cur.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+                                            all_taps.data_ptr<scalar_t>() + offset, l.B, l.L, l.R,
+                                            k, transpose, n_out, stream),
+            "correlate");
+    });
+    cur = out;
+    offset += k;
+  }
+  return cur.is_same(x_in) ? x_in.clone() : cur;
+}
+
 }  // namespace cuda
 }  // namespace simwarp
 
 TORCH_LIBRARY_IMPL(simwarp, CUDA, m) {
+  m.impl("correlate", &simwarp::cuda::correlate);
   m.impl("box_sum", &simwarp::cuda::box_sum);
   m.impl("local_std_fwd", &simwarp::cuda::local_std_fwd);
   m.impl("local_std_bwd", &simwarp::cuda::local_std_bwd);

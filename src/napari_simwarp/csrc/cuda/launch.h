@@ -19,6 +19,13 @@ template <typename T>
 cudaError_t launch_box_axis_squares(const T* x, T* sum, T* sum_sq, int64_t B, int64_t L, int64_t R,
                              int64_t k, cudaStream_t stream);
 
+// One separable-correlation pass along L of a contiguous (B, L, R) array; `taps` (k values)
+// live on the device. transpose=False: valid (n_out = L − k + 1); True: its adjoint.
+template <typename T>
+cudaError_t launch_correlate_axis(const T* x, T* out, const T* taps, int64_t B, int64_t L,
+                                  int64_t R, int64_t k, bool transpose, int64_t n_out,
+                                  cudaStream_t stream);
+
 template <typename T>
 cudaError_t launch_local_std_forward(const T* s1, const T* s2, T* out, int64_t n, T inv_n, T eps,
                               bool normalized, cudaStream_t stream);
