@@ -43,12 +43,16 @@ def machine_description() -> list[str]:
         f"- machine: {cpu}, {os.cpu_count()} logical cores, torch threads {torch.get_num_threads()}",
         f"- python {platform.python_version()}, torch {torch.__version__}, numpy {numpy.__version__}",
     ]
+    from importlib import metadata
+
     versions = []
-    for mod in ("scipy", "skimage", "pytorch_msssim", "kornia", "monai", "pystackreg"):
+    # Distribution names: some peers (pytorch-msssim) have no module __version__.
+    for dist in ("scipy", "scikit-image", "pytorch-msssim", "kornia", "monai", "pystackreg",
+                 "itk-elastix"):
         try:
-            versions.append(f"{mod} {importlib.import_module(mod).__version__}")
-        except Exception:  # a missing peer is reported, not fatal
-            versions.append(f"{mod} (not installed)")
+            versions.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:  # a missing peer is reported, not fatal
+            versions.append(f"{dist} (not installed)")
     lines.append("- peers: " + ", ".join(versions))
     if torch.cuda.is_available():
         lines.append(f"- GPU: {torch.cuda.get_device_name()}")

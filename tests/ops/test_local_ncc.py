@@ -1,0 +1,267 @@
+"""Tests for ``local_ncc``: values against SciPy filter sums, gradients against autograd."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy import ndimage as ndi
+
+from napari_simwarp.ops import local_ncc
+from tests import images
+
+SHAPES = {2: (70, 62), 3: (22, 24, 20)}
+
+
+def _t(x: np.ndarray, dtype=torch.float64, device="cpu") -> torch.Tensor:
+    return torch.as_tensor(x, dtype=dtype, device=device)[None, None]
+
+
+def _sigma(window: int) -> float:
+    return (window - 1) / 6.0
+
+
+def _scipy_local_ncc(a: np.ndarray, b: np.ndarray, window: int, kernel: str) -> np.ndarray:
+    """Float64 reference from SciPy window means (SciPy "reflect" borders)."""
+    if kernel == "box":
+        f = lambda x: ndi.uniform_filter(x, window, mode="reflect")  # noqa: E731
+    else:
+        sigma = _sigma(window)
+        # truncate so that the radius int(truncate·σ + 0.5) is window // 2.
+        f = lambda x: ndi.gaussian_filter(x, sigma, mode="reflect", truncate=(window // 2) / sigma)  # noqa: E731
+    a = a - a.mean()
+    b = b - b.mean()
+    mu_a, mu_b = f(a), f(b)
+    var_a = f(a * a) - mu_a**2
+    var_b = f(b * b) - mu_b**2
+    cov = f(a * b) - mu_a * mu_b
+    return cov / np.sqrt(var_a * var_b)
+
+
+def _pair(kind: str, ndim: int, rng: np.random.Generator):
+    shape = SHAPES[ndim]
+    if kind == "natural":
+        base = images.natural(shape[-2:])
+        a = np.broadcast_to(base, shape).copy() if ndim == 3 else base
+        a = a + 0.02 * rng.standard_normal(shape)  # keeps every window textured
+        b = a + 0.1 * rng.standard_normal(shape)
+    elif kind == "random":
+        a = images.random_smooth(rng, shape)
+        b = 0.5 * a + 0.5 * images.random_smooth(rng, shape)
+    else:
+        a = images.microscopy(rng, shape)
+        b = images.microscopy(rng, shape)
+    return a, b
+
+
+# -- an independent reference with autograd: plain torch convolutions -------------------
+
+
+def _reflect_pad(x: torch.Tensor, r: int) -> torch.Tensor:
+    for axis in range(x.dim() - 2):
+        n = x.shape[2 + axis]
+        idx = torch.as_tensor(np.pad(np.arange(n), r, mode="symmetric"), device=x.device)
+        x = x.index_select(2 + axis, idx)
+    return x
+
+
+def _window_mean(x: torch.Tensor, window: int, kernel: str) -> torch.Tensor:
+    if kernel == "box":
+        g = torch.ones(window, dtype=x.dtype, device=x.device)
+    else:
+        t = torch.arange(window, dtype=x.dtype, device=x.device) - window // 2
+        g = torch.exp(-0.5 * (t / _sigma(window)) ** 2)
+    g = g / g.sum()
+    d = x.dim() - 2
+    k = g
+    for _ in range(d - 1):
+        k = k[..., None] * g
+    conv = F.conv2d if d == 2 else F.conv3d
+    n, c = x.shape[:2]
+    padded = _reflect_pad(x, window // 2)
+    return conv(padded.reshape(n * c, 1, *padded.shape[2:]), k[None, None]).reshape(x.shape)
+
+
+def _torch_local_ncc(a, b, window, kernel):
+    f = lambda x: _window_mean(x, window, kernel)  # noqa: E731
+    mu_a, mu_b = f(a), f(b)
+    var_a = f(a * a) - mu_a**2
+    var_b = f(b * b) - mu_b**2
+    return (f(a * b) - mu_a * mu_b) / torch.sqrt(var_a * var_b)
+
+
+# -- tests ----------------------------------------------------------------------------
+
+
+class TestLocalNCC:
+    @pytest.mark.parametrize("ndim", [2, 3])
+    @pytest.mark.parametrize("kernel", ["box", "gaussian"])
+    @pytest.mark.parametrize("reduction", ["none", "mean"])
+    def test_smoke(self, device, ndim, kernel, reduction):
+        shape = (2, 3, *SHAPES[ndim])
+        a = torch.rand(shape, device=device)
+        b = torch.rand(shape, device=device)
+        out = local_ncc(a, b, 5, kernel=kernel, reduction=reduction)
+        assert out.dtype == a.dtype and out.device == a.device
+        assert out.shape == (shape if reduction == "none" else ())
+        assert torch.isfinite(out).all()
+
+    @pytest.mark.parametrize("ndim", [2, 3])
+    @pytest.mark.parametrize("kind", ["natural", "random", "microscopy"])
+    @pytest.mark.parametrize("kernel", ["box", "gaussian"])
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+    def test_matches_scipy(self, device, rng, ndim, kind, kernel, dtype):
+        a, b = _pair(kind, ndim, rng)
+        window = 9 if ndim == 2 else 5
+        expected = _scipy_local_ncc(a, b, window, kernel)
+        out = local_ncc(_t(a, dtype, device), _t(b, dtype, device), window, kernel=kernel)
+        assert out.dtype == dtype
+        atol = 1e-10 if dtype == torch.float64 else 2e-4
+        np.testing.assert_allclose(out[0, 0].double().cpu().numpy(), expected, rtol=0, atol=atol)
+
+    @pytest.mark.parametrize("kernel", ["box", "gaussian"])
+    def test_range_and_extremes(self, device, rng, kernel):
+        a = _t(images.random_smooth(rng, (64, 64)), torch.float32, device)
+        b = _t(images.random_smooth(rng, (64, 64)), torch.float32, device)
+        out = local_ncc(a, b, 7, kernel=kernel)
+        assert out.min() >= -1 and out.max() <= 1
+        assert out.min() < -0.5 and out.max() > 0.5  # unrelated textures: both signs
+        ones = torch.ones_like(a)
+        torch.testing.assert_close(local_ncc(a, a, 7, kernel=kernel), ones, atol=1e-5, rtol=0)
+        torch.testing.assert_close(local_ncc(a, -a, 7, kernel=kernel), -ones, atol=1e-5, rtol=0)
+        # Invariant to gain and offset of either image.
+        torch.testing.assert_close(local_ncc(a, 3 * a + 100, 7, kernel=kernel), ones, atol=1e-4, rtol=0)
+
+    def test_mean_is_mean_of_map(self, device):
+        a = torch.rand(2, 2, 30, 26, device=device, dtype=torch.float64)
+        b = torch.rand(2, 2, 30, 26, device=device, dtype=torch.float64)
+        torch.testing.assert_close(local_ncc(a, b, reduction="mean"), local_ncc(a, b).mean())
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+    @pytest.mark.parametrize("kernel", ["box", "gaussian"])
+    def test_flat_regions_give_zero_and_finite_gradients(self, device, rng, dtype, kernel):
+        a = images.random_smooth(rng, (48, 48))
+        a[10:30, 12:34] = 0.37  # a flat block inside texture
+        a = _t(a, dtype, device).requires_grad_()
+        b = _t(images.random_smooth(rng, (48, 48)), dtype, device).requires_grad_()
+        out = local_ncc(a, b, 5, kernel=kernel)
+        assert torch.isfinite(out).all()
+        assert (out[0, 0, 12:28, 14:32] == 0).all()  # windows wholly inside the block
+        out.sum().backward()
+        assert torch.isfinite(a.grad).all() and torch.isfinite(b.grad).all()
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+    def test_constant_images(self, device, dtype):
+        a = torch.full((1, 2, 20, 20), 0.1, device=device, dtype=dtype, requires_grad=True)
+        b = torch.full((1, 2, 20, 20), 1234.5, device=device, dtype=dtype, requires_grad=True)
+        out = local_ncc(a, b, reduction="mean")
+        assert out == 0
+        out.backward()
+        assert (a.grad == 0).all() and (b.grad == 0).all()
+
+    @pytest.mark.parametrize("ndim", [2, 3])
+    @pytest.mark.parametrize("kernel", ["box", "gaussian"])
+    def test_gradcheck(self, device, ndim, kernel):
+        shape = (1, 2, 10, 9) if ndim == 2 else (1, 1, 7, 6, 8)
+        gen = torch.Generator().manual_seed(11)
+        a = torch.rand(shape, generator=gen, dtype=torch.float64).to(device).requires_grad_()
+        b = torch.rand(shape, generator=gen, dtype=torch.float64).to(device).requires_grad_()
+        for reduction in ("none", "mean"):
+            fn = lambda x, y: local_ncc(x, y, 5 if ndim == 2 else 3, kernel=kernel, reduction=reduction)  # noqa: E731
+            assert torch.autograd.gradcheck(fn, (a, b), fast_mode=ndim == 3)
+
+    @pytest.mark.parametrize("kernel", ["box", "gaussian"])
+    def test_gradient_float32_matches_float64_reference(self, device, rng, kernel):
+        """256² float32 analytical gradients within 1e-4·max|g| of float64 autograd."""
+        a64 = _t(images.natural((256, 256)) + 0.02 * rng.standard_normal((256, 256)))
+        b64 = _t(images.random_smooth(rng, (256, 256)))
+        v = torch.as_tensor(rng.standard_normal((1, 1, 256, 256)))
+        a_ref, b_ref = a64.clone().requires_grad_(), b64.clone().requires_grad_()
+        (_torch_local_ncc(a_ref, b_ref, 9, kernel) * v).sum().backward()
+        a32 = a64.float().to(device).requires_grad_()
+        b32 = b64.float().to(device).requires_grad_()
+        (local_ncc(a32, b32, 9, kernel=kernel) * v.float().to(device)).sum().backward()
+        for got, ref in ((a32.grad, a_ref.grad), (b32.grad, b_ref.grad)):
+            err = (got.double().cpu() - ref).abs().max()
+            assert err <= 1e-4 * ref.abs().max(), err
+
+    def test_reference_matches_scipy(self, rng):
+        a, b = _pair("random", 2, rng)
+        for kernel in ("box", "gaussian"):
+            ref = _torch_local_ncc(_t(a), _t(b), 9, kernel)[0, 0].numpy()
+            np.testing.assert_allclose(ref, _scipy_local_ncc(a, b, 9, kernel), atol=1e-10)
+
+    @pytest.mark.parametrize("ndim", [2, 3])
+    def test_noncontiguous(self, device, ndim):
+        gen = torch.Generator().manual_seed(12)
+        shape = (2, 3, 30, 28) if ndim == 2 else (2, 3, 14, 16, 12)
+        a = torch.rand(shape, generator=gen).to(device)
+        b = torch.rand(shape, generator=gen).to(device)
+        expected = local_ncc(a, b, 5)
+        layout = torch.channels_last if ndim == 2 else torch.channels_last_3d
+        variants = [
+            (a.to(memory_format=layout), b.to(memory_format=layout)),
+            (a.mT.contiguous().mT, b.transpose(0, 1).contiguous().transpose(0, 1)),
+        ]
+        for x, y in variants:
+            assert not x.is_contiguous() and not y.is_contiguous()
+            torch.testing.assert_close(local_ncc(x, y, 5), expected)
+        big_a = torch.rand(1, 1, 60, 58, generator=gen).to(device)
+        big_b = torch.rand(1, 1, 60, 58, generator=gen).to(device)
+        view_a, view_b = big_a[..., ::2, 1::2], big_b[..., 1::2, ::2]
+        assert not view_a.is_contiguous()
+        torch.testing.assert_close(
+            local_ncc(view_a, view_b, 5), local_ncc(view_a.contiguous(), view_b.contiguous(), 5)
+        )
+
+    @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+    def test_half_dtypes(self, device, rng, dtype):
+        a = _t(images.random_smooth(rng, (40, 36)), dtype, device).requires_grad_()
+        b = _t(images.random_smooth(rng, (40, 36)), dtype, device)
+        out = local_ncc(a, b, 7)
+        assert out.dtype == dtype
+        torch.testing.assert_close(out.float(), local_ncc(a.detach().float(), b.float(), 7),
+                                   atol=2e-2, rtol=0)
+        out.float().mean().backward()
+        assert a.grad.dtype == dtype and torch.isfinite(a.grad.float()).all()
+
+    def test_large_box_window(self, device, rng):
+        """Windows past the direct-sum limit take the prefix-sum route, both ways."""
+        a, b = _pair("random", 2, rng)
+        out = local_ncc(_t(a, device=device), _t(b, device=device), 21)
+        np.testing.assert_allclose(out[0, 0].cpu().numpy(), _scipy_local_ncc(a, b, 21, "box"), atol=1e-10)
+        x = torch.rand(1, 1, 30, 28, dtype=torch.float64, device=device, requires_grad=True)
+        y = torch.rand(1, 1, 30, 28, dtype=torch.float64, device=device, requires_grad=True)
+        assert torch.autograd.gradcheck(lambda p, q: local_ncc(p, q, (19, 21), reduction="mean"), (x, y))
+
+    def test_per_axis_window_and_sigma(self, rng):
+        a, b = _pair("random", 2, rng)
+        out_iso = local_ncc(_t(a), _t(b), (9, 9), kernel="gaussian", sigma=(_sigma(9), _sigma(9)))
+        np.testing.assert_allclose(out_iso[0, 0].numpy(), _scipy_local_ncc(a, b, 9, "gaussian"), atol=1e-10)
+        out = local_ncc(_t(a), _t(b), (9, 5))
+        assert out.shape == (1, 1, *a.shape)
+
+    def test_exception(self, device):
+        x = torch.rand(1, 1, 16, 16, device=device)
+        cases = [
+            (dict(a=x[0], b=x[0]), ValueError, "a must be"),
+            (dict(a=x, b=x[0]), ValueError, "b must be"),
+            (dict(a=x, b=torch.rand(1, 2, 16, 16, device=device)), ValueError, "same shape"),
+            (dict(a=x, b=x, window=8), ValueError, "window must be odd"),
+            (dict(a=x, b=x, window=0), ValueError, "window must be odd"),
+            (dict(a=x, b=x, window=19), ValueError, "window .* larger"),
+            (dict(a=x, b=x, window="9"), TypeError, "window"),
+            (dict(a=x.to(torch.int32), b=x), TypeError, "a must be a floating"),
+            (dict(a=x, b=x.bool()), TypeError, "b must be a floating"),
+            (dict(a=x, b=x.to(torch.complex128)), TypeError, "b must be real"),
+            (dict(a=x[..., :0], b=x[..., :0]), ValueError, "a must not be empty"),
+            (dict(a=x, b=x, kernel="triangle"), ValueError, "kernel must be one of"),
+            (dict(a=x, b=x, reduction="sum"), ValueError, "reduction must be one of"),
+            (dict(a=x, b=x, kernel="box", sigma=1.0), ValueError, "sigma is only used"),
+            (dict(a=x, b=x, kernel="gaussian", sigma=-1.0), ValueError, "sigma must be positive"),
+        ]
+        for kwargs, error, match in cases:
+            a, b = kwargs.pop("a"), kwargs.pop("b")
+            with pytest.raises(error, match=match):
+                local_ncc(a, b, **kwargs)
