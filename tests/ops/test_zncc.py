@@ -1,0 +1,276 @@
+"""Tests of match_template (against scikit-image) and ncc (against NumPy)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from skimage.feature import match_template as sk_match_template
+
+from napari_simwarp.ops import match_template, ncc
+from tests import images
+
+
+def _as_tensor(x: np.ndarray, device, dtype=torch.float64) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=dtype)[None, None]
+
+
+def _image_and_template(kind: str, rng, shape, tshape):
+    if kind == "natural":
+        img = images.natural(shape) if len(shape) == 2 else images.random_smooth(rng, shape)
+    elif kind == "random":
+        img = images.random_smooth(rng, shape, sigma=1.0)
+    else:
+        img = images.microscopy(rng, shape)
+    corner = tuple(n // 3 for n in shape)
+    tpl = img[tuple(slice(c, c + t) for c, t in zip(corner, tshape))]
+    tpl = tpl + rng.normal(0.0, 0.05 * tpl.std(), tshape)
+    return img, tpl
+
+
+def _reference_zncc_torch(image: torch.Tensor, template: torch.Tensor) -> torch.Tensor:
+    """Straightforward float64 ZNCC, valid mode: conv sums, plain autograd."""
+    conv = F.conv2d if image.dim() == 4 else F.conv3d
+    t = template - template.mean()
+    m = t.numel()
+    ones = torch.ones_like(template)
+    s1 = conv(image, ones)
+    s2 = conv(image * image, ones)
+    numerator = conv(image, t)
+    return numerator / torch.sqrt((s2 - s1 * s1 / m) * (t * t).sum())
+
+
+class TestMatchTemplate:
+    def test_smoke(self, device):
+        image = torch.rand(2, 3, 20, 24, device=device)
+        template = torch.rand(1, 3, 5, 4, device=device)
+        out = match_template(image, template)
+        assert out.shape == (2, 3, 16, 21) and out.dtype == image.dtype
+        assert match_template(image, template, pad_input=True).shape == image.shape
+        out3 = match_template(torch.rand(1, 1, 9, 8, 7, device=device),
+                              torch.rand(1, 1, 3, 2, 3, device=device))
+        assert out3.shape == (1, 1, 7, 7, 5)
+        assert out.abs().max() <= 1 + 1e-6
+
+    @pytest.mark.parametrize("kind", ["natural", "random", "microscopy"])
+    @pytest.mark.parametrize("pad_input", [False, True])
+    @pytest.mark.parametrize(
+        "shape, tshape",
+        [((64, 70), (7, 9)), ((64, 70), (8, 6)), ((20, 22, 18), (5, 3, 5)), ((20, 22, 18), (4, 6, 3))],
+    )
+    def test_against_skimage(self, device, rng, kind, pad_input, shape, tshape):
+        img, tpl = _image_and_template(kind, rng, shape, tshape)
+        ref = sk_match_template(img, tpl, pad_input=pad_input)
+        out = match_template(_as_tensor(img, device), _as_tensor(tpl, device), pad_input=pad_input)
+        assert out.shape[2:] == ref.shape
+        np.testing.assert_allclose(out[0, 0].cpu().numpy(), ref, rtol=0, atol=1e-4)
+        out32 = match_template(_as_tensor(img, device, torch.float32),
+                               _as_tensor(tpl, device, torch.float32), pad_input=pad_input)
+        np.testing.assert_allclose(out32[0, 0].double().cpu().numpy(), ref, rtol=0, atol=1e-3)
+
+    def test_finds_the_template(self, device, rng):
+        img, _ = _image_and_template("microscopy", rng, (80, 90), (9, 9))
+        tpl = img[30:39, 50:59]
+        out = match_template(_as_tensor(img, device, torch.float32), _as_tensor(tpl, device,
+                             torch.float32), pad_input=True)
+        assert np.unravel_index(int(out.argmax()), out.shape[2:]) == (34, 54)
+        assert abs(float(out.max()) - 1.0) < 1e-5
+
+    def test_broadcast_template(self, device):
+        image = torch.rand(2, 3, 16, 15, dtype=torch.float64, device=device)
+        template = torch.rand(1, 1, 5, 4, dtype=torch.float64, device=device)
+        out = match_template(image, template)
+        for n in range(2):
+            for c in range(3):
+                torch.testing.assert_close(out[n, c], match_template(image[n:n + 1, c:c + 1],
+                                                                     template)[0, 0])
+        per_channel = torch.rand(1, 3, 5, 4, dtype=torch.float64, device=device)
+        out = match_template(image, per_channel)
+        torch.testing.assert_close(out[1, 2], match_template(image[1:2, 2:3],
+                                                             per_channel[:, 2:3])[0, 0])
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+    def test_flat_window_and_template(self, device, dtype):
+        image = torch.full((1, 1, 20, 20), 1000.0, dtype=dtype, device=device)
+        image[..., 10:, :] += torch.rand(10, 20, dtype=dtype, device=device)
+        image.requires_grad_()
+        template = torch.rand(1, 1, 3, 3, dtype=dtype, device=device, requires_grad=True)
+        out = match_template(image, template)
+        assert (out[..., :8, :] == 0).all() and (out[..., 10:, :] != 0).any()
+        grads = torch.autograd.grad(out.sum(), (image, template))
+        assert all(torch.isfinite(g).all() for g in grads)
+        flat_template = torch.full((1, 1, 3, 3), 7.3, dtype=dtype, device=device,
+                                   requires_grad=True)
+        out = match_template(image, flat_template, pad_input=True)
+        assert (out == 0).all()
+        grads = torch.autograd.grad(out.sum(), (image, flat_template))
+        assert all(torch.isfinite(g).all() and (g == 0).all() for g in grads)
+
+    @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+    def test_half_dtypes(self, device, rng, dtype):
+        img, tpl = _image_and_template("random", rng, (32, 30), (5, 5))
+        out = match_template(_as_tensor(img, device, dtype), _as_tensor(tpl, device, dtype))
+        assert out.dtype == dtype
+        ref = sk_match_template(img, tpl)
+        np.testing.assert_allclose(out[0, 0].float().cpu().numpy(), ref, atol=5e-2)
+
+    def test_noncontiguous(self, device, rng):
+        img, tpl = _image_and_template("random", rng, (30, 40), (5, 7))
+        image, template = _as_tensor(img, device), _as_tensor(tpl, device)
+        ref = match_template(image, template)
+        image_t = image.transpose(-1, -2).contiguous().transpose(-1, -2)
+        template_t = template.transpose(-1, -2).contiguous().transpose(-1, -2)
+        assert not image_t.is_contiguous()
+        torch.testing.assert_close(match_template(image_t, template_t), ref)
+        cl = image.expand(1, 3, 30, 40).contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(match_template(cl, template)[:, 1:2], ref)
+        big = torch.rand(1, 1, 60, 80, dtype=torch.float64, device=device)
+        sliced = big[..., ::2, ::2]
+        torch.testing.assert_close(match_template(sliced, template),
+                                   match_template(sliced.contiguous(), template))
+
+    @pytest.mark.parametrize("pad_input", [False, True])
+    def test_gradcheck(self, device, pad_input):
+        image = torch.rand(1, 2, 7, 6, dtype=torch.float64, device=device, requires_grad=True)
+        template = torch.rand(1, 2, 3, 2, dtype=torch.float64, device=device, requires_grad=True)
+        fn = lambda i, t: match_template(i, t, pad_input=pad_input)  # noqa: E731
+        assert torch.autograd.gradcheck(fn, (image, template))
+        image3 = torch.rand(1, 1, 5, 4, 5, dtype=torch.float64, device=device, requires_grad=True)
+        template3 = torch.rand(1, 1, 2, 3, 3, dtype=torch.float64, device=device,
+                               requires_grad=True)
+        assert torch.autograd.gradcheck(fn, (image3, template3))
+
+    @pytest.mark.parametrize("kind", ["random", "microscopy"])
+    def test_gradient_float32_vs_float64_reference(self, device, rng, kind):
+        img, tpl = _image_and_template(kind, rng, (256, 256), (16, 16))
+        upstream = torch.from_numpy(rng.standard_normal((1, 1, 241, 241))).to(device)
+        image64, template64 = _as_tensor(img, device), _as_tensor(tpl, device)
+        image64.requires_grad_()
+        template64.requires_grad_()
+        refs = torch.autograd.grad(_reference_zncc_torch(image64, template64),
+                                   (image64, template64), upstream)
+        image32 = _as_tensor(img, device, torch.float32).requires_grad_()
+        template32 = _as_tensor(tpl, device, torch.float32).requires_grad_()
+        grads = torch.autograd.grad(match_template(image32, template32), (image32, template32),
+                                    upstream.float())
+        for grad, ref in zip(grads, refs):
+            assert (grad.double() - ref).abs().max() < 1e-4 * ref.abs().max()
+
+    def test_exception(self, device):
+        image = torch.rand(1, 1, 10, 10, device=device)
+        template = torch.rand(1, 1, 3, 3, device=device)
+        with pytest.raises(TypeError, match="image must be a torch.Tensor"):
+            match_template(np.zeros((1, 1, 10, 10)), template)
+        with pytest.raises(TypeError, match="template must be a torch.Tensor"):
+            match_template(image, np.zeros((1, 1, 3, 3)))
+        with pytest.raises(ValueError, match="image must be"):
+            match_template(torch.rand(10, 10, device=device), template)
+        with pytest.raises(ValueError, match="template must have as many dimensions"):
+            match_template(image, torch.rand(1, 1, 3, 3, 3, device=device))
+        with pytest.raises(ValueError, match="template must be"):
+            match_template(image, torch.rand(3, 3, device=device))
+        with pytest.raises(ValueError, match="template spatial shape .* larger"):
+            match_template(image, torch.rand(1, 1, 11, 3, device=device))
+        with pytest.raises(ValueError, match="template's C"):
+            match_template(image, torch.rand(1, 2, 3, 3, device=device))
+        with pytest.raises(ValueError, match="template's N"):
+            match_template(image, torch.rand(2, 1, 3, 3, device=device))
+        with pytest.raises(ValueError, match="image must not be empty"):
+            match_template(torch.rand(1, 0, 10, 10, device=device), template)
+        for dtype in (torch.int64, torch.bool, torch.complex128):
+            with pytest.raises(TypeError, match="image must be"):
+                match_template(image.to(dtype), template)
+            with pytest.raises(TypeError, match="template must be"):
+                match_template(image, template.to(dtype))
+        with pytest.raises(TypeError, match="pad_input"):
+            match_template(image, template, pad_input=1)
+
+
+class TestNcc:
+    def test_smoke(self, device):
+        a = torch.rand(2, 3, 8, 9, device=device)
+        out = ncc(a, a)
+        assert out.shape == (2, 3) and out.dtype == a.dtype
+        torch.testing.assert_close(out, torch.ones_like(out))
+        assert ncc(torch.rand(1, 1, 4, 5, 6, device=device),
+                   torch.rand(1, 1, 4, 5, 6, device=device)).shape == (1, 1)
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+    def test_against_numpy(self, device, rng, dtype):
+        a = images.microscopy(rng, (2, 48, 40))
+        b = 0.5 * a + rng.normal(0.0, 20.0, a.shape) - 300.0
+        ref = [np.corrcoef(a[i].ravel(), b[i].ravel())[0, 1] for i in range(2)]
+        a_t = torch.from_numpy(a).to(device=device, dtype=dtype)[:, None]  # (2, 1, H, W)
+        b_t = torch.from_numpy(b).to(device=device, dtype=dtype)[:, None]
+        out = ncc(a_t, b_t)
+        np.testing.assert_allclose(out[:, 0].double().cpu().numpy(), ref,
+                                   atol=1e-6 if dtype == torch.float32 else 1e-12)
+
+    def test_3d_against_numpy(self, device, rng):
+        a = images.random_smooth(rng, (10, 12, 9))
+        b = images.random_smooth(rng, (10, 12, 9))
+        out = ncc(_as_tensor(a, device), _as_tensor(b, device))
+        np.testing.assert_allclose(float(out), np.corrcoef(a.ravel(), b.ravel())[0, 1], atol=1e-12)
+
+    @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+    def test_half_dtypes(self, device, dtype):
+        a = torch.rand(1, 2, 16, 16, device=device)
+        b = a + 0.3 * torch.rand(1, 2, 16, 16, device=device)
+        out = ncc(a.to(dtype), b.to(dtype))
+        assert out.dtype == dtype
+        torch.testing.assert_close(out.float(), ncc(a, b), atol=2e-2, rtol=0)
+
+    @pytest.mark.parametrize("value", [0.0, 1000.3])
+    def test_flat_is_zero(self, device, value):
+        a = torch.full((1, 2, 8, 8), value, device=device, requires_grad=True)
+        b = torch.rand(1, 2, 8, 8, device=device, requires_grad=True)
+        out = ncc(a, b)
+        assert (out == 0).all()
+        grads = torch.autograd.grad(out.sum(), (a, b))
+        assert all(torch.isfinite(g).all() and (g == 0).all() for g in grads)
+
+    def test_noncontiguous(self, device):
+        a = torch.rand(2, 3, 12, 10, device=device)
+        b = torch.rand(2, 3, 12, 10, device=device)
+        ref = ncc(a, b)
+        torch.testing.assert_close(ncc(a.transpose(-1, -2), b.transpose(-1, -2)), ref)
+        torch.testing.assert_close(ncc(a.contiguous(memory_format=torch.channels_last), b), ref)
+        torch.testing.assert_close(ncc(a[..., ::2, :], b[..., ::2, :]),
+                                   ncc(a[..., ::2, :].contiguous(), b[..., ::2, :].contiguous()))
+
+    def test_gradcheck(self, device):
+        for shape in ((2, 2, 5, 4), (1, 1, 3, 4, 3)):
+            a = torch.rand(shape, dtype=torch.float64, device=device, requires_grad=True)
+            b = torch.rand(shape, dtype=torch.float64, device=device, requires_grad=True)
+            assert torch.autograd.gradcheck(ncc, (a, b))
+
+    def test_gradient_float32_vs_float64_reference(self, device, rng):
+        a = images.microscopy(rng, (256, 256))
+        b = np.roll(a, 3, axis=0) + rng.normal(0.0, 5.0, a.shape)
+
+        def reference(x, y):
+            x, y = x - x.mean(), y - y.mean()
+            return (x * y).sum() / torch.sqrt((x * x).sum() * (y * y).sum())
+
+        a64, b64 = _as_tensor(a, device).requires_grad_(), _as_tensor(b, device).requires_grad_()
+        refs = torch.autograd.grad(reference(a64, b64), (a64, b64))
+        a32 = _as_tensor(a, device, torch.float32).requires_grad_()
+        b32 = _as_tensor(b, device, torch.float32).requires_grad_()
+        grads = torch.autograd.grad(ncc(a32, b32).sum(), (a32, b32))
+        for grad, ref in zip(grads, refs):
+            assert (grad.double() - ref).abs().max() < 1e-4 * ref.abs().max()
+
+    def test_exception(self, device):
+        a = torch.rand(1, 1, 8, 8, device=device)
+        with pytest.raises(TypeError, match="a must be a torch.Tensor"):
+            ncc(np.zeros((1, 1, 8, 8)), a)
+        with pytest.raises(ValueError, match="b must be"):
+            ncc(a, torch.rand(8, 8, device=device))
+        with pytest.raises(ValueError, match="a and b must have the same shape"):
+            ncc(a, torch.rand(1, 1, 8, 7, device=device))
+        with pytest.raises(ValueError, match="a must not be empty"):
+            ncc(torch.rand(1, 1, 0, 8, device=device), torch.rand(1, 1, 0, 8, device=device))
+        for dtype in (torch.int32, torch.bool, torch.complex64):
+            with pytest.raises(TypeError, match="b must be"):
+                ncc(a, a.to(dtype))
