@@ -26,3 +26,18 @@ def device(request) -> torch.device:
 def rng() -> np.random.Generator:
     """A seeded NumPy generator so each test sees the same data on every run."""
     return np.random.default_rng(20261122)
+
+
+@pytest.fixture(params=["torch", "compiled"])
+def backend(request, monkeypatch) -> str:
+    """Run a test once per backend of the ops that have compiled kernels.
+
+    "torch" forces the pure torch path; "compiled" needs the kernels (skipped where they
+    cannot be built, failed instead under SIMWARP_REQUIRE_COMPILED=1).
+    """
+    if request.param == "compiled":
+        from tests.compiled import require_compiled
+
+        require_compiled()
+    monkeypatch.setenv("SIMWARP_BACKEND", request.param)
+    return request.param

@@ -11,6 +11,9 @@ from scipy import ndimage as ndi
 from napari_simwarp.ops import _filters, local_std
 from tests import images
 
+# Every test runs on the pure torch path and on the compiled kernels (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("backend")
+
 SCIPY_MODE = {"reflect": "reflect", "zeros": "constant", "nearest": "nearest"}
 
 

@@ -13,6 +13,9 @@ from napari_simwarp.ops import splat, warp
 from napari_simwarp.ops.splat import _splat_reference
 from tests.images import random_smooth
 
+# Every test runs on the pure torch path and on the compiled kernels (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("backend")
+
 
 def _splat_loops(image: np.ndarray, displacement: np.ndarray, normalize: bool, eps: float = 1e-6):
     """Independent oracle: explicit loops over source pixels and their 2ᴰ neighbours.

@@ -11,6 +11,9 @@ from skimage.feature import match_template as sk_match_template
 from napari_simwarp.ops import match_template, ncc
 from tests import images
 
+# Every test runs on the pure torch path and on the compiled kernels (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("backend")
+
 
 def _as_tensor(x: np.ndarray, device, dtype=torch.float64) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=dtype)[None, None]

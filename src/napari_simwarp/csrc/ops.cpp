@@ -9,7 +9,11 @@ TORCH_LIBRARY(simwarp, m) {
   // Separable correlation over the trailing len(sizes) axes, taps concatenated per axis;
   // transpose=True is the adjoint of the valid correlation (output grows by k − 1).
   m.def("correlate(Tensor x, float[] taps, int[] sizes, bool transpose=False) -> Tensor");
-  // Local std on a padded input, valid mode: returns (out, S1, S2).
-  m.def("local_std_fwd(Tensor xp, int[] window, float eps, bool normalized) -> (Tensor, Tensor, Tensor)");
-  m.def("local_std_bwd(Tensor grad, Tensor out, Tensor s1, Tensor s2, Tensor xp, int[] window, bool normalized) -> Tensor");
+  // Local std of a padded, centred input, valid mode: returns (out, S1, flat). Sums and
+  // V = S2 − S1²/N in double; V <= flat_factor · S2 counts as flat (0, no gradient).
+  m.def("local_std_fwd(Tensor xp, int[] window, float eps, bool normalized, float flat_factor) -> (Tensor, Tensor, Tensor)");
+  // Splatting (SPEC §4) of image (N, C, *S) by displacement (N, D, *S): returns (out, den).
+  m.def("splat_fwd(Tensor image, Tensor displacement, bool normalize, float eps) -> (Tensor, Tensor)");
+  m.def("splat_bwd(Tensor? v_out, Tensor? v_den, Tensor image, Tensor displacement, Tensor out, Tensor den, bool normalize, float eps) -> (Tensor, Tensor)");
+  m.def("local_std_bwd(Tensor grad, Tensor out, Tensor s1, Tensor flat, Tensor xp, int[] window, bool normalized) -> Tensor");
 }

@@ -34,6 +34,7 @@ CSRC = pathlib.Path(__file__).resolve().parent.parent / "csrc"
 #: public op name -> the torch.ops.simwarp ops that implement it.
 COMPILED_OPS = {
     "local_std": ("local_std_fwd", "local_std_bwd", "box_sum"),
+    "splat": ("splat_fwd", "splat_bwd"),
 }
 
 _lock = threading.Lock()
@@ -95,13 +96,14 @@ def build(verbose: bool = False) -> pathlib.Path:
     with_cuda, _ = cuda_build_possible()
     files = sources(with_cuda)
     build_dir = _build_directory(files, with_cuda)
-    cflags = ["-O3", "-std=c++17", "-fopenmp"]
+    # No -std flag: cpp_extension sets the standard torch's headers need.
+    cflags = ["-O3", "-fopenmp"]
     cpp_extension.load(
         name=f"simwarp_ops_{'cuda' if with_cuda else 'cpu'}",
         sources=[str(f) for f in files],
         extra_include_paths=[str(CSRC / "include"), str(CSRC)],
         extra_cflags=cflags,
-        extra_cuda_cflags=["-O3", "-std=c++17"],
+        extra_cuda_cflags=["-O3"],
         extra_ldflags=["-fopenmp"],
         build_directory=str(build_dir),
         with_cuda=with_cuda,

@@ -39,12 +39,27 @@ def correlate(x: torch.Tensor, taps, transpose: bool = False) -> torch.Tensor:
     return torch.ops.simwarp.correlate(x, flat, [len(axis) for axis in taps], transpose)
 
 
-def local_std_valid(xp: torch.Tensor, window, eps: float, normalized: bool) -> torch.Tensor:
-    """Fused local std of an already padded ``xp (..., *P)``, valid mode ``(..., *(P - k + 1))``.
+def splat(image: torch.Tensor, displacement: torch.Tensor, normalize: bool, eps: float):
+    """Fused splat of ``image (N, C, *S)`` by ``displacement (N, D, *S)`` (same dtype).
 
+    Returns ``(out (N, C, *S), den (N, 1, *S))`` with ``ops.splat``'s semantics (holes 0);
+    differentiable with respect to both inputs. Deterministic on CPU.
+    """
+    return torch.ops.simwarp.splat_fwd(image, displacement, bool(normalize), float(eps))
+
+
+def local_std_valid(xp: torch.Tensor, window, eps: float, normalized: bool,
+                    flat_factor: float = 64 * 2.0**-52) -> torch.Tensor:
+    """Fused local std of a padded, centred ``xp (..., *P)``, valid mode ``(..., *(P - k + 1))``.
+
+    The window sums and ``V = S2 - S1²/N`` are formed in float64 whatever ``xp``'s dtype;
+    ``V <= flat_factor · S2`` counts as flat (0, zero gradient), as in ``ops.local_std``.
     Differentiable with respect to ``xp`` through ``simwarp::local_std_bwd``.
     """
-    return torch.ops.simwarp.local_std_fwd(xp, list(window), float(eps), bool(normalized))[0]
+    out, _, _ = torch.ops.simwarp.local_std_fwd(
+        xp, list(window), float(eps), bool(normalized), float(flat_factor)
+    )
+    return out
 
 
 def register() -> None:
@@ -84,31 +99,56 @@ def register() -> None:
         "simwarp::correlate", _correlate_backward, setup_context=_correlate_setup
     )
 
+    @torch.library.register_fake("simwarp::splat_fwd")
+    def _splat_fwd_fake(image, displacement, normalize, eps):
+        n, _, *spatial = image.shape
+        return torch.empty_like(image), image.new_empty(n, 1, *spatial)
+
+    @torch.library.register_fake("simwarp::splat_bwd")
+    def _splat_bwd_fake(v_out, v_den, image, displacement, out, den, normalize, eps):
+        return torch.empty_like(image), torch.empty_like(displacement)
+
+    def _splat_setup(ctx, inputs, output):
+        image, displacement, ctx.normalize, ctx.eps = inputs
+        out, den = output
+        ctx.save_for_backward(image, displacement, out, den)
+
+    def _splat_backward(ctx, v_out, v_den):
+        image, displacement, out, den = ctx.saved_tensors
+        grad_image, grad_disp = torch.ops.simwarp.splat_bwd(
+            v_out, v_den, image, displacement, out, den, ctx.normalize, ctx.eps
+        )
+        return grad_image, grad_disp, None, None
+
+    torch.library.register_autograd(
+        "simwarp::splat_fwd", _splat_backward, setup_context=_splat_setup
+    )
+
     @torch.library.register_fake("simwarp::local_std_fwd")
-    def _local_std_fwd_fake(xp, window, eps, normalized):
+    def _local_std_fwd_fake(xp, window, eps, normalized, flat_factor):
         shape = _window_shape(xp.shape, window, False)
-        return xp.new_empty(shape), xp.new_empty(shape), xp.new_empty(shape)
+        return xp.new_empty(shape), xp.new_empty(shape), xp.new_empty(shape, dtype=torch.bool)
 
     @torch.library.register_fake("simwarp::local_std_bwd")
-    def _local_std_bwd_fake(grad, out, s1, s2, xp, window, normalized):
+    def _local_std_bwd_fake(grad, out, s1, flat, xp, window, normalized):
         return torch.empty_like(xp)
 
     def _local_std_setup(ctx, inputs, output):
-        xp, window, _, normalized = inputs
-        out, s1, s2 = output
-        ctx.save_for_backward(xp, out, s1, s2)
+        xp, window, _, normalized, _ = inputs
+        out, s1, flat = output
+        ctx.save_for_backward(xp, out, s1, flat)
         ctx.window, ctx.normalized = window, normalized
 
-    def _local_std_backward(ctx, grad_out, grad_s1, grad_s2):
-        # S1 and S2 are returned only to be saved for this backward; they are not part of
-        # the public result, so their incoming gradients are ignored.
-        xp, out, s1, s2 = ctx.saved_tensors
+    def _local_std_backward(ctx, grad_out, grad_s1, grad_flat):
+        # S1 and the flat mask are returned only to be saved for this backward; they are
+        # not part of the public result, so their incoming gradients are ignored.
+        xp, out, s1, flat = ctx.saved_tensors
         if grad_out is None:
-            return None, None, None, None
+            return None, None, None, None, None
         grad_xp = torch.ops.simwarp.local_std_bwd(
-            grad_out.contiguous(), out, s1, s2, xp, ctx.window, ctx.normalized
+            grad_out.contiguous(), out, s1, flat, xp, ctx.window, ctx.normalized
         )
-        return grad_xp, None, None, None
+        return grad_xp, None, None, None, None
 
     torch.library.register_autograd(
         "simwarp::local_std_fwd", _local_std_backward, setup_context=_local_std_setup

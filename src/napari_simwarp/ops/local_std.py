@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import _filters
+from . import _backend, _filters
 from ._filters import box_sum_valid
 from ._padding import PADDING_MODES, centred_pads, pad_spatial
 from ._validation import check_choice, check_image, check_window, to_compute
@@ -247,6 +247,12 @@ def local_energy_valid(
     -------
     Tensor, shape ``(N, C, *(P - k + 1))``; differentiable with respect to ``y``.
     """
+    if method == "box" and _backend.use_compiled("local_std", y):
+        from . import _compiled
+
+        # Same sums (float64), same flat rule; one fused pass per axis, no chunk loop.
+        factor = flat_threshold_factor(torch.float64)
+        return _compiled.local_std_valid(y, window, eps, normalized, factor)
     return _LocalEnergy.apply(y, tuple(window), method, normalized, eps)
 
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import _backend
 from ._validation import check_image, check_same_device, compute_dtype
 
 __all__ = ["splat"]
@@ -83,7 +84,9 @@ def splat(image, displacement, *, normalize=True, eps=1e-6, return_weights=False
     Notes
     -----
     Deterministic on CPU (bitwise); on CUDA the scatter uses atomics and float32 results
-    may differ in the last bits between runs.
+    may differ in the last bits between runs. Runs the fused kernel
+    (``simwarp::splat_fwd``) where the compiled backend is available, else the pure torch
+    implementation below; both compute the same sums (see ``backend_info()``).
     """
     check_image(image, "image")
     check_image(displacement, "displacement")
@@ -99,7 +102,12 @@ def splat(image, displacement, *, normalize=True, eps=1e-6, return_weights=False
     if disp.shape[0] != n:
         # A shared field: autograd sums the per-image gradients back onto it.
         disp = disp.expand(n, *disp.shape[1:])
-    out, weights = _Splat.apply(image.to(dtype), disp, normalize, float(eps))
+    if _backend.use_compiled("splat", image, disp):
+        from . import _compiled
+
+        out, weights = _compiled.splat(image.to(dtype), disp, normalize, float(eps))
+    else:
+        out, weights = _Splat.apply(image.to(dtype), disp, normalize, float(eps))
     out = out.to(image.dtype)
     if return_weights:
         return out, weights.to(image.dtype)

@@ -16,24 +16,24 @@
 namespace simwarp {
 namespace cpu {
 
-template <typename T>
-void box_axis(const T* x, T* out, int64_t B, int64_t L, int64_t R, int64_t k, int64_t pad,
+template <typename T, typename Out = T>
+void box_axis(const T* x, Out* out, int64_t B, int64_t L, int64_t R, int64_t k, int64_t pad,
               int64_t n_out) {
   if (R == 1) {
     // Last axis: one serial running sum per line, lines in parallel.
     at::parallel_for(0, B, 64, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
         const T* xl = x + b * L;
-        T* ol = out + b * n_out;
+        Out* ol = out + b * n_out;
         double acc = 0.0;
         const int64_t lo0 = -pad, hi0 = -pad + k - 1;
         for (int64_t j = std::max<int64_t>(lo0, 0); j <= std::min(hi0, L - 1); ++j) acc += xl[j];
-        ol[0] = static_cast<T>(acc);
+        ol[0] = static_cast<Out>(acc);
         for (int64_t i = 1; i < n_out; ++i) {
           const int64_t add = hi0 + i, sub = lo0 + i - 1;
           if (add >= 0 && add < L) acc += xl[add];
           if (sub >= 0 && sub < L) acc -= xl[sub];
-          ol[i] = static_cast<T>(acc);
+          ol[i] = static_cast<Out>(acc);
         }
       }
     });
@@ -49,29 +49,29 @@ void box_axis(const T* x, T* out, int64_t B, int64_t L, int64_t R, int64_t k, in
       const int64_t b = t / chunks, c0 = (t % chunks) * kChunk;
       const int64_t cw = std::min(R, c0 + kChunk) - c0;
       const T* xb = x + b * L * R + c0;
-      T* ob = out + b * n_out * R + c0;
+      Out* ob = out + b * n_out * R + c0;
       std::fill(acc.begin(), acc.begin() + cw, 0.0);
       const int64_t lo0 = -pad, hi0 = -pad + k - 1;
       for (int64_t j = std::max<int64_t>(lo0, 0); j <= std::min(hi0, L - 1); ++j) {
         const T* row = xb + j * R;
         for (int64_t c = 0; c < cw; ++c) acc[c] += row[c];
       }
-      for (int64_t c = 0; c < cw; ++c) ob[c] = static_cast<T>(acc[c]);
+      for (int64_t c = 0; c < cw; ++c) ob[c] = static_cast<Out>(acc[c]);
       for (int64_t i = 1; i < n_out; ++i) {
         const int64_t add = hi0 + i, sub = lo0 + i - 1;
-        T* orow = ob + i * R;
+        Out* orow = ob + i * R;
         const bool has_add = add >= 0 && add < L, has_sub = sub >= 0 && sub < L;
         if (has_add && has_sub) {
           const T* ar = xb + add * R;
           const T* sr = xb + sub * R;
           for (int64_t c = 0; c < cw; ++c) {
             acc[c] += static_cast<double>(ar[c]) - static_cast<double>(sr[c]);
-            orow[c] = static_cast<T>(acc[c]);
+            orow[c] = static_cast<Out>(acc[c]);
           }
         } else {
           if (has_add) { const T* ar = xb + add * R; for (int64_t c = 0; c < cw; ++c) acc[c] += ar[c]; }
           if (has_sub) { const T* sr = xb + sub * R; for (int64_t c = 0; c < cw; ++c) acc[c] -= sr[c]; }
-          for (int64_t c = 0; c < cw; ++c) orow[c] = static_cast<T>(acc[c]);
+          for (int64_t c = 0; c < cw; ++c) orow[c] = static_cast<Out>(acc[c]);
         }
       }
     }

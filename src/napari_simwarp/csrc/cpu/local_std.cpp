@@ -21,43 +21,43 @@ at::Tensor box_pass(const at::Tensor& x, int64_t dim, int64_t k, bool full);
 
 namespace {
 
-// Last-axis window sums of x and x² in one read of x.
+// Last-axis window sums of x and x² in one read of x, accumulated and stored as double.
 template <typename T>
-void box_last_axis_pair(const T* x, T* o1, T* o2, int64_t B, int64_t L, int64_t k) {
+void box_last_axis_pair(const T* x, double* o1, double* o2, int64_t B, int64_t L, int64_t k) {
   const int64_t n = L - k + 1;
   at::parallel_for(0, B, 64, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const T* xl = x + b * L;
-      T* l1 = o1 + b * n;
-      T* l2 = o2 + b * n;
+      double* l1 = o1 + b * n;
+      double* l2 = o2 + b * n;
       double s1 = 0.0, s2 = 0.0;
       for (int64_t j = 0; j < k; ++j) { const double v = xl[j]; s1 += v; s2 += v * v; }
-      l1[0] = static_cast<T>(s1);
-      l2[0] = static_cast<T>(s2);
+      l1[0] = s1;
+      l2[0] = s2;
       for (int64_t i = 1; i < n; ++i) {
-        const double a = xl[i + k - 1], s = xl[i - 1];
-        s1 += a - s;
-        s2 += a * a - s * s;
-        l1[i] = static_cast<T>(s1);
-        l2[i] = static_cast<T>(s2);
+        const double a = xl[i + k - 1], r = xl[i - 1];
+        s1 += a - r;
+        s2 += a * a - r * r;
+        l1[i] = s1;
+        l2[i] = s2;
       }
     }
   });
 }
 
-at::Tensor box_leading_axes(at::Tensor t, int64_t first, at::IntArrayRef window, bool full) {
-  // Every windowed axis but the last (the last is done by the caller).
-  for (int64_t a = static_cast<int64_t>(window.size()) - 2; a >= 0; --a) {
-    if (window[a] > 1) t = box_pass(t, first + a, window[a], full);
-  }
-  return t;
+int64_t window_volume(at::IntArrayRef window) {
+  int64_t n = 1;
+  for (auto w : window) n *= w;
+  return n;
 }
 
 }  // namespace
 
+// xp (..., *P) padded and centred -> (out, S1, flat), each (..., *(P − k + 1)). The sums
+// and V = S2 − S1²/N are formed in double whatever the input dtype (SPEC §1 "Numerics").
 std::tuple<at::Tensor, at::Tensor, at::Tensor> local_std_fwd(const at::Tensor& xp_in,
                                                               at::IntArrayRef window, double eps,
-                                                              bool normalized) {
+                                                              bool normalized, double flat_factor) {
   TORCH_CHECK(xp_in.is_floating_point(), "local_std_fwd: xp must be float32 or float64");
   const at::Tensor xp = xp_in.contiguous();
   const int64_t d = static_cast<int64_t>(window.size());
@@ -66,45 +66,55 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> local_std_fwd(const at::Tensor& x
   TORCH_CHECK(k <= L, "local_std_fwd: window larger than the padded input");
   auto row_sizes = xp.sizes().vec();
   row_sizes.back() = L - k + 1;
-  at::Tensor r1 = at::empty(row_sizes, xp.options()), r2 = at::empty(row_sizes, xp.options());
-  int64_t n_window = 1;
-  for (auto w : window) n_window *= w;
+  const auto dbl = xp.options().dtype(at::kDouble);
+  at::Tensor s1 = at::empty(row_sizes, dbl), s2 = at::empty(row_sizes, dbl);
   AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "simwarp_local_std_rows", [&] {
-    box_last_axis_pair<scalar_t>(xp.data_ptr<scalar_t>(), r1.data_ptr<scalar_t>(),
-                                 r2.data_ptr<scalar_t>(), xp.numel() / L, L, k);
+    box_last_axis_pair<scalar_t>(xp.data_ptr<scalar_t>(), s1.data_ptr<double>(),
+                                 s2.data_ptr<double>(), xp.numel() / L, L, k);
   });
-  at::Tensor s1 = box_leading_axes(r1, first, window, false);
-  at::Tensor s2 = box_leading_axes(r2, first, window, false);
-  at::Tensor out = at::empty_like(s1);
+  for (int64_t a = d - 2; a >= 0; --a) {
+    if (window[a] == 1) continue;
+    s1 = box_pass(s1, first + a, window[a], false);
+    s2 = box_pass(s2, first + a, window[a], false);
+  }
+  at::Tensor out = at::empty(s1.sizes(), xp.options());
+  at::Tensor s1_out = at::empty(s1.sizes(), xp.options());
+  at::Tensor flat = at::empty(s1.sizes(), xp.options().dtype(at::kBool));
   AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "simwarp_local_std_fwd", [&] {
-    const scalar_t* p1 = s1.data_ptr<scalar_t>();
-    const scalar_t* p2 = s2.data_ptr<scalar_t>();
+    const double* p1 = s1.data_ptr<double>();
+    const double* p2 = s2.data_ptr<double>();
     scalar_t* po = out.data_ptr<scalar_t>();
-    const scalar_t inv_n = scalar_t(1) / scalar_t(n_window), e = static_cast<scalar_t>(eps);
+    scalar_t* ps = s1_out.data_ptr<scalar_t>();
+    bool* pf = flat.data_ptr<bool>();
+    const double inv_n = 1.0 / static_cast<double>(window_volume(window));
     at::parallel_for(0, out.numel(), 16384, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) po[i] = local_std_forward(p1[i], p2[i], inv_n, e, normalized);
+      for (int64_t i = i0; i < i1; ++i) {
+        po[i] = static_cast<scalar_t>(
+            local_std_forward<double>(p1[i], p2[i], inv_n, eps, flat_factor, normalized, pf + i));
+        ps[i] = static_cast<scalar_t>(p1[i]);
+      }
     });
   });
-  return {out, s1, s2};
+  return {out, s1_out, flat};
 }
 
-at::Tensor local_std_bwd(const at::Tensor& grad_in, const at::Tensor& out, const at::Tensor& s1,
-                         const at::Tensor& s2, const at::Tensor& xp_in, at::IntArrayRef window,
-                         bool normalized) {
+at::Tensor local_std_bwd(const at::Tensor& grad_in, const at::Tensor& out_in,
+                         const at::Tensor& s1_in, const at::Tensor& flat_in,
+                         const at::Tensor& xp_in, at::IntArrayRef window, bool normalized) {
   const at::Tensor grad = grad_in.contiguous(), xp = xp_in.contiguous();
+  const at::Tensor out = out_in.contiguous(), s1 = s1_in.contiguous(), flat = flat_in.contiguous();
   const int64_t d = static_cast<int64_t>(window.size());
   const int64_t first = xp.dim() - d;
-  int64_t n_window = 1;
-  for (auto w : window) n_window *= w;
   at::Tensor d_s1 = at::empty_like(s1), d_s2 = at::empty_like(s1);
   AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "simwarp_local_std_vjp", [&] {
     const scalar_t *pg = grad.data_ptr<scalar_t>(), *po = out.data_ptr<scalar_t>();
-    const scalar_t *p1 = s1.data_ptr<scalar_t>(), *p2 = s2.data_ptr<scalar_t>();
+    const scalar_t* p1 = s1.data_ptr<scalar_t>();
+    const bool* pf = flat.data_ptr<bool>();
     scalar_t *q1 = d_s1.data_ptr<scalar_t>(), *q2 = d_s2.data_ptr<scalar_t>();
-    const scalar_t inv_n = scalar_t(1) / scalar_t(n_window);
+    const scalar_t inv_n = scalar_t(1) / scalar_t(window_volume(window));
     at::parallel_for(0, s1.numel(), 16384, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i)
-        local_std_vjp(pg[i], po[i], p1[i], p2[i], inv_n, normalized, q1 + i, q2 + i);
+        local_std_vjp(pg[i], po[i], p1[i], inv_n, normalized, pf[i], q1 + i, q2 + i);
     });
   });
   // The adjoint of a valid window sum is the full-mode sum with the flipped window; a box

@@ -2,10 +2,11 @@
 // outputs and call the launchers in cuda/*.cu on the current stream. Built only where
 // torch has CUDA and nvcc is found.
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -37,10 +38,10 @@ at::Tensor box_pass(const at::Tensor& x, int64_t dim, int64_t k, bool full) {
   auto sizes = x.sizes().vec();
   sizes[dim] = n_out;
   auto out = at::empty(sizes, x.options());
-  auto stream = at::cuda::getCurrentCUDAStream();
+  auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "simwarp_box_pass_cuda", [&] {
-    check(launch_box_axis<scalar_t>(x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), l.B, l.L,
-                                    l.R, k, pad, n_out, stream),
+    check(launch_box_axis<scalar_t, scalar_t>(x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+                                              l.B, l.L, l.R, k, pad, n_out, stream),
           "box_sum");
   });
   return out;
@@ -68,7 +69,7 @@ at::Tensor box_sum(const at::Tensor& x, at::IntArrayRef window, bool full) {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> local_std_fwd(const at::Tensor& xp_in,
                                                               at::IntArrayRef window, double eps,
-                                                              bool normalized) {
+                                                              bool normalized, double flat_factor) {
   const c10::cuda::CUDAGuard guard(xp_in.device());
   const at::Tensor xp = xp_in.contiguous();
   const int64_t d = static_cast<int64_t>(window.size()), first = xp.dim() - d;
@@ -76,11 +77,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> local_std_fwd(const at::Tensor& x
   const Lines l = lines_of(xp, last);
   auto sizes = xp.sizes().vec();
   sizes.back() = l.L - k + 1;
-  at::Tensor s1 = at::empty(sizes, xp.options()), s2 = at::empty(sizes, xp.options());
-  auto stream = at::cuda::getCurrentCUDAStream();
+  const auto dbl = xp.options().dtype(at::kDouble);
+  at::Tensor s1 = at::empty(sizes, dbl), s2 = at::empty(sizes, dbl);
+  auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "simwarp_local_std_rows_cuda", [&] {
-    check(launch_box_axis_squares<scalar_t>(xp.data_ptr<scalar_t>(), s1.data_ptr<scalar_t>(),
-                                            s2.data_ptr<scalar_t>(), l.B, l.L, l.R, k, stream),
+    check(launch_box_axis_squares<scalar_t>(xp.data_ptr<scalar_t>(), s1.data_ptr<double>(),
+                                            s2.data_ptr<double>(), l.B, l.L, l.R, k, stream),
           "local_std_fwd");
   });
   for (int64_t a = d - 2; a >= 0; --a) {
@@ -88,30 +90,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> local_std_fwd(const at::Tensor& x
     s1 = box_pass(s1, first + a, window[a], false);
     s2 = box_pass(s2, first + a, window[a], false);
   }
-  at::Tensor out = at::empty_like(s1);
+  at::Tensor out = at::empty(s1.sizes(), xp.options());
+  at::Tensor s1_out = at::empty(s1.sizes(), xp.options());
+  at::Tensor flat = at::empty(s1.sizes(), xp.options().dtype(at::kBool));
   AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "simwarp_local_std_fwd_cuda", [&] {
     check(launch_local_std_forward<scalar_t>(
-              s1.data_ptr<scalar_t>(), s2.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-              out.numel(), scalar_t(1) / scalar_t(window_volume(window)),
-              static_cast<scalar_t>(eps), normalized, stream),
+              s1.data_ptr<double>(), s2.data_ptr<double>(), out.data_ptr<scalar_t>(),
+              s1_out.data_ptr<scalar_t>(), flat.data_ptr<bool>(), out.numel(),
+              1.0 / static_cast<double>(window_volume(window)), eps, flat_factor, normalized,
+              stream),
           "local_std_fwd");
   });
-  return {out, s1, s2};
+  return {out, s1_out, flat};
 }
 
-at::Tensor local_std_bwd(const at::Tensor& grad_in, const at::Tensor& out, const at::Tensor& s1,
-                         const at::Tensor& s2, const at::Tensor& xp_in, at::IntArrayRef window,
+at::Tensor local_std_bwd(const at::Tensor& grad_in, const at::Tensor& out_in, const at::Tensor& s1_in,
+                         const at::Tensor& flat_in, const at::Tensor& xp_in, at::IntArrayRef window,
                          bool normalized) {
   const c10::cuda::CUDAGuard guard(xp_in.device());
   const at::Tensor grad = grad_in.contiguous(), xp = xp_in.contiguous();
+  const at::Tensor out = out_in.contiguous(), s1 = s1_in.contiguous(), flat = flat_in.contiguous();
   const int64_t d = static_cast<int64_t>(window.size()), first = xp.dim() - d;
   at::Tensor a = at::empty_like(s1), b = at::empty_like(s1);
-  auto stream = at::cuda::getCurrentCUDAStream();
+  auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "simwarp_local_std_vjp_cuda", [&] {
     check(launch_local_std_vjp<scalar_t>(
-              grad.data_ptr<scalar_t>(), out.contiguous().data_ptr<scalar_t>(),
-              s1.contiguous().data_ptr<scalar_t>(), s2.contiguous().data_ptr<scalar_t>(),
-              a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), s1.numel(),
+              grad.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), s1.data_ptr<scalar_t>(),
+              flat.data_ptr<bool>(), a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), s1.numel(),
               scalar_t(1) / scalar_t(window_volume(window)), normalized, stream),
           "local_std_bwd");
   });
@@ -130,6 +135,58 @@ at::Tensor local_std_bwd(const at::Tensor& grad_in, const at::Tensor& out, const
   return dx;
 }
 
+std::tuple<at::Tensor, at::Tensor> splat_fwd(const at::Tensor& image_in, const at::Tensor& disp_in,
+                                             bool normalize, double eps) {
+  const c10::cuda::CUDAGuard guard(image_in.device());
+  const at::Tensor image = image_in.contiguous(), disp = disp_in.contiguous();
+  const int64_t D = image.dim() - 2, N = image.size(0), C = image.size(1);
+  TORCH_CHECK(D == 2 || D == 3, "splat_fwd: image must be (N, C, H, W) or (N, C, D, H, W)");
+  int64_t size[3] = {1, 1, 1};
+  for (int64_t k = 0; k < D; ++k) size[k] = image.size(2 + k);
+  at::Tensor out = at::zeros_like(image);
+  auto den_sizes = image.sizes().vec();
+  den_sizes[1] = 1;
+  at::Tensor den = at::zeros(den_sizes, image.options());
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES(image.scalar_type(), "simwarp_splat_fwd_cuda", [&] {
+    check(launch_splat_forward<scalar_t>(image.data_ptr<scalar_t>(), disp.data_ptr<scalar_t>(),
+                                         out.data_ptr<scalar_t>(), den.data_ptr<scalar_t>(), N, C,
+                                         static_cast<int>(D), size, normalize,
+                                         static_cast<scalar_t>(eps), stream),
+          "splat_fwd");
+  });
+  return {out, den};
+}
+
+std::tuple<at::Tensor, at::Tensor> splat_bwd(const std::optional<at::Tensor>& v_out_in,
+                                             const std::optional<at::Tensor>& v_den_in,
+                                             const at::Tensor& image_in, const at::Tensor& disp_in,
+                                             const at::Tensor& out_in, const at::Tensor& den_in,
+                                             bool normalize, double eps) {
+  const c10::cuda::CUDAGuard guard(image_in.device());
+  const at::Tensor image = image_in.contiguous(), disp = disp_in.contiguous();
+  const at::Tensor out = out_in.contiguous(), den = den_in.contiguous();
+  const int64_t D = image.dim() - 2, N = image.size(0), C = image.size(1);
+  int64_t size[3] = {1, 1, 1};
+  for (int64_t k = 0; k < D; ++k) size[k] = image.size(2 + k);
+  const at::Tensor v_out = v_out_in.has_value() ? v_out_in->contiguous() : at::Tensor();
+  const at::Tensor v_den = v_den_in.has_value() ? v_den_in->contiguous() : at::Tensor();
+  at::Tensor grad_image = at::zeros_like(image), grad_disp = at::empty_like(disp);
+  at::Tensor scaled = at::empty_like(image), slope0 = at::empty_like(den);
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES(image.scalar_type(), "simwarp_splat_bwd_cuda", [&] {
+    check(launch_splat_backward<scalar_t>(
+              v_out.defined() ? v_out.data_ptr<scalar_t>() : nullptr,
+              v_den.defined() ? v_den.data_ptr<scalar_t>() : nullptr, image.data_ptr<scalar_t>(),
+              disp.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), den.data_ptr<scalar_t>(),
+              scaled.data_ptr<scalar_t>(), slope0.data_ptr<scalar_t>(),
+              grad_image.data_ptr<scalar_t>(), grad_disp.data_ptr<scalar_t>(), N, C,
+              static_cast<int>(D), size, normalize, static_cast<scalar_t>(eps), stream),
+          "splat_bwd");
+  });
+  return {grad_image, grad_disp};
+}
+
 at::Tensor correlate(const at::Tensor& x_in, at::ArrayRef<double> taps, at::IntArrayRef sizes,
                      bool transpose) {
   TORCH_CHECK(x_in.is_floating_point(), "correlate: x must be float32 or float64");
@@ -139,7 +196,7 @@ at::Tensor correlate(const at::Tensor& x_in, at::ArrayRef<double> taps, at::IntA
                                    x_in.options().dtype(at::kDouble).device(at::kCPU))
                             .to(x_in.options());
   at::Tensor cur = x_in.contiguous();
-  auto stream = at::cuda::getCurrentCUDAStream();
+  auto stream = c10::cuda::getCurrentCUDAStream();
   int64_t offset = 0;
   for (int64_t a = 0; a < static_cast<int64_t>(sizes.size()); ++a) {
     const int64_t k = sizes[a], dim = first + a;
@@ -169,4 +226,6 @@ TORCH_LIBRARY_IMPL(simwarp, CUDA, m) {
   m.impl("box_sum", &simwarp::cuda::box_sum);
   m.impl("local_std_fwd", &simwarp::cuda::local_std_fwd);
   m.impl("local_std_bwd", &simwarp::cuda::local_std_bwd);
+  m.impl("splat_fwd", &simwarp::cuda::splat_fwd);
+  m.impl("splat_bwd", &simwarp::cuda::splat_bwd);
 }

@@ -5,6 +5,8 @@
 // the CUDA kernels call (the MONAI resample_utils.h habit).
 #pragma once
 
+#include <cmath>
+
 #if defined(__CUDACC__)
 #define SIMWARP_HD __host__ __device__ __forceinline__
 #else
