@@ -11,6 +11,9 @@ from scipy import ndimage as ndi
 from napari_simwarp.ops import local_ncc
 from tests import images
 
+# Every test runs on the pure torch path and on the compiled kernels (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("backend")
+
 SHAPES = {2: (70, 62), 3: (22, 24, 20)}
 
 

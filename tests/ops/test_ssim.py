@@ -13,6 +13,9 @@ from skimage.metrics import structural_similarity
 from napari_simwarp.ops import ssim
 from tests import images
 
+# Every test runs on the pure torch path and on the compiled kernels (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("backend")
+
 SHAPES = {2: (72, 60), 3: (22, 26, 20)}
 
 

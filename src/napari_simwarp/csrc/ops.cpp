@@ -9,6 +9,9 @@ TORCH_LIBRARY(simwarp, m) {
   // Separable correlation over the trailing len(sizes) axes, taps concatenated per axis;
   // transpose=True is the adjoint of the valid correlation (output grows by k − 1).
   m.def("correlate(Tensor x, float[] taps, int[] sizes, bool transpose=False) -> Tensor");
+  // The five windowed moments (W⋆a, W⋆b, W⋆a², W⋆b², W⋆ab) of centred = [a, b] (dim 0),
+  // valid mode, taps concatenated per trailing axis: returns (5, ...).
+  m.def("moments5(Tensor centred, float[] taps, int[] sizes) -> Tensor");
   // Local std of a padded, centred input, valid mode: returns (out, S1, flat). Sums and
   // V = S2 − S1²/N in double; V <= flat_factor · S2 counts as flat (0, no gradient).
   m.def("local_std_fwd(Tensor xp, int[] window, float eps, bool normalized, float flat_factor) -> (Tensor, Tensor, Tensor)");

@@ -35,6 +35,8 @@ CSRC = pathlib.Path(__file__).resolve().parent.parent / "csrc"
 COMPILED_OPS = {
     "local_std": ("local_std_fwd", "local_std_bwd", "box_sum"),
     "splat": ("splat_fwd", "splat_bwd"),
+    "ssim": ("moments5", "correlate"),
+    "local_ncc": ("moments5", "box_sum", "correlate"),
 }
 
 _lock = threading.Lock()

@@ -39,6 +39,17 @@ def correlate(x: torch.Tensor, taps, transpose: bool = False) -> torch.Tensor:
     return torch.ops.simwarp.correlate(x, flat, [len(axis) for axis in taps], transpose)
 
 
+def moments5(centred: torch.Tensor, taps) -> torch.Tensor:
+    """The five windowed moments of ``centred = [a, b]`` ``(2, ..., *P)``, valid mode.
+
+    Returns ``(5, ..., *(P - k + 1))``: ``W⋆a, W⋆b, W⋆a², W⋆b², W⋆ab`` with the separable
+    window ``taps`` (one sequence per trailing axis); the products are formed on the fly.
+    Not differentiable by itself (the moment engine's backward is explicit).
+    """
+    flat = [float(t) for axis in taps for t in axis]
+    return torch.ops.simwarp.moments5(centred, flat, [len(axis) for axis in taps])
+
+
 def splat(image: torch.Tensor, displacement: torch.Tensor, normalize: bool, eps: float):
     """Fused splat of ``image (N, C, *S)`` by ``displacement (N, D, *S)`` (same dtype).
 
@@ -98,6 +109,12 @@ def register() -> None:
     torch.library.register_autograd(
         "simwarp::correlate", _correlate_backward, setup_context=_correlate_setup
     )
+
+    @torch.library.register_fake("simwarp::moments5")
+    def _moments5_fake(centred, taps, sizes):
+        shape = _window_shape(centred.shape, sizes, False)
+        shape[0] = 5
+        return centred.new_empty(shape)
 
     @torch.library.register_fake("simwarp::splat_fwd")
     def _splat_fwd_fake(image, displacement, normalize, eps):

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
 
+from . import _backend
 from ._filters import box_sum_valid, correlate_separable_valid, gaussian_kernel1d
 from ._padding import centred_pads, pad_spatial
 from ._validation import (
@@ -98,18 +99,36 @@ class Window:
             out *= sum(t)
         return out
 
-    def correlate_valid(self, x: torch.Tensor) -> torch.Tensor:
-        """``(..., *P) -> (..., *(P - k + 1))``: the window pass, valid mode."""
+    def correlate_valid(self, x: torch.Tensor, compiled: bool = False) -> torch.Tensor:
+        """``(..., *P) -> (..., *(P - k + 1))``: the window pass, valid mode.
+
+        ``compiled``: run the kernels (running sums for a box, one pass per axis).
+        """
+        if compiled:
+            from . import _compiled
+
+            if self.is_box:
+                return _compiled.box_sum(x.contiguous(), self.sizes)
+            return _compiled.correlate(x.contiguous(), self.taps)
         if self.is_box:
             return box_sum_valid(x, self.sizes)
         return correlate_separable_valid(x, self.taps)
 
-    def transpose_valid(self, y: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    def transpose_valid(self, y: torch.Tensor, scale: float = 1.0,
+                        compiled: bool = False) -> torch.Tensor:
         """Adjoint of ``scale ×`` :meth:`correlate_valid`: ``(..., *S) -> (..., *(S + k - 1))``.
 
         ``scale`` is folded into the taps of the first axis (free: a mean reduction's
         ``1/numel`` costs no pass).
         """
+        if compiled:
+            from . import _compiled
+
+            if self.is_box:
+                out = _compiled.box_sum(y.contiguous(), self.sizes, full=True)
+                return out.mul_(scale) if scale != 1.0 else out
+            taps = [tuple(t * scale for t in self.taps[0]), *self.taps[1:]]
+            return _compiled.correlate(y.contiguous(), taps, transpose=True)
         d = len(self.taps)
         out = y
         for axis, taps in enumerate(self.taps):
@@ -189,6 +208,8 @@ class MomentMetric:
     exact coefficients are ``(2, 1)``.
     """
 
+    #: the public op's name, for the backend choice (``_backend.use_compiled``).
+    name: str = ""
     slots: tuple[int, int, int, int, int] = (0, 1, 2, 3, 4)
     coefficients: tuple[float, float] = (2.0, 1.0)
 
@@ -281,7 +302,7 @@ def _reflect_fold_(grad: torch.Tensor, spatial: Sequence[int], pads) -> torch.Te
 
 
 def _centred_moments(
-    a: torch.Tensor, b: torch.Tensor, window: Window
+    a: torch.Tensor, b: torch.Tensor, window: Window, compiled: bool = False
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], list[torch.Tensor]]:
     """Centred, reflect-padded images and their five windowed moments.
 
@@ -310,6 +331,12 @@ def _centred_moments(
     torch.sub(a, shifts[0], out=centred[0][interior])
     torch.sub(b, shifts[1], out=centred[1][interior])
     _reflect_fill_(centred, spatial, pads)
+    if compiled:
+        # One fused pass: the products are formed line by line, never as full maps.
+        from . import _compiled
+
+        moments = _compiled.moments5(centred, window.taps)
+        return centred, shifts, list(moments.unbind(0))
     a_c, b_c = centred[0], centred[1]
     products = a.new_empty((3, *a_c.shape))
     torch.mul(a_c, a_c, out=products[0])
@@ -333,16 +360,17 @@ class _MomentMap(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, a, b, window: Window, metric: MomentMetric, reduction: str):
+    def forward(ctx, a, b, window: Window, metric: MomentMetric, reduction: str,
+                compiled: bool = False):
         need_partials = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         with torch.no_grad():
-            centred, shifts, moments = _centred_moments(a, b, window)
+            centred, shifts, moments = _centred_moments(a, b, window, compiled)
             out, partials = metric.pointwise(moments, shifts, window.total, need_partials)
             del moments
             if reduction == "mean":
                 ctx.numel = out.numel()
                 out = out.mean()
-        ctx.window, ctx.metric, ctx.reduction = window, metric, reduction
+        ctx.window, ctx.metric, ctx.reduction, ctx.compiled = window, metric, reduction, compiled
         ctx.spatial = tuple(a.shape[2:])
         if need_partials:
             ctx.save_for_backward(centred, partials)
@@ -357,12 +385,13 @@ class _MomentMap(torch.autograd.Function):
             # Scalar upstream gradient: 1/numel rides on the adjoint taps; g itself is
             # applied to the two final maps, and skipped when it is a CPU 1 (the usual
             # loss.backward()) to save two passes without a device sync elsewhere.
-            adjoint = window.transpose_valid(partials, scale=1.0 / ctx.numel)
+            adjoint = window.transpose_valid(partials, scale=1.0 / ctx.numel,
+                                             compiled=ctx.compiled)
             g = grad_out
             if g.device.type == "cpu" and float(g) == 1.0:
                 g = None
         else:
-            adjoint = window.transpose_valid(partials * grad_out)
+            adjoint = window.transpose_valid(partials * grad_out, compiled=ctx.compiled)
             g = None
         grad_a = grad_b = None
         i_a, i_b, i_aa, i_bb, i_ab = metric.slots
@@ -382,7 +411,7 @@ class _MomentMap(torch.autograd.Function):
         if grad_b is not None:
             grad_b = _reflect_fold_(grad_b, ctx.spatial, pads)
             grad_b = grad_b.mul_(g) if g is not None else grad_b
-        return grad_a, grad_b, None, None, None
+        return grad_a, grad_b, None, None, None, None
 
 
 def moment_map(
@@ -402,7 +431,8 @@ def moment_map(
     Tensor, shape ``(N, C, *S)`` ("none") or ``()`` ("mean"), in the compute dtype.
     """
     check_choice(reduction, "reduction", REDUCTIONS)
-    return _MomentMap.apply(a, b, window, metric, reduction)
+    compiled = _backend.use_compiled(metric.name, a)
+    return _MomentMap.apply(a, b, window, metric, reduction, compiled)
 
 
 # --------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ class _LocalNCCMetric(MomentMetric):
     their variances are set to +inf, which makes every ``1/V`` and so everything else 0.
     """
 
+    name = "local_ncc"
     coefficients = (-1.0, 1.0)
 
     def pointwise(self, moments, shifts, total, need_partials):

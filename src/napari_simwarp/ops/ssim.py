@@ -37,6 +37,7 @@ class _SSIMMetric(MomentMetric):
     passes.
     """
 
+    name = "ssim"
     slots = (0, 1, 2, 2, 3)
     coefficients = (-2.0, 1.0)
 

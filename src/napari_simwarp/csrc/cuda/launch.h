@@ -28,6 +28,12 @@ cudaError_t launch_correlate_axis(const T* x, T* out, const T* taps, int64_t B, 
                                   cudaStream_t stream);
 
 // From the double window sums: out, S1 (as T) and the flat mask (include/simwarp/local_std.h).
+// The five moments (a, b, a², b², ab) filtered along the last axis of `lines` lines of
+// length L; out is (5, lines, L − k + 1); `taps` (k values) live on the device.
+template <typename T>
+cudaError_t launch_moments_last_axis(const T* a, const T* b, T* out, const T* taps, int64_t lines,
+                                     int64_t L, int64_t k, cudaStream_t stream);
+
 template <typename T>
 cudaError_t launch_local_std_forward(const double* s1, const double* s2, T* out, T* s1_out,
                                      bool* flat, int64_t n, double inv_n, double eps,
