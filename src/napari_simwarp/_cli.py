@@ -1,9 +1,16 @@
 """The ``napari-simwarp`` command.
 
-    napari-simwarp demo --out DIR      run the operators on the bundled sample data and
-                                       write the maps, a summary and a picture into DIR
+    napari-simwarp demo                open napari with the sample data and the widgets
+                                       docked (needs the napari extra and a display)
+    napari-simwarp demo --headless --out DIR
+                                       no viewer: run the same pipeline on the sample data
+                                       and write the maps, registrations, a summary and a
+                                       picture into DIR
     napari-simwarp build-kernels       build the compiled kernels now (else: on first use)
     napari-simwarp info                which backend runs each op, and why
+    napari-simwarp register FIXED MOVING -o OUT
+                                       register two image files (TIFF, PNG, NPY), write the
+                                       warped image and the transform
 """
 
 from __future__ import annotations
@@ -15,22 +22,52 @@ import sys
 def _add_demo(subparsers) -> None:
     p = subparsers.add_parser(
         "demo",
-        help="run the similarity operators on the bundled sample data",
-        description="Run local std, ZNCC template matching, local NCC and SSIM on the "
-        "bundled camera picture and a deformed copy; write the maps (.npy), "
-        "summary.json and demo.png into --out.",
+        help="open napari with the sample data and the widgets (or run headless)",
+        description="Open napari with the bundled sample data and the Similarity map, "
+        "Template matching and Register widgets docked. With --headless (or with no "
+        "display), run the same pipeline without a viewer: local std, ZNCC template "
+        "matching, local NCC and SSIM on the camera picture and a deformed copy, "
+        "deformable registration of the pair and drift correction of a time-lapse; "
+        "write the results (.npy), summary.json and demo.png into --out.",
     )
-    p.add_argument("--out", default="out/demo", help="output folder (default: out/demo)")
+    p.add_argument("--out", default=None, help="output folder of --headless "
+                   "(default: out/demo)")
     p.add_argument("--headless", action="store_true",
-                   help="no viewer: compute and write results only (the default for now)")
+                   help="no viewer: compute and write the results into --out")
     p.add_argument("--device", default="auto", help="torch device: auto, cpu, cuda, mps")
     p.set_defaults(func=_run_demo)
+
+
+def _has_display() -> bool:
+    import os
+
+    if sys.platform in ("darwin", "win32"):
+        return True
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
 
 
 def _run_demo(args) -> int:
     from ._demo import run_headless_demo
 
-    summary = run_headless_demo(args.out, device=args.device)
+    if not args.headless:
+        if args.out is not None:
+            print("napari-simwarp demo: --out is used with --headless; opening the viewer",
+                  file=sys.stderr)
+        if _has_display():
+            try:
+                import napari  # noqa: F401
+            except ImportError:
+                print("napari-simwarp demo: napari is not installed (pip install "
+                      "'napari-simwarp[all]'); running --headless instead", file=sys.stderr)
+            else:
+                from ._demo import run_gui_demo
+
+                run_gui_demo(device=args.device)
+                return 0
+        else:
+            print("napari-simwarp demo: no display; running --headless instead",
+                  file=sys.stderr)
+    summary = run_headless_demo(args.out or "out/demo", device=args.device)
     for key, value in summary.items():
         print(f"{key}: {value}")
     return 0
@@ -79,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(subparsers)
     _add_build_kernels(subparsers)
     _add_info(subparsers)
+    from .register import cli as register_cli  # argparse only: imports no torch
+
+    register_cli.add_parser(subparsers)
     return parser
 
 
@@ -87,7 +127,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, TypeError, FileNotFoundError) as exc:
+    except (ValueError, TypeError, FileNotFoundError, MemoryError) as exc:
         # Input problems are the user's to fix: one clear line, no traceback.
         print(f"napari-simwarp {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -49,9 +49,13 @@ def _panel(images: list[np.ndarray], columns: int = 3, gap: int = 8) -> np.ndarr
 def run_headless_demo(out: str | pathlib.Path, device: str = "auto") -> dict:
     """Compute every similarity map on the sample data and write them into ``out``.
 
-    Writes ``local_std.npy``, ``zncc.npy``, ``local_ncc.npy``, ``ssim.npy``,
-    ``summary.json`` and ``demo.png`` (fixed, moving, local std / ZNCC / local NCC / SSIM
-    maps). Returns the summary.
+    Writes ``local_std.npy``, ``zncc.npy``, ``local_ncc.npy``, ``ssim.npy``, then
+    registers the deformed pair (``registered.npy``, ``displacement.npy``, ``transform.npz``)
+    and the drifting time-lapse (``drift_shifts.npy``, ``drift_corrected.npy``) with the
+    same functions the napari widgets call, and writes ``summary.json`` and ``demo.png``
+    (fixed, moving, local std / ZNCC / local NCC / SSIM maps / registered moving, its
+    difference to fixed before and after, time-lapse mean before and after drift
+    correction). Returns the summary.
     """
     import torch
 
@@ -100,6 +104,7 @@ def run_headless_demo(out: str | pathlib.Path, device: str = "auto") -> dict:
         "mean_ssim": float(maps["ssim"].mean()),
         **{k: round(v, 4) for k, v in timings.items()},
     }
+    summary.update(_register_samples(out, fixed, moving, dev))
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
     zncc_full = np.zeros_like(fixed)
@@ -108,8 +113,106 @@ def run_headless_demo(out: str | pathlib.Path, device: str = "auto") -> dict:
         _to_uint8(fixed, 0, 1), _to_uint8(moving, 0, 1), _to_uint8(maps["local_std"]),
         _to_uint8(zncc_full, -1, 1), _to_uint8(maps["local_ncc"], -1, 1),
         _to_uint8(maps["ssim"], 0, 1),
+        _to_uint8(np.load(out / "registered.npy"), 0, 1),
+        _to_uint8(np.abs(moving - fixed), 0, 0.5),
+        _to_uint8(np.abs(np.load(out / "registered.npy") - fixed), 0, 0.5),
+        _to_uint8(_upsample(np.load(out / "_drift_mean_before.npy"), fixed.shape)),
+        _to_uint8(_upsample(np.load(out / "drift_corrected.npy").mean(axis=0), fixed.shape)),
     ])
+    (out / "_drift_mean_before.npy").unlink()
     from skimage.io import imsave
 
     imsave(out / "demo.png", picture, check_contrast=False)
     return summary
+
+
+def _upsample(image: np.ndarray, shape) -> np.ndarray:
+    """Nearest-neighbour resize to ``shape`` (for the picture's equal-sized tiles)."""
+    idx = [np.minimum((np.arange(n) * s / n).astype(int), s - 1)
+           for n, s in zip(shape, image.shape)]
+    return image[np.ix_(*idx)]
+
+
+def _register_samples(out: pathlib.Path, fixed, moving, dev) -> dict:
+    """Deformable registration of the pair and drift correction of the time-lapse."""
+    from .register import register, register_stack
+
+    t0 = time.perf_counter()
+    res = register(fixed, moving, model="deformable", metric="lncc", iterations=30,
+                   device=str(dev))
+    seconds = time.perf_counter() - t0
+    _, _, true = data.deformed_pair()
+    est = res.transform.to_displacement(fixed.shape)
+    inner = (slice(16, -16), slice(16, -16))
+    epe = np.sqrt(((est - true) ** 2).sum(0))[inner]
+    np.save(out / "registered.npy", res.warped)
+    np.save(out / "displacement.npy", est)
+    res.transform.save(out / "transform.npz")
+
+    stack, shifts = data.drifting_timelapse()
+    t0 = time.perf_counter()
+    drift = register_stack(stack, model="translation", device=str(dev))
+    drift_seconds = time.perf_counter() - t0
+    np.save(out / "drift_shifts.npy", drift.shifts)
+    np.save(out / "drift_corrected.npy", drift.warped)
+    np.save(out / "_drift_mean_before.npy", stack.mean(axis=0))
+    return {
+        "registration_model": "deformable",
+        "registration_epe_before_px": round(float(np.sqrt((true ** 2).sum(0))[inner].mean()), 4),
+        "registration_epe_after_px": round(float(epe.mean()), 4),
+        "registration_s": round(seconds, 2),
+        "drift_max_error_px": round(float(np.abs(drift.shifts - shifts).max()), 4),
+        "drift_frames": int(stack.shape[0]),
+        "drift_s": round(drift_seconds, 2),
+    }
+
+
+def run_gui_demo(device: str = "auto"):
+    """Open napari with the sample data and the three widgets docked (blocks until closed).
+
+    Needs the ``napari`` extra and a display.
+    """
+    import napari
+
+    viewer = napari.Viewer(title="napari-simwarp demo")
+    build_demo_viewer(viewer, device)
+    napari.run()
+    return viewer
+
+
+def build_demo_viewer(viewer, device: str = "auto"):
+    """Add the sample pair and time-lapse to ``viewer`` and dock the widgets, set up.
+
+    Returns the widgets by name ("Similarity map", "Template matching", "Register").
+    """
+    from . import _sample_data
+    from ._qt import RegisterWidget, SimilarityMapWidget, TemplateMatchingWidget
+
+    layers = {}
+    for factory in (_sample_data.deformed_pair, _sample_data.drifting_timelapse):
+        for array, kwargs, _kind in factory():
+            layers[kwargs["name"]] = viewer.add_image(array, **kwargs)
+    layers["time-lapse"].visible = False
+    corner = (200, 230)
+    box = np.array([[0, 0], [0, 48], [48, 48], [48, 0]], float) + corner - 0.5
+    shapes = viewer.add_shapes([box], shape_type="rectangle", name="template box",
+                               edge_color="cyan", face_color="transparent", edge_width=2)
+
+    sim = SimilarityMapWidget(viewer)
+    match = TemplateMatchingWidget(viewer)
+    reg = RegisterWidget(viewer)
+    for widget, name in ((sim, "Similarity map"), (match, "Template matching"),
+                         (reg, "Register")):
+        viewer.window.add_dock_widget(widget, name=name, area="right")
+        widget.reset_choices()
+    sim._live.value = False  # set the layers first, then start the live map
+    sim._image.value, sim._second.value = layers["fixed"], layers["moving"]
+    sim._metric.value = "local NCC"
+    sim._live.value = True
+    sim.compute()
+    match._image.value, match._shapes.value = layers["fixed"], shapes
+    reg._fixed.value, reg._moving.value = layers["fixed"], layers["moving"]
+    reg._model.value = "deformable"
+    for widget in (sim, match, reg):
+        widget._device.value = device if device in widget._device.choices else "auto"
+    return {"Similarity map": sim, "Template matching": match, "Register": reg}

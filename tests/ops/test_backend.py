@@ -77,3 +77,16 @@ def test_import_builds_nothing(tmp_path):
                   SIMWARP_CACHE_DIR=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_backend_info_without_build_reports_pending(tmp_path):
+    code = (
+        "import json\n"
+        "from napari_simwarp.ops import _backend\n"
+        "info = _backend.backend_info(build=False)\n"
+        "print(json.dumps([info['ops']['local_std']['cpu'][0], info['build']['tried'], "
+        "info['ops']['fft_cc']['cpu'][0]]))\n"
+    )
+    result = _run(code, SIMWARP_CACHE_DIR=str(tmp_path), SIMWARP_BACKEND="auto")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == ["pending", False, "torch"]

@@ -165,15 +165,25 @@ def use_compiled(op: str, *tensors: torch.Tensor) -> bool:
     return "cuda" not in device_types or _state["cuda"]
 
 
-def backend_info() -> dict:
+def backend_info(build: bool = True) -> dict:
     """Which backend runs each op, per device type, and why.
 
-    Returns ``{"requested": ..., "build": {...}, "ops": {op: {"cpu": (backend, reason),
-    "cuda": (backend, reason)}}}``. Calling it triggers the one-time build where the
-    requested backend allows one.
+    Parameters
+    ----------
+    build : bool
+        True (default): trigger the one-time build where the requested backend allows
+        one, so the answer is final. False: never build (cheap, for a GUI); ops whose
+        kernels have not been loaded yet are reported as ``"pending"``.
+
+    Returns
+    -------
+    dict
+        ``{"requested": ..., "build": {...}, "ops": {op: {"cpu": (backend, reason),
+        "cuda": (backend, reason)}}}``, backend one of "compiled", "torch", "pending".
     """
     backend = requested_backend()
-    loaded = backend != "torch" and ensure_loaded()
+    pending = backend != "torch" and not build and not _state["tried"]
+    loaded = backend != "torch" and (_state["loaded"] if not build else ensure_loaded())
     cuda_ok, cuda_reason = cuda_build_possible()
     from . import __all__ as public_ops
 
@@ -184,6 +194,8 @@ def backend_info() -> dict:
             ops[op] = {"cpu": ("torch", why), "cuda": ("torch", why)}
         elif backend == "torch":
             ops[op] = {d: ("torch", f"{ENV_BACKEND}=torch") for d in ("cpu", "cuda")}
+        elif pending:
+            ops[op] = {d: ("pending", "kernels are built on first use") for d in ("cpu", "cuda")}
         elif not loaded:
             ops[op] = {d: ("torch", f"build failed: {_state['error']}") for d in ("cpu", "cuda")}
         else:
@@ -193,7 +205,8 @@ def backend_info() -> dict:
             }
     return {
         "requested": backend,
-        "build": {"loaded": loaded, "cuda_kernels": bool(_state["cuda"]) and cuda_ok,
+        "build": {"tried": _state["tried"], "loaded": loaded,
+                  "cuda_kernels": bool(_state["cuda"]) and cuda_ok,
                   "path": _state["path"], "error": _state["error"]},
         "ops": ops,
     }

@@ -1,0 +1,101 @@
+"""Helpers shared by the widgets: result layers by name, notifications, backend label."""
+
+from __future__ import annotations
+
+import numpy as np
+from magicgui.widgets import Label
+from napari.utils.notifications import show_error, show_info
+
+
+def notify_error(what: str, exc: BaseException) -> None:
+    """One clear line in a napari notification (no bare traceback)."""
+    msg = str(exc).strip() or type(exc).__name__
+    show_error(f"napari-simwarp: {what} failed: {msg}")
+
+
+def notify_info(msg: str) -> None:
+    show_info(f"napari-simwarp: {msg}")
+
+
+def layer_by_name(viewer, name: str):
+    return viewer.layers[name] if name in viewer.layers else None
+
+
+def put_layer(viewer, kind: str, name: str, data, like=None, **props):
+    """Reuse the layer called ``name`` (``layer.data = data``) or add one of ``kind``.
+
+    ``like``: an input layer whose ``scale`` and ``translate`` the result takes (for
+    results on the input's grid). A layer of another type or dimensionality under that
+    name is replaced.
+    """
+    layer = layer_by_name(viewer, name)
+    ndim = _ndim(kind, data)
+    if layer is not None and (layer._type_string != kind or layer.ndim != ndim):
+        viewer.layers.remove(layer)
+        layer = None
+    geometry = {}
+    if like is not None and like.ndim == ndim:
+        geometry = {"scale": like.scale, "translate": like.translate}
+    if layer is None:
+        adder = getattr(viewer, f"add_{kind}")
+        return adder(data, name=name, **geometry, **props)
+    features = props.pop("features", None)
+    if kind == "shapes":
+        layer.data = (list(data), [props.pop("shape_type", "rectangle")] * len(data))
+    else:
+        layer.data = data
+    if features is not None:
+        layer.features = features
+    for key, value in {**geometry, **props}.items():
+        setattr(layer, key, value)
+    return layer
+
+
+def _ndim(kind: str, data) -> int:
+    a = np.asarray(data)
+    if kind == "vectors":
+        return a.shape[-1]
+    if kind == "points":
+        return a.shape[1]
+    if kind == "shapes":
+        return a.shape[-1] if len(a) else 2
+    return a.ndim
+
+
+def layer_image(layer, name: str) -> np.ndarray:
+    """An image layer's data as an array-like (RGB turned to luminance)."""
+    from ..widgets_logic._arrays import rgb_to_gray
+
+    if layer is None:
+        raise ValueError(f"choose a {name} layer")
+    data = layer.data
+    if getattr(layer, "multiscale", False):
+        data = data[0]
+    return rgb_to_gray(data) if getattr(layer, "rgb", False) else data
+
+
+class BackendLabel(Label):
+    """Shows "device: … · kernels: …". Cheap (it never triggers a build); widgets call
+    :meth:`refresh` after each computation, when the kernels have been loaded."""
+
+    def __init__(self, device_getter):
+        super().__init__(value="")
+        self._device_getter = device_getter
+        self.refresh()
+
+    def refresh(self, *_) -> None:
+        from ..widgets_logic.device import describe_backend
+
+        try:
+            self.value = describe_backend(self._device_getter())
+        except Exception as exc:  # a bad device name: say so, do not break the widget
+            self.value = f"device: ? ({exc})"
+
+
+def wait_for(worker, msecs: int = 10000) -> None:
+    """Block (bounded) until ``worker`` has left its thread; used when the viewer closes,
+    so that no worker outlives the widgets it reports to."""
+    from qtpy.QtCore import QThreadPool
+
+    if worker is not None:
+        QThreadPool.globalInstance().waitForDone(msecs)

@@ -1,0 +1,162 @@
+"""The "Template matching" widget: ZNCC of a template over an image, best matches as points."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import napari.layers
+import numpy as np
+from magicgui.widgets import (
+    ComboBox, Container, FloatSpinBox, Label, PushButton, SpinBox, create_widget,
+)
+from napari.qt.threading import create_worker
+
+from ..widgets_logic.matching import (
+    BOXES_LAYER, MAP_LAYER, POINTS_LAYER, match, rectangle_slices,
+)
+from ._common import BackendLabel, wait_for, layer_image, notify_error, put_layer
+
+if TYPE_CHECKING:
+    import napari
+
+SOURCES = ("rectangle in a Shapes layer", "image layer")
+
+
+class TemplateMatchingWidget(Container):
+    """Find a template in an image by ZNCC.
+
+    The template is the rectangle selected in a Shapes layer (else its last shape), cut
+    from the image, or a whole image layer. Results: the ``"ZNCC map"`` image (value at a
+    pixel: the template centred there), the ``"matches"`` points (the top k local maxima
+    above the threshold, with their ``score`` as a feature) and, in 2-D, the
+    ``"match boxes"`` rectangles.
+    """
+
+    def __init__(self, napari_viewer: napari.viewer.Viewer):
+        super().__init__()
+        self._viewer = napari_viewer
+        self._image = create_widget(annotation=napari.layers.Image, label="image")
+        self._source = ComboBox(choices=list(SOURCES), value=SOURCES[0], label="template from")
+        self._shapes = create_widget(annotation=napari.layers.Shapes, label="rectangle",
+                                     options={"nullable": True})
+        self._template = create_widget(annotation=napari.layers.Image, label="template",
+                                       options={"nullable": True})
+        self._k = SpinBox(value=5, min=1, max=1000, label="top k")
+        self._threshold = FloatSpinBox(value=0.5, min=-1.0, max=1.0, step=0.05,
+                                       label="threshold")
+        self._distance = SpinBox(value=0, min=0, max=10000, label="min distance (0: auto)")
+        self._device = ComboBox(choices=_devices(), value="auto", label="device")
+        self._run = PushButton(text="Find matches")
+        self._status = Label(value="")
+        self._backend = BackendLabel(lambda: self._device.value)
+        self.extend([self._image, self._source, self._shapes, self._template, self._k,
+                     self._threshold, self._distance, self._device, self._run, self._status,
+                     self._backend])
+        self._source.changed.connect(self._update_visibility)
+        self._device.changed.connect(self._backend.refresh)
+        self._run.changed.connect(self.run)
+        self._worker = None
+        self._closed = False
+        self.result = None
+        self.native.destroyed.connect(_closer(self))
+        self._update_visibility()
+        self._backend.refresh()
+
+    def _update_visibility(self, *_):
+        from_shapes = self._source.value == SOURCES[0]
+        self._shapes.visible = from_shapes
+        self._template.visible = not from_shapes
+
+    def template(self) -> np.ndarray:
+        """The template's pixels (a copy), from the rectangle or the template layer."""
+        image = self._image.value
+        data = np.asarray(layer_image(image, "image"))
+        if self._source.value == SOURCES[1]:
+            return np.array(layer_image(self._template.value, "template"), dtype=np.float32)
+        shapes = self._shapes.value
+        if shapes is None or len(shapes.data) == 0:
+            raise ValueError("draw a rectangle in a Shapes layer (or choose a template layer)")
+        selected = sorted(shapes.selected_data)
+        vertices = np.asarray(shapes.data[selected[-1] if selected else -1])
+        # Shape data coordinates → image data coordinates (through world coordinates).
+        world = [shapes.data_to_world(v) for v in vertices]
+        pixel = np.array([image.world_to_data(w) for w in world], np.float64)
+        box = rectangle_slices(pixel, data.shape)
+        return np.array(data[box], dtype=np.float32)
+
+    def run(self, *_):
+        if self._closed or self._worker is not None:
+            return
+        try:
+            image = np.asarray(layer_image(self._image.value, "image"))
+            template = self.template()
+        except ValueError as exc:
+            notify_error("template matching", exc)
+            return
+        self._status.value = f"matching a {'×'.join(map(str, template.shape))} template…"
+        worker = create_worker(match, image, template, k=int(self._k.value),
+                               threshold=float(self._threshold.value),
+                               min_distance=int(self._distance.value) or None,
+                               device=self._device.value, _ignore_errors=True,
+                               _progress={"desc": "Template matching"})
+        worker.returned.connect(self._show)
+        worker.errored.connect(self._on_error)
+        worker.finished.connect(self._on_finished)
+        self._worker = worker
+        worker.start()
+
+    def _show(self, result):
+        if self._closed:
+            return
+        self.result = result
+        image = self._image.value
+        put_layer(self._viewer, "image", MAP_LAYER, result.zncc, like=image, colormap="bwr",
+                  contrast_limits=(-1.0, 1.0), opacity=0.6, blending="translucent")
+        features = {"score": result.scores.astype(np.float32)}
+        ndim = result.zncc.ndim
+        put_layer(self._viewer, "points", POINTS_LAYER,
+                  result.centres.astype(np.float32).reshape(-1, ndim), like=image,
+                  features=features, size=max(4, min(result.template_shape) // 4),
+                  face_color="yellow", text={"string": "{score:.2f}", "color": "yellow",
+                                             "anchor": "upper_left", "size": 9})
+        if ndim == 2:
+            put_layer(self._viewer, "shapes", BOXES_LAYER, list(result.boxes()), like=image,
+                      shape_type="rectangle", edge_color="yellow", face_color="transparent",
+                      edge_width=2)
+        n = len(result.scores)
+        best = f", best {result.scores[0]:.3f} at {tuple(int(c) for c in result.centres[0])}" \
+            if n else ""
+        self._status.value = f"{n} match(es){best} in {result.seconds:.2f} s"
+
+    def _on_error(self, exc):
+        self._status.value = "error (see notification)"
+        notify_error("template matching", exc)
+
+    def _on_finished(self):
+        self._worker = None
+        if not self._closed:
+            self._backend.refresh()
+
+    @property
+    def busy(self) -> bool:
+        return self._worker is not None
+
+
+def _devices():
+    from ..widgets_logic.device import available_devices
+
+    return available_devices()
+
+
+def _closer(widget):
+    state = {"w": widget}
+
+    def close(*_):
+        w = state.pop("w", None)
+        if w is not None:
+            w._closed = True
+            if w._worker is not None:
+                w._worker.quit()
+                wait_for(w._worker)
+
+    return close

@@ -1,0 +1,282 @@
+"""The "Register" widget: align a moving layer to a fixed one (or a time-lapse to itself)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import napari.layers
+import numpy as np
+from magicgui.widgets import (
+    CheckBox, ComboBox, Container, Label, PushButton, SpinBox, create_widget,
+)
+from napari.qt.threading import create_worker
+
+from ..widgets_logic.registration import (
+    DISPLACEMENT_LAYER, GRADIENT_LAYER, REFERENCES, WARPED_LAYER, RegistrationRun,
+    RunSettings, apply_transforms, layer_affine,
+)
+from ._common import BackendLabel, wait_for, layer_image, notify_error, notify_info, put_layer
+from ._plot import LossPlot
+
+if TYPE_CHECKING:
+    import napari
+
+MODES = {"pair (2D / 3D)": "pair", "time-lapse (drift)": "stack"}
+
+
+class RegisterWidget(Container):
+    """Register a moving layer to a fixed layer, or every frame of a time-lapse.
+
+    The run happens in a ``thread_worker`` with napari's progress bar; every snapshot
+    updates the ``"<moving> registered"`` image, the loss curve and the ``"displacement"``
+    and ``"similarity gradient"`` Vectors layers (subsampled). Cancel stops the run within
+    one iteration and keeps the best result so far. Afterwards the transform can be saved
+    (``.npz``, read back by :func:`napari_simwarp.register.load_transform`), applied to
+    other layers (labels with nearest neighbour) and, for linear models, shown through the
+    moving layer's ``affine`` without resampling.
+    """
+
+    def __init__(self, napari_viewer: napari.viewer.Viewer):
+        from ..register import METRICS, MODELS
+
+        super().__init__()
+        self._viewer = napari_viewer
+        self._mode = ComboBox(choices=list(MODES), value="pair (2D / 3D)", label="mode")
+        self._fixed = create_widget(annotation=napari.layers.Image, label="fixed",
+                                    options={"nullable": True})
+        self._moving = create_widget(annotation=napari.layers.Image, label="moving")
+        self._reference = ComboBox(choices=list(REFERENCES), value="first", label="reference")
+        self._model = ComboBox(choices=list(MODELS), value="affine", label="model")
+        self._metric = ComboBox(choices=list(METRICS), value="lncc", label="metric")
+        self._levels = SpinBox(value=0, min=0, max=8, label="pyramid levels (0: auto)")
+        self._iterations = SpinBox(value=0, min=0, max=10000,
+                                   label="iterations / level (0: default)")
+        self._device = ComboBox(choices=_devices(), value="auto", label="device")
+        self._gradient = CheckBox(value=True, text="show similarity gradient")
+        self._run_btn = PushButton(text="Register")
+        self._cancel_btn = PushButton(text="Cancel", enabled=False)
+        self._status = Label(value="")
+        self._backend = BackendLabel(lambda: self._device.value)
+        self._save_btn = PushButton(text="Save transform…", enabled=False)
+        self._apply_to = create_widget(annotation=napari.layers.Layer, label="apply to",
+                                       options={"nullable": True})
+        self._apply_btn = PushButton(text="Apply transform to layer", enabled=False)
+        self._affine_btn = PushButton(text="Show on moving layer's affine", enabled=False)
+        self.extend([self._mode, self._fixed, self._moving, self._reference, self._model,
+                     self._metric, self._levels, self._iterations, self._device,
+                     self._gradient, self._run_btn, self._cancel_btn, self._status,
+                     self._backend])
+        self._plot = LossPlot()
+        self.native.layout().addWidget(self._plot)
+        self.extend([self._save_btn, self._apply_to, self._apply_btn, self._affine_btn])
+
+        self._mode.changed.connect(self._update_visibility)
+        self._device.changed.connect(self._backend.refresh)
+        self._run_btn.changed.connect(self.run)
+        self._cancel_btn.changed.connect(self.cancel)
+        self._save_btn.changed.connect(self._ask_save)
+        self._apply_btn.changed.connect(lambda *_: self.apply_to_layer(self._apply_to.value))
+        self._affine_btn.changed.connect(self.show_affine)
+        self._worker = None
+        self._run = None
+        self._closed = False
+        self._moving_layer = self._fixed_layer = None
+        self.snapshots_shown = 0
+        self.native.destroyed.connect(_closer(self))
+        self._update_visibility()
+        self._backend.refresh()
+
+    # -- settings -----------------------------------------------------------------------
+    @property
+    def mode(self) -> str:
+        return MODES[self._mode.value]
+
+    def _update_visibility(self, *_):
+        stack = self.mode == "stack"
+        self._fixed.visible = not stack
+        self._reference.visible = stack
+        self._gradient.visible = not stack
+        if stack:  # drift correction: translation (phase correlation + Gauss-Newton)
+            self._model.value = "translation"
+
+    def settings(self) -> RunSettings:
+        return RunSettings(mode=self.mode, model=self._model.value, metric=self._metric.value,
+                           levels=int(self._levels.value) or "auto",
+                           iterations=int(self._iterations.value) or None,
+                           device=self._device.value, reference=self._reference.value,
+                           show_gradient=bool(self._gradient.value), min_interval=0.2)
+
+    # -- running ------------------------------------------------------------------------
+    def run(self, *_):
+        if self._closed or self._worker is not None:
+            return
+        moving = self._moving.value
+        try:
+            fixed_data = None
+            if self.mode == "pair":
+                fixed_data = layer_image(self._fixed.value, "fixed")
+            run = RegistrationRun(fixed_data, layer_image(moving, "moving"), self.settings())
+        except (ValueError, TypeError) as exc:
+            notify_error("registration", exc)
+            return
+        self._run, self._moving_layer = run, moving
+        self._fixed_layer = self._fixed.value if self.mode == "pair" else moving
+        self.snapshots_shown = 0
+        self._plot.set_values([])
+        worker = create_worker(run.snapshots, _ignore_errors=True,
+                               _progress={"total": run.expected_steps() + 1,
+                                          "desc": "Registering"})
+        worker.yielded.connect(self._show)
+        worker.errored.connect(self._on_error)
+        worker.finished.connect(self._on_finished)
+        self._worker = worker
+        self._set_running(True)
+        self._status.value = f"registering ({run.settings.model}, {run.levels} levels)…"
+        worker.start()
+
+    def cancel(self, *_):
+        """Stop the run within one iteration; the best result so far is kept."""
+        if self._run is not None:
+            self._run.stop()
+            self._status.value = "cancelling…"
+
+    def _set_running(self, running: bool):
+        self._run_btn.enabled = not running
+        self._cancel_btn.enabled = running
+        done = not running and self._run is not None and self._run.result is not None
+        self._save_btn.enabled = done
+        self._apply_btn.enabled = done
+        linear = done and hasattr(self._run.transforms[0], "matrix") and \
+            len(self._run.transforms) == 1
+        self._affine_btn.enabled = linear
+
+    def _show(self, snap):
+        if self._closed or self._run is None:
+            return
+        self._plot.set_values(snap.losses)
+        moving, fixed = self._moving_layer, self._fixed_layer
+        name = WARPED_LAYER.format(moving=moving.name if moving is not None else "moving")
+        if snap.warped is not None:
+            limits = tuple(moving.contrast_limits) if moving is not None else None
+            put_layer(self._viewer, "image", name, snap.warped, like=fixed,
+                      colormap="magenta", blending="additive",
+                      **({"contrast_limits": limits} if limits else {}))
+        if snap.displacement is not None:
+            # Display length: the longest arrow spans about one grid cell (data unscaled).
+            norms = np.linalg.norm(snap.displacement[:, 1], axis=1) if len(
+                snap.displacement) else np.zeros(1)
+            top = float(norms.max()) if norms.size else 0.0
+            length = min(max(0.9 * self._run.spacing / top, 1.0), 20.0) if top > 0 else 1.0
+            put_layer(self._viewer, "vectors", DISPLACEMENT_LAYER, snap.displacement,
+                      like=fixed, edge_color="yellow", edge_width=1.5, length=length)
+        if snap.gradient is not None:
+            put_layer(self._viewer, "vectors", GRADIENT_LAYER, snap.gradient, like=fixed,
+                      edge_color="cyan", edge_width=1.0, length=1.0)
+        self.snapshots_shown += 1
+        self._status.value = snap.describe()
+
+    def _on_error(self, exc):
+        self._status.value = "error (see notification)"
+        notify_error("registration", exc)
+
+    def _on_finished(self):
+        self._worker = None
+        if not self._closed:
+            self._backend.refresh()
+        if self._closed:
+            return
+        self._set_running(False)
+        if self._run is not None and self._run.result is not None:
+            res = self._run.result
+            word = "stopped early" if res.stopped else "done"
+            self._status.value = f"{word} in {res.seconds:.1f} s on {res.device}"
+
+    @property
+    def busy(self) -> bool:
+        return self._worker is not None
+
+    @property
+    def result(self):
+        return None if self._run is None else self._run.result
+
+    # -- after the run --------------------------------------------------------------------
+    def save_transform(self, path) -> list:
+        """Save the transform(s): ``path`` for a pair, ``path_<t>.npz`` per frame."""
+        import pathlib
+
+        ts = self._run.transforms if self._run is not None else []
+        if not ts:
+            raise ValueError("run a registration first")
+        path = pathlib.Path(path)
+        if len(ts) == 1:
+            return [ts[0].save(path)]
+        stem = path.with_suffix("")
+        return [t.save(f"{stem}_{i:04d}.npz") for i, t in enumerate(ts)]
+
+    def _ask_save(self, *_):
+        from qtpy.QtWidgets import QFileDialog
+
+        path, _ = QFileDialog.getSaveFileName(self.native, "Save transform", "transform.npz",
+                                              "Transforms (*.npz)")
+        if path:
+            try:
+                saved = self.save_transform(path)
+                notify_info(f"saved {len(saved)} transform file(s) to {saved[0].parent}")
+            except (OSError, ValueError) as exc:
+                notify_error("saving the transform", exc)
+
+    def apply_to_layer(self, layer):
+        """Resample ``layer`` with the result into ``"<name> registered"`` (labels: nearest)."""
+        try:
+            if layer is None:
+                raise ValueError("choose a layer to apply the transform to")
+            ts = self._run.transforms if self._run is not None else []
+            if not ts:
+                raise ValueError("run a registration first")
+            labels = isinstance(layer, napari.layers.Labels)
+            fixed = self._fixed_layer if self._run.settings.mode == "pair" else None
+            shape = tuple(np.shape(fixed.data)) if fixed is not None else None
+            out = apply_transforms(ts, layer.data, labels=labels, output_shape=shape)
+        except (ValueError, TypeError, RuntimeError) as exc:
+            notify_error("applying the transform", exc)
+            return None
+        kind = "labels" if labels else "image"
+        return put_layer(self._viewer, kind, WARPED_LAYER.format(moving=layer.name), out,
+                         like=fixed if fixed is not None else layer)
+
+    def show_affine(self, *_):
+        """Show the moving layer aligned through its ``affine`` (no resampling)."""
+        try:
+            ts = self._run.transforms if self._run is not None else []
+            if len(ts) != 1:
+                raise ValueError("run a pair registration with a linear model first")
+            layer = self._moving_layer
+            if layer is None or layer not in self._viewer.layers:
+                raise ValueError("the moving layer is gone")
+            layer.affine = layer_affine(ts[0])
+        except ValueError as exc:
+            notify_error("showing the affine", exc)
+
+
+def _devices():
+    from ..widgets_logic.device import available_devices
+
+    return available_devices()
+
+
+def _closer(widget):
+    """On the widget's destruction (viewer closed): stop the run, quit the worker."""
+    state = {"w": widget}
+
+    def close(*_):
+        w = state.pop("w", None)
+        if w is None:
+            return
+        w._closed = True
+        if w._run is not None:
+            w._run.stop()
+        if w._worker is not None:
+            w._worker.quit()
+            wait_for(w._worker)
+
+    return close

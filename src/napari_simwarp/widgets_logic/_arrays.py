@@ -1,0 +1,62 @@
+"""Layer data → float32 torch tensors ``(1, 1, *S)``, with a small identity cache."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+
+def as_float_array(data, name: str) -> np.ndarray:
+    """Any array-like (NumPy, dask, zarr) → finite float32 NumPy, never a view to edit."""
+    arr = np.asarray(data)
+    if arr.dtype == bool:
+        arr = arr.astype(np.float32)
+    if not np.issubdtype(arr.dtype, np.number):
+        raise ValueError(f"{name} must be a numeric image, got dtype {arr.dtype}")
+    if arr.ndim not in (2, 3):
+        raise ValueError(f"{name} must be 2-D or 3-D, got {arr.ndim}-D shape {arr.shape}")
+    if min(arr.shape) < 2:
+        raise ValueError(f"{name} is too small: shape {arr.shape}")
+    arr = arr.astype(np.float32, copy=False)
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return arr
+
+
+def rgb_to_gray(data) -> np.ndarray:
+    """``(..., 3 or 4)`` RGB(A) → luminance ``(...)`` float32."""
+    arr = np.asarray(data, dtype=np.float32)
+    return arr[..., :3] @ np.array([0.2125, 0.7154, 0.0721], np.float32)
+
+
+class TensorCache:
+    """Keeps the tensor made from each input array, keyed by the array's identity.
+
+    napari layers get new data by assignment (``layer.data = new``), so the identity of
+    the array is a sound key: a parameter change reuses the tensors, a data change makes
+    new ones. Holds at most ``size`` entries (strong references, so ids stay valid).
+    """
+
+    def __init__(self, size: int = 4):
+        self._size = size
+        self._entries: list[tuple[object, object, object]] = []  # (array, device, tensor)
+        self._lock = threading.Lock()
+
+    def get(self, data, name: str, device):
+        import torch
+
+        with self._lock:
+            for arr, dev, tensor in self._entries:
+                if arr is data and dev == device:
+                    return tensor
+        tensor = torch.from_numpy(np.ascontiguousarray(as_float_array(data, name)))
+        tensor = tensor.to(device)[None, None]
+        with self._lock:
+            self._entries.append((data, device, tensor))
+            del self._entries[: max(len(self._entries) - self._size, 0)]
+        return tensor
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()

@@ -1,0 +1,48 @@
+"""Device choice and the one-line "device · kernels" description the widgets show."""
+
+from __future__ import annotations
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
+
+
+def available_devices() -> list[str]:
+    """``"auto"`` followed by the torch devices present on this machine."""
+    import torch
+
+    out = ["auto", "cpu"]
+    if torch.cuda.is_available():
+        out.append("cuda")
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        out.append("mps")
+    return out
+
+
+def resolve_device(device: str = "auto"):
+    """``"auto"``: CUDA, then MPS, then CPU (as the demo); else ``torch.device(device)``."""
+    from .._demo import pick_device
+
+    return pick_device(device)
+
+
+def describe_backend(device: str = "auto", op: str = "local_std") -> str:
+    """``"device: cpu · kernels: compiled"`` (or ``torch (reason)``) for ``op``.
+
+    Cheap: it never triggers the kernel build (``backend_info(build=False)``); before the
+    first operator call has loaded the kernels it says they are built on first use.
+    """
+    from ..ops._backend import backend_info
+
+    dev = resolve_device(device)
+    info = backend_info(build=False)
+    per_device = info["ops"].get(op, {})
+    backend, why = per_device.get("cuda" if dev.type == "cuda" else "cpu", ("torch", "?"))
+    if backend == "pending":
+        kernels = "not loaded yet (built on first use)"
+    else:
+        kernels = backend if backend == "compiled" else f"pure torch ({_short(why)})"
+    return f"device: {dev} · kernels: {kernels}"
+
+
+def _short(text: str, limit: int = 60) -> str:
+    text = str(text).splitlines()[0] if text else ""
+    return text if len(text) <= limit else text[: limit - 1] + "…"

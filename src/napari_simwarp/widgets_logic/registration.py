@@ -1,0 +1,353 @@
+"""A registration run as a stream of display snapshots, for the "Register" widget.
+
+:class:`RegistrationRun` wraps :func:`napari_simwarp.register.register_iter` (pairs, 2-D
+or 3-D) and :func:`napari_simwarp.register.register_stack` (time-lapse drift correction)
+and turns their progress into what napari layers show: the warped moving image, the loss
+curve, the displacement field and the similarity-gradient field as subsampled
+``(n, 2, D)`` Vectors data. :meth:`RegistrationRun.snapshots` is a generator, so a
+napari ``thread_worker`` can drive it (one yield per snapshot: progress bar and
+cancellation at each) and :meth:`RegistrationRun.stop` ends it within one iteration.
+No Qt, no napari.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._arrays import as_float_array
+from .vectors import auto_spacing, field_to_vectors, normalised_scale
+
+MODES = ("pair", "stack")
+REFERENCES = ("first", "mean", "previous")
+
+#: result layer names, formatted with the moving layer's name
+WARPED_LAYER = "{moving} registered"
+DISPLACEMENT_LAYER = "displacement"
+GRADIENT_LAYER = "similarity gradient"
+
+
+@dataclass
+class RunSettings:
+    """What the widget's controls hold.
+
+    mode : "pair" (fixed + moving, 2-D or 3-D) or "stack" (a ``(T, *S)`` moving stack
+        aligned to a reference frame; the fixed layer is not used)
+    levels : 0 or "auto" for automatic, else the number of pyramid levels
+    iterations : per level; None for the engine's default
+    vector_spacing : pixels between displayed arrows; None: about 32 per axis
+    show_gradient : also compute the similarity-gradient field (pairs only)
+    min_interval : seconds between two snapshots' heavy display data (warped image,
+        fields); snapshots in between carry only the loss
+    """
+
+    mode: str = "pair"
+    model: str = "affine"
+    metric: str = "lncc"
+    levels: int | str = "auto"
+    iterations: int | None = None
+    device: str = "auto"
+    reference: str = "first"
+    report_every: int = 5
+    vector_spacing: int | None = None
+    show_gradient: bool = True
+    min_interval: float = 0.0
+
+
+@dataclass
+class Snapshot:
+    """One display update. Array fields are None when not refreshed in this snapshot."""
+
+    step: int
+    level: int
+    levels: int
+    iteration: int
+    loss: float
+    losses: list = field(default_factory=list)
+    warped: np.ndarray | None = None
+    displacement: np.ndarray | None = None
+    gradient: np.ndarray | None = None
+    final: bool = False
+    stopped: bool = False
+
+    def describe(self) -> str:
+        state = "stopped" if self.stopped else "done" if self.final else "running"
+        return (f"{state}: level {self.level + 1}/{self.levels}, iteration {self.iteration}, "
+                f"loss {self.loss:.4g}")
+
+
+def _normalise(a: np.ndarray) -> np.ndarray:
+    lo, hi = np.percentile(a, [0.5, 99.5])
+    if hi <= lo:
+        lo, hi = float(a.min()), float(a.max())
+    return ((a - lo) / (hi - lo if hi > lo else 1.0)).astype(np.float32)
+
+
+class RegistrationRun:
+    """One registration, driven by :meth:`snapshots`; ``result`` once it has finished."""
+
+    def __init__(self, fixed, moving, settings: RunSettings | None = None):
+        from ..register import METRICS, MODELS
+
+        self.settings = s = settings or RunSettings()
+        if s.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {s.mode!r}")
+        if s.model not in MODELS:
+            raise ValueError(f"model must be one of {', '.join(MODELS)}, got {s.model!r}")
+        if s.metric not in METRICS:
+            raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {s.metric!r}")
+        self.moving = np.asarray(moving)
+        if s.mode == "pair":
+            if fixed is None:
+                raise ValueError("choose a fixed layer (or the time-lapse mode for a stack)")
+            self.fixed = as_float_array(fixed, "fixed")
+            self.moving = as_float_array(moving, "moving")
+            if self.fixed.ndim != self.moving.ndim:
+                raise ValueError(f"fixed and moving must have the same dimensionality, got "
+                                 f"{self.fixed.shape} and {self.moving.shape}")
+            self.shape = self.fixed.shape
+        else:
+            if self.moving.ndim not in (3, 4) or self.moving.shape[0] < 2:
+                raise ValueError(f"the time-lapse mode needs a (T, H, W) or (T, D, H, W) "
+                                 f"moving stack with T ≥ 2, got shape {self.moving.shape}")
+            self.moving = self.moving.astype(np.float32, copy=False)
+            self.fixed = None
+            self.shape = self.moving.shape[1:]
+        self.levels = self._levels()
+        self.spacing = s.vector_spacing or auto_spacing(self.shape)
+        self.result = None
+        self.losses: list[float] = []
+        self._stop = threading.Event()
+        self._step = 0
+        self._last_heavy = -np.inf
+
+    # -- sizes ---------------------------------------------------------------------------
+    def _levels(self) -> int:
+        lv = self.settings.levels
+        if lv in ("auto", None, 0):
+            from ..register.pyramid import auto_levels
+
+            return auto_levels(self.shape)
+        return int(lv)
+
+    def _iterations(self) -> int:
+        s = self.settings
+        if s.iterations is not None:
+            return int(s.iterations)
+        if s.mode == "stack" and s.model == "translation":
+            return 10
+        from ..register.api import DEFAULTS
+
+        return int(DEFAULTS[s.model]["iterations"])
+
+    def expected_steps(self) -> int:
+        """About how many snapshots a full run yields (for the progress bar's total)."""
+        s = self.settings
+        its = self._iterations()
+        if s.mode == "stack" and s.model == "translation":
+            per = its * (2 if s.reference == "mean" else 1)
+            return max(1, per)
+        return max(1, self.levels * -(-its // max(1, s.report_every)))
+
+    # -- control ---------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask the run to end within one iteration (the best result so far is kept)."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def _engine_kwargs(self) -> dict:
+        s = self.settings
+        kw = dict(model=s.model, metric=s.metric, levels=self.levels, device=s.device,
+                  report_every=max(1, int(s.report_every)))
+        if s.iterations is not None:
+            kw["iterations"] = int(s.iterations)
+        return kw
+
+    # -- snapshots -------------------------------------------------------------------------
+    def snapshots(self):
+        """Yield :class:`Snapshot` s; the last one has ``final=True`` (``self.result`` set)."""
+        if self.settings.mode == "pair":
+            yield from self._pair()
+        else:
+            yield from self._stack()
+
+    def _heavy_due(self, final: bool) -> bool:
+        now = time.perf_counter()
+        if final or now - self._last_heavy >= self.settings.min_interval:
+            self._last_heavy = now
+            return True
+        return False
+
+    def _pair(self):
+        from ..register import register_iter
+
+        run = register_iter(self.fixed, self.moving, **self._engine_kwargs())
+        signal = None
+        try:
+            while True:
+                try:
+                    progress = run.send(signal)
+                except StopIteration as done:
+                    self.result = done.value
+                    break
+                self.losses.append(float(progress.loss))
+                self._step += 1
+                snap = Snapshot(self._step, progress.level, progress.levels,
+                                progress.iteration, float(progress.loss), list(self.losses))
+                if self._heavy_due(False):
+                    self._fill_pair(snap, progress.transform, warped=None)
+                yield snap
+                signal = True if self._stop.is_set() else None
+        finally:
+            run.close()
+        res = self.result
+        snap = Snapshot(self._step + 1, self.levels - 1, self.levels, 0,
+                        float(res.loss_history[-1]) if res.loss_history else float("nan"),
+                        [float(v) for v in res.loss_history], final=True, stopped=res.stopped)
+        self._fill_pair(snap, res.transform, warped=res.warped)
+        yield snap
+
+    def _fill_pair(self, snap: Snapshot, transform, warped) -> None:
+        shape = self.shape
+        snap.warped = warped if warped is not None else transform.apply(
+            self.moving, order=1, output_shape=shape).astype(np.float32, copy=False)
+        disp = transform.to_displacement(shape)
+        snap.displacement = field_to_vectors(disp, self.spacing)
+        if self.settings.show_gradient and self.moving.shape == shape:
+            snap.gradient = self._gradient_vectors(disp)
+
+    def _gradient_vectors(self, disp: np.ndarray) -> np.ndarray:
+        import torch
+
+        from ..ops import similarity_gradient
+        from .device import resolve_device
+
+        dev = resolve_device(self.settings.device)
+        if not hasattr(self, "_norm"):
+            self._norm = tuple(torch.from_numpy(_normalise(a))[None, None].to(dev)
+                               for a in (self.fixed, self.moving))
+        f, m = self._norm
+        d = torch.from_numpy(np.ascontiguousarray(disp))[None].to(dev)
+        g = similarity_gradient(f, m, d, metric=self.settings.metric)[0].cpu().numpy()
+        # The gradient's units are loss per pixel; scale it so the longest arrow spans
+        # 80 % of the grid spacing (its direction and relative size are what matter).
+        sub = g[(slice(None),) + tuple(slice(None, None, self.spacing) for _ in self.shape)]
+        return field_to_vectors(g, self.spacing, normalised_scale(sub, 0.8 * self.spacing))
+
+    def _stack(self):
+        from ..register import register_stack
+
+        s = self.settings
+        q: queue.Queue = queue.Queue()
+        outcome: dict = {}
+
+        def callback(info):
+            q.put(info)
+            return self._stop.is_set()
+
+        def target():
+            try:
+                outcome["result"] = register_stack(
+                    self.moving, reference=s.reference, callback=callback,
+                    **self._engine_kwargs())
+            except BaseException as exc:  # re-raised in the generator's thread
+                outcome["error"] = exc
+            finally:
+                q.put(None)
+
+        thread = threading.Thread(target=target, name="simwarp-register-stack", daemon=True)
+        thread.start()
+        current: dict[int, object] = {}
+        offset = 1 if s.reference == "previous" else 0
+        ended = False
+        try:
+            while True:
+                info = q.get()
+                if info is None:
+                    ended = True
+                    break
+                self.losses.append(float(info.loss))
+                self._step += 1
+                snap = Snapshot(self._step, int(info.level), int(getattr(info, "levels", 1)),
+                                int(info.iteration), float(info.loss), list(self.losses))
+                if self._heavy_due(False):
+                    frames = getattr(info, "frames", slice(0, len(info.transforms)))
+                    for i, t in zip(range(frames.start, frames.stop), info.transforms):
+                        current[i + offset] = t
+                    self._fill_stack(snap, current)
+                yield snap
+        finally:
+            if not ended:  # closed early: end the engine's thread before leaving
+                self._stop.set()
+            thread.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        res = self.result = outcome["result"]
+        snap = Snapshot(self._step + 1, 0, 1, 0,
+                        float(res.loss_history[-1]) if res.loss_history else float("nan"),
+                        [float(v) for v in res.loss_history], final=True, stopped=res.stopped)
+        snap.warped = res.warped
+        snap.displacement = self._stack_vectors(dict(enumerate(res.transforms)))
+        yield snap
+
+    def _fill_stack(self, snap: Snapshot, current: dict) -> None:
+        warped = np.array(self.moving, dtype=np.float32, copy=True)
+        for t, tr in current.items():
+            warped[t] = tr.apply(self.moving[t], order=1)
+        snap.warped = warped
+        snap.displacement = self._stack_vectors(current)
+
+    def _stack_vectors(self, transforms: dict) -> np.ndarray:
+        parts = []
+        for t, tr in sorted(transforms.items()):
+            v = field_to_vectors(tr.to_displacement(self.shape), self.spacing)
+            pos = np.concatenate([np.full((len(v), 1), t, np.float32), v[:, 0]], axis=1)
+            vec = np.concatenate([np.zeros((len(v), 1), np.float32), v[:, 1]], axis=1)
+            parts.append(np.stack([pos, vec], axis=1))
+        d = len(self.shape) + 1
+        return np.concatenate(parts) if parts else np.zeros((0, 2, d), np.float32)
+
+    # -- after the run -----------------------------------------------------------------------
+    @property
+    def transforms(self) -> list:
+        """The result's transforms (one for a pair, one per frame for a stack)."""
+        if self.result is None:
+            return []
+        return list(getattr(self.result, "transforms", None) or [self.result.transform])
+
+
+def apply_transforms(transforms, data, labels: bool = False, output_shape=None) -> np.ndarray:
+    """Resample another layer's ``data`` with a run's transform(s).
+
+    One transform: ``data`` is ``(*C, *S)`` (leading axes resampled alike). One per
+    frame: ``data`` is ``(T, *S)`` with T frames. Labels use nearest-neighbour (order 0)
+    and keep their dtype.
+    """
+    arr = np.asarray(data)
+    order = 0 if labels else 1
+    if len(transforms) == 1:
+        return transforms[0].apply(arr, order=order, output_shape=output_shape)
+    if arr.shape[0] != len(transforms):
+        raise ValueError(f"the layer must have one frame per transform ({len(transforms)}), "
+                         f"got shape {arr.shape}")
+    return np.stack([t.apply(frame, order=order) for t, frame in zip(transforms, arr)])
+
+
+def layer_affine(transform) -> np.ndarray:
+    """The affine to give the moving layer so it shows aligned without resampling.
+
+    The transform's matrix maps fixed to moving coordinates; napari's layer affine maps
+    the layer's data coordinates to world (= fixed) coordinates: its inverse.
+    """
+    matrix = getattr(transform, "matrix", None)
+    if matrix is None:
+        raise ValueError("only linear models (translation, rigid, similarity, affine) can be "
+                         "shown through the layer's affine; apply the transform instead")
+    return np.linalg.inv(np.asarray(matrix, np.float64))

@@ -1,0 +1,61 @@
+"""Widget tests with a real napari viewer (run them under ``xvfb-run -a`` with no display)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from napari_simwarp import data
+
+# Without the napari extra (a script-only install) the widget tests are not collected.
+if not all(importlib.util.find_spec(m) for m in ("napari", "pytestqt", "magicgui")):
+    collect_ignore_glob = ["test_*.py"]
+
+
+@pytest.fixture
+def camera_crop():
+    """A 128² crop of the camera picture (float32, [0, 1])."""
+    return np.ascontiguousarray(data.camera()[64:192, 192:320])
+
+
+@pytest.fixture
+def small_pair():
+    """A 96² crop of the deformed sample pair and its true displacement (2, 96, 96)."""
+    fixed, moving, disp = data.deformed_pair()
+    sl = (slice(208, 304), slice(208, 304))
+    return (np.ascontiguousarray(fixed[sl]), np.ascontiguousarray(moving[sl]),
+            np.ascontiguousarray(disp[(slice(None), *sl)]))
+
+
+@pytest.fixture
+def errors(monkeypatch):
+    """Collects the messages the widgets send as error notifications."""
+    from napari_simwarp._qt import _common
+
+    seen: list[str] = []
+    monkeypatch.setattr(_common, "show_error", lambda msg: seen.append(msg))
+    return seen
+
+
+def dock(viewer, widget):
+    viewer.window.add_dock_widget(widget)
+    widget.reset_choices()
+    return widget
+
+
+def no_workers_running() -> bool:
+    from superqt.utils._qthreading import WorkerBase
+
+    return not any(w.isRunning() if hasattr(w, "isRunning") else True
+                   for w in list(WorkerBase._worker_set))
+
+
+@pytest.fixture
+def viewer(make_napari_viewer, qtbot):
+    """A real viewer; on teardown, waits until every worker thread has ended (before the
+    viewer is closed), so no worker outlives its test."""
+    v = make_napari_viewer()
+    yield v
+    qtbot.waitUntil(no_workers_running, timeout=60000)

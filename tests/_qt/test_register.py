@@ -1,0 +1,131 @@
+"""The "Register" widget on a real viewer: pairs, 3-D, stacks, cancel, close."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from napari_simwarp import data
+from napari_simwarp._qt import RegisterWidget
+from napari_simwarp.register import load_transform
+
+from .conftest import dock, no_workers_running
+
+
+def _setup(viewer, fixed, moving, **values):
+    f = viewer.add_image(fixed.copy(), name="fixed") if fixed is not None else None
+    m = viewer.add_image(moving.copy(), name="moving")
+    w = dock(viewer, RegisterWidget(viewer))
+    w._fixed.value, w._moving.value = f, m
+    for key, value in values.items():
+        getattr(w, f"_{key}").value = value
+    return w, f, m
+
+
+def _run(qtbot, w, timeout=120000):
+    w.run()
+    qtbot.waitUntil(lambda: w.result is not None and not w.busy, timeout=timeout)
+
+
+def test_deformable_pair_within_tolerance(viewer, qtbot, small_pair, tmp_path):
+    fixed, moving, true = small_pair
+    w, f, m = _setup(viewer, fixed, moving, model="deformable", iterations=25)
+    _run(qtbot, w)
+    assert w.snapshots_shown >= 3  # live updates arrived during the run
+    est = w.result.transform.to_displacement(fixed.shape)
+    inner = (slice(8, -8), slice(8, -8))
+    err = np.sqrt(((est - true) ** 2).sum(0))[inner].mean()
+    before = np.sqrt((true ** 2).sum(0))[inner].mean()
+    # Tolerance: mean end-point error under 0.5 px (the true field averages ~2 px here).
+    assert err < 0.5 and before > 1.0, (err, before)
+    warped = viewer.layers["moving registered"]
+    np.testing.assert_allclose(warped.data, w.result.warped)
+    disp, grad = viewer.layers["displacement"], viewer.layers["similarity gradient"]
+    assert disp.data.shape[1:] == (2, 2) and grad.data.shape[1:] == (2, 2)
+    assert len(disp.data) <= 33 ** 2 < fixed.size  # subsampled: about 32 arrows per axis
+    np.testing.assert_array_equal(f.data, fixed)
+    np.testing.assert_array_equal(m.data, moving)
+    assert w._save_btn.enabled and w._apply_btn.enabled and not w._affine_btn.enabled
+
+    # Save and load the transform; apply it to a labels layer (nearest neighbour).
+    path = w.save_transform(tmp_path / "t.npz")[0]
+    np.testing.assert_allclose(load_transform(path).to_displacement(fixed.shape), est)
+    labels = viewer.add_labels((moving > 0.5).astype(np.int32) * 7, name="mask")
+    out = w.apply_to_layer(labels)
+    assert out.name == "mask registered" and out.data.dtype == np.int32
+    assert set(np.unique(out.data)) <= {0, 7}
+
+    # A rerun reuses the result layers.
+    n_layers = len(viewer.layers)
+    _run(qtbot, w)
+    assert len(viewer.layers) == n_layers
+
+
+def test_affine_shown_through_layer_affine(viewer, qtbot, camera_crop):
+    from scipy import ndimage as ndi
+
+    moving = ndi.shift(camera_crop, (3.0, -2.0), order=3, mode="nearest").astype(np.float32)
+    w, f, m = _setup(viewer, camera_crop, moving, model="translation", iterations=30,
+                     metric="ncc")
+    _run(qtbot, w)
+    np.testing.assert_allclose(w.result.transform.translation, (3.0, -2.0), atol=0.2)
+    assert w._affine_btn.enabled
+    w.show_affine()
+    np.testing.assert_allclose(m.affine.affine_matrix[:2, 2], (-3.0, 2.0), atol=0.2)
+    np.testing.assert_array_equal(m.data, moving)  # shown aligned, not resampled
+
+
+def test_3d_pair(viewer, qtbot):
+    fixed, moving, _ = data.deformed_volume_pair(size=32, amplitude=2.0)
+    w, f, m = _setup(viewer, fixed, moving, model="affine", iterations=10, levels=2,
+                     gradient=True)
+    _run(qtbot, w)
+    assert viewer.layers["moving registered"].data.shape == fixed.shape
+    assert viewer.layers["displacement"].data.shape[1:] == (2, 3)
+    assert viewer.layers["similarity gradient"].data.shape[1:] == (2, 3)
+
+
+def test_drift_stack(viewer, qtbot):
+    stack, shifts = data.drifting_timelapse(frames=6, size=64)
+    w, _, m = _setup(viewer, None, stack, mode="time-lapse (drift)")
+    assert w._model.value == "translation"
+    _run(qtbot, w)
+    np.testing.assert_allclose(w.result.shifts, shifts, atol=0.25)
+    assert viewer.layers["moving registered"].data.shape == stack.shape
+    assert viewer.layers["displacement"].data.shape[1:] == (2, 3)  # (t, y, x) arrows
+    np.testing.assert_array_equal(m.data, stack)
+
+
+def test_cancel_stops_the_run(viewer, qtbot):
+    fixed, moving, _ = data.deformed_pair()
+    w, _, _ = _setup(viewer, fixed, moving, model="deformable", iterations=500)
+    w.run()
+    assert w.busy and w._cancel_btn.enabled
+    # Cancel at once: the run is asked to stop at its first snapshot (iteration 5 of
+    # 5 × 500), whatever the speed of the machine.
+    w.cancel()
+    qtbot.waitUntil(lambda: not w.busy, timeout=60000)
+    assert w.result is not None and w.result.stopped
+    assert len(w.result.loss_history) < 50
+    assert w.snapshots_shown >= 1  # the best-so-far result reached the layers
+    assert viewer.layers["moving registered"].data.shape == fixed.shape
+    qtbot.waitUntil(no_workers_running, timeout=30000)
+    assert w._run_btn.enabled and not w._cancel_btn.enabled and w._save_btn.enabled
+
+
+def test_closing_the_viewer_mid_run_leaves_no_worker(make_napari_viewer, qtbot):
+    fixed, moving, _ = data.deformed_pair()
+    viewer = make_napari_viewer()
+    w, _, _ = _setup(viewer, fixed, moving, model="deformable", iterations=500)
+    w.run()
+    run = w._run
+    viewer.close()  # while the worker runs
+    assert run.stopping
+    qtbot.waitUntil(no_workers_running, timeout=30000)
+    assert run.result is None or run.result.stopped
+
+
+def test_bad_input_is_a_notification(viewer, qtbot, errors):
+    w, _, _ = _setup(viewer, np.zeros((8, 8, 8), np.float32) + 1, np.ones((16, 16),
+                                                                          np.float32))
+    w.run()
+    assert errors and "dimensionality" in errors[0] and not w.busy
