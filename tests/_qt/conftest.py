@@ -14,6 +14,19 @@ if not all(importlib.util.find_spec(m) for m in ("napari", "pytestqt", "magicgui
     collect_ignore_glob = ["test_*.py"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def kernels_built():
+    """Build (or load) the compiled kernels before any widget runs an operator.
+
+    The first compiled call builds them (a minute on two cores); inside a widget's worker
+    that would eat the tests' waits for a result, so it happens here, once per session.
+    """
+    from napari_simwarp.ops import _backend
+
+    if _backend.requested_backend() != "torch":
+        _backend.ensure_loaded()
+
+
 @pytest.fixture
 def camera_crop():
     """A 128² crop of the camera picture (float32, [0, 1])."""

@@ -99,3 +99,34 @@ def wait_for(worker, msecs: int = 10000) -> None:
 
     if worker is not None:
         QThreadPool.globalInstance().waitForDone(msecs)
+
+
+def device_choices() -> list[str]:
+    """The device names a widget offers: "auto", then the devices torch can use here."""
+    from ..widgets_logic.device import available_devices
+
+    return available_devices()
+
+
+def on_destroyed(widget, stop=None):
+    """A callback for the native widget's ``destroyed`` signal, acting once.
+
+    Marks the widget closed, calls ``stop(widget)`` for what only that widget runs (a
+    refresh timer, a registration), then quits its worker and waits (bounded) for it, so
+    no worker outlives the widget it reports to. Touches none of the widget's Qt objects:
+    they are being destroyed.
+    """
+    state = {"w": widget}
+
+    def close(*_):
+        w = state.pop("w", None)
+        if w is None:
+            return
+        w._closed = True
+        if stop is not None:
+            stop(w)
+        if w._worker is not None:
+            w._worker.quit()
+            wait_for(w._worker)
+
+    return close

@@ -14,7 +14,14 @@ from napari.qt.threading import create_worker
 from ..widgets_logic.matching import (
     BOXES_LAYER, MAP_LAYER, POINTS_LAYER, match, rectangle_slices,
 )
-from ._common import BackendLabel, wait_for, layer_image, notify_error, put_layer
+from ._common import (
+    BackendLabel,
+    device_choices,
+    layer_image,
+    notify_error,
+    on_destroyed,
+    put_layer,
+)
 
 if TYPE_CHECKING:
     import napari
@@ -45,7 +52,7 @@ class TemplateMatchingWidget(Container):
         self._threshold = FloatSpinBox(value=0.5, min=-1.0, max=1.0, step=0.05,
                                        label="threshold")
         self._distance = SpinBox(value=0, min=0, max=10000, label="min distance (0: auto)")
-        self._device = ComboBox(choices=_devices(), value="auto", label="device")
+        self._device = ComboBox(choices=device_choices(), value="auto", label="device")
         self._run = PushButton(text="Find matches")
         self._status = Label(value="")
         self._backend = BackendLabel(lambda: self._device.value)
@@ -58,7 +65,7 @@ class TemplateMatchingWidget(Container):
         self._worker = None
         self._closed = False
         self.result = None
-        self.native.destroyed.connect(_closer(self))
+        self.native.destroyed.connect(on_destroyed(self))
         self._update_visibility()
         self._backend.refresh()
 
@@ -140,23 +147,3 @@ class TemplateMatchingWidget(Container):
     @property
     def busy(self) -> bool:
         return self._worker is not None
-
-
-def _devices():
-    from ..widgets_logic.device import available_devices
-
-    return available_devices()
-
-
-def _closer(widget):
-    state = {"w": widget}
-
-    def close(*_):
-        w = state.pop("w", None)
-        if w is not None:
-            w._closed = True
-            if w._worker is not None:
-                w._worker.quit()
-                wait_for(w._worker)
-
-    return close

@@ -15,7 +15,15 @@ from ..widgets_logic.registration import (
     DISPLACEMENT_LAYER, GRADIENT_LAYER, REFERENCES, WARPED_LAYER, RegistrationRun,
     RunSettings, apply_transforms, layer_affine,
 )
-from ._common import BackendLabel, wait_for, layer_image, notify_error, notify_info, put_layer
+from ._common import (
+    BackendLabel,
+    device_choices,
+    layer_image,
+    notify_error,
+    notify_info,
+    on_destroyed,
+    put_layer,
+)
 from ._plot import LossPlot
 
 if TYPE_CHECKING:
@@ -51,7 +59,7 @@ class RegisterWidget(Container):
         self._levels = SpinBox(value=0, min=0, max=8, label="pyramid levels (0: auto)")
         self._iterations = SpinBox(value=0, min=0, max=10000,
                                    label="iterations / level (0: default)")
-        self._device = ComboBox(choices=_devices(), value="auto", label="device")
+        self._device = ComboBox(choices=device_choices(), value="auto", label="device")
         self._gradient = CheckBox(value=True, text="show similarity gradient")
         self._run_btn = PushButton(text="Register")
         self._cancel_btn = PushButton(text="Cancel", enabled=False)
@@ -82,7 +90,7 @@ class RegisterWidget(Container):
         self._closed = False
         self._moving_layer = self._fixed_layer = None
         self.snapshots_shown = 0
-        self.native.destroyed.connect(_closer(self))
+        self.native.destroyed.connect(on_destroyed(self, _stop_run))
         self._update_visibility()
         self._backend.refresh()
 
@@ -258,25 +266,7 @@ class RegisterWidget(Container):
             notify_error("showing the affine", exc)
 
 
-def _devices():
-    from ..widgets_logic.device import available_devices
-
-    return available_devices()
-
-
-def _closer(widget):
-    """On the widget's destruction (viewer closed): stop the run, quit the worker."""
-    state = {"w": widget}
-
-    def close(*_):
-        w = state.pop("w", None)
-        if w is None:
-            return
-        w._closed = True
-        if w._run is not None:
-            w._run.stop()
-        if w._worker is not None:
-            w._worker.quit()
-            wait_for(w._worker)
-
-    return close
+def _stop_run(widget) -> None:
+    """Stop the registration loop itself (its generator), not only the worker thread."""
+    if widget._run is not None:
+        widget._run.stop()

@@ -14,7 +14,14 @@ from qtpy.QtCore import QTimer
 from ..widgets_logic.similarity import (
     METRICS, RESULT_LAYER, SimilarityModel, SimilarityParams, needs_second,
 )
-from ._common import BackendLabel, wait_for, layer_image, notify_error, put_layer
+from ._common import (
+    BackendLabel,
+    device_choices,
+    layer_image,
+    notify_error,
+    on_destroyed,
+    put_layer,
+)
 
 if TYPE_CHECKING:
     import napari
@@ -43,7 +50,7 @@ class SimilarityMapWidget(Container):
         self._window = SpinBox(value=15, min=1, max=255, step=2, label="window")
         self._sigma = FloatSpinBox(value=1.5, min=0.1, max=50.0, step=0.1, label="sigma")
         self._kernel = ComboBox(choices=["box", "gaussian"], value="box", label="NCC kernel")
-        self._device = ComboBox(choices=_devices(), value="auto", label="device")
+        self._device = ComboBox(choices=device_choices(), value="auto", label="device")
         self._live = CheckBox(value=True, text="live update")
         self._compute = PushButton(text="Compute")
         self._status = Label(value="")
@@ -68,7 +75,7 @@ class SimilarityMapWidget(Container):
         self._image.changed.connect(self._on_layers)
         self._second.changed.connect(self._on_layers)
         self._compute.changed.connect(self.compute)
-        self.native.destroyed.connect(_stopper(self))
+        self.native.destroyed.connect(on_destroyed(self, _refresh_stopper(self._timer)))
         self._update_visibility()
         self._on_layers()
         self._backend.refresh()
@@ -170,29 +177,13 @@ class SimilarityMapWidget(Container):
         return self._worker is not None or self._timer.isActive() or self._pending
 
 
-def _devices():
-    from ..widgets_logic.device import available_devices
-
-    return available_devices()
-
-
-def _stopper(widget):
-    """A callback for the native widget's ``destroyed``: touches no Qt object."""
-    timer = widget._timer
-    state = {"w": widget}
-
-    def stop(*_):
-        w = state.pop("w", None)
-        if w is None:
-            return
-        w._closed = True
-        w._pending = False
+def _refresh_stopper(timer):
+    """Drop pending refreshes and stop the debounce ``timer`` (captured while it exists)."""
+    def stop(widget) -> None:
+        widget._pending = False
         try:
             timer.stop()
-        except RuntimeError:
+        except RuntimeError:  # already deleted with the widget
             pass
-        if w._worker is not None:
-            w._worker.quit()
-            wait_for(w._worker)
 
     return stop

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "box.h"
+#include "local_std_2d.h"
 #include "simwarp/local_std.h"
 
 namespace simwarp {
@@ -64,6 +65,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> local_std_fwd(const at::Tensor& x
   const int64_t first = xp.dim() - d;
   const int64_t L = xp.size(-1), k = window[d - 1];
   TORCH_CHECK(k <= L, "local_std_fwd: window larger than the padded input");
+  if (d == 2) {  // the fused single-pass route (local_std_2d.h)
+    TORCH_CHECK(window[0] <= xp.size(-2), "local_std_fwd: window larger than the padded input");
+    auto sizes = xp.sizes().vec();
+    sizes[sizes.size() - 2] -= window[0] - 1;
+    sizes.back() -= k - 1;
+    at::Tensor out = at::empty(sizes, xp.options()), s1 = at::empty(sizes, xp.options());
+    at::Tensor flat = at::empty(sizes, xp.options().dtype(at::kBool));
+    const int64_t Hp = xp.size(-2);
+    AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "simwarp_local_std_2d", [&] {
+      local_std_2d_forward<scalar_t>(xp.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+                                     s1.data_ptr<scalar_t>(), flat.data_ptr<bool>(),
+                                     xp.numel() / (Hp * L), Hp, L, window[0], k, eps, flat_factor,
+                                     normalized);
+    });
+    return {out, s1, flat};
+  }
   auto row_sizes = xp.sizes().vec();
   row_sizes.back() = L - k + 1;
   const auto dbl = xp.options().dtype(at::kDouble);
@@ -105,6 +122,18 @@ at::Tensor local_std_bwd(const at::Tensor& grad_in, const at::Tensor& out_in,
   const at::Tensor out = out_in.contiguous(), s1 = s1_in.contiguous(), flat = flat_in.contiguous();
   const int64_t d = static_cast<int64_t>(window.size());
   const int64_t first = xp.dim() - d;
+  if (d == 2) {  // the fused single-pass route (local_std_2d.h)
+    at::Tensor dx = at::empty_like(xp);
+    const int64_t Hp = xp.size(-2), Wp = xp.size(-1);
+    AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "simwarp_local_std_2d_bwd", [&] {
+      local_std_2d_backward<scalar_t>(grad.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+                                      s1.data_ptr<scalar_t>(), flat.data_ptr<bool>(),
+                                      xp.data_ptr<scalar_t>(), dx.data_ptr<scalar_t>(),
+                                      xp.numel() / (Hp * Wp), Hp, Wp, window[0], window[1],
+                                      normalized);
+    });
+    return dx;
+  }
   at::Tensor d_s1 = at::empty_like(s1), d_s2 = at::empty_like(s1);
   AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "simwarp_local_std_vjp", [&] {
     const scalar_t *pg = grad.data_ptr<scalar_t>(), *po = out.data_ptr<scalar_t>();
