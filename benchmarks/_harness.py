@@ -72,6 +72,33 @@ def time_call(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1,
     return statistics.median(times)
 
 
+def forward_backward(fn: Callable, *inputs):
+    """A callable for timing one forward and backward of ``fn`` on fresh leaf copies of
+    ``inputs``: the output is summed unless it is already a scalar, then back-propagated.
+    """
+    leaves = [x.detach().clone().requires_grad_() for x in inputs]
+
+    def run():
+        for leaf in leaves:
+            leaf.grad = None
+        out = fn(*leaves)
+        (out if out.dim() == 0 else out.sum()).backward()
+
+    return run
+
+
+def smooth_displacement(shape, amplitude: float, generator):
+    """A ``(1, D, *S)`` float32 field: coarse random noise upsampled, ``amplitude`` px at most."""
+    import torch
+
+    d = len(shape)
+    coarse = torch.randn((1, d) + tuple(max(n // 32, 2) for n in shape), generator=generator)
+    mode = "bilinear" if d == 2 else "trilinear"
+    field = torch.nn.functional.interpolate(coarse, size=tuple(shape), mode=mode,
+                                            align_corners=True)
+    return field * (amplitude / field.abs().max())
+
+
 @dataclass
 class Row:
     group: str  # e.g. "local_std 2048² w15"

@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 import torch
+from _harness import forward_backward
 
 SECTION = "Compiled kernels (CPU) against pure torch and peers"
 SIZE = 2048
@@ -30,16 +31,6 @@ def _with_backend(backend, fn):
     return run
 
 
-def _forward_backward(loss_fn, *inputs):
-    leaves = [x.detach().clone().requires_grad_() for x in inputs]
-
-    def run():
-        for leaf in leaves:
-            leaf.grad = None
-        loss_fn(*leaves).backward()
-    return run
-
-
 def run(report) -> None:
     from napari_simwarp import ops
     from napari_simwarp.ops import _backend
@@ -56,7 +47,7 @@ def run(report) -> None:
 
     group = f"local_std {SIZE}² w15"
     for phase, fn in [("forward", lambda: ops.local_std(a, 15)),
-                      ("forward+backward", _forward_backward(lambda x: ops.local_std(x, 15).sum(), a))]:
+                      ("forward+backward", forward_backward(lambda x: ops.local_std(x, 15).sum(), a))]:
         report.measure(group, "simwarp compiled", phase, _with_backend("compiled", fn), ours=True)
         report.measure(group, "simwarp pure torch", phase, _with_backend("torch", fn))
     from scipy import ndimage as ndi
@@ -72,20 +63,20 @@ def run(report) -> None:
 
     group = f"ssim {SIZE}² w11"
     for phase, fn in [("forward", lambda: ops.ssim(a, b)),
-                      ("forward+backward", _forward_backward(lambda x, y: 1 - ops.ssim(x, y), a, b))]:
+                      ("forward+backward", forward_backward(lambda x, y: 1 - ops.ssim(x, y), a, b))]:
         report.measure(group, "simwarp compiled", phase, _with_backend("compiled", fn), ours=True)
         report.measure(group, "simwarp pure torch", phase, _with_backend("torch", fn))
     try:
         from pytorch_msssim import ssim as ms_ssim
 
-        report.measure(group, "pytorch-msssim", "forward+backward", _forward_backward(
+        report.measure(group, "pytorch-msssim", "forward+backward", forward_backward(
             lambda x, y: 1 - ms_ssim(x, y, data_range=1.0), a, b), repeat=3)
     except ImportError:
         report.note(SECTION, "pytorch-msssim not installed")
 
     group = f"local_ncc {SIZE}² w9"
     for phase, fn in [("forward", lambda: ops.local_ncc(a, b, 9)),
-                      ("forward+backward", _forward_backward(
+                      ("forward+backward", forward_backward(
                           lambda x, y: 1 - ops.local_ncc(x, y, 9, reduction="mean"), a, b))]:
         report.measure(group, "simwarp compiled", phase, _with_backend("compiled", fn), ours=True)
         report.measure(group, "simwarp pure torch", phase, _with_backend("torch", fn))
@@ -95,15 +86,15 @@ def run(report) -> None:
         loss = LocalNormalizedCrossCorrelationLoss(spatial_dims=2, kernel_size=9,
                                                    kernel_type="rectangular")
         report.measure(group, "MONAI LocalNormalizedCrossCorrelationLoss", "forward+backward",
-                       _forward_backward(lambda x, y: loss(x, y), a, b), repeat=3)
+                       forward_backward(lambda x, y: loss(x, y), a, b), repeat=3)
     except ImportError:
         report.note(SECTION, "MONAI not installed")
 
     group = f"splat {SIZE}²"
     d = torch.from_numpy(rng.uniform(-2, 2, (1, 2, SIZE, SIZE)).astype(np.float32))
     for phase, fn in [("forward", lambda: ops.splat(a, d)),
-                      ("forward+backward", _forward_backward(lambda x, y: ops.splat(x, y).sum(), a, d))]:
+                      ("forward+backward", forward_backward(lambda x, y: ops.splat(x, y).sum(), a, d))]:
         report.measure(group, "simwarp compiled", phase, _with_backend("compiled", fn), ours=True)
         report.measure(group, "simwarp pure torch", phase, _with_backend("torch", fn))
     report.measure(group, "warp (yardstick)", "forward+backward",
-                   _forward_backward(lambda x, y: ops.warp(x, y).sum(), a, d))
+                   forward_backward(lambda x, y: ops.warp(x, y).sum(), a, d))

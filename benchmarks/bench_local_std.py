@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from scipy import ndimage as ndi
+from _harness import forward_backward
 
 SECTION = "Local standard deviation and ZNCC template matching"
 
@@ -22,15 +23,6 @@ def _scipy_local_std(x: np.ndarray, window: int) -> np.ndarray:
     return np.sqrt(np.maximum(m2 - m1 * m1, 0.0))
 
 
-def _forward_backward(fn, *inputs):
-    def run():
-        out = fn(*inputs)
-        out.backward(torch.ones_like(out))
-        for t in inputs:
-            t.grad = None
-    return run
-
-
 def _bench_local_std(report, rng, shape, window):
     from napari_simwarp.ops import local_std
 
@@ -43,7 +35,7 @@ def _bench_local_std(report, rng, shape, window):
                    lambda: _scipy_local_std(x, window))
     xg = xt.clone().requires_grad_()
     report.measure(group, "simwarp local_std (float32)", "forward+backward",
-                   _forward_backward(lambda t: local_std(t, window), xg), ours=True)
+                   forward_backward(lambda t: local_std(t, window), xg), ours=True)
 
 
 def _bench_match_template(report, rng, size, tsize):
@@ -65,7 +57,7 @@ def _bench_match_template(report, rng, size, tsize):
                    lambda: sk_match_template(image, template), repeat=3)
     ig, tg = it.clone().requires_grad_(), tt.clone().requires_grad_()
     report.measure(group, "simwarp match_template (float32)", "forward+backward",
-                   _forward_backward(match_template, ig, tg), ours=True, repeat=3)
+                   forward_backward(match_template, ig, tg), ours=True, repeat=3)
 
 
 def run(report) -> None:

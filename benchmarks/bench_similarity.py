@@ -13,6 +13,7 @@ import importlib
 import importlib.metadata
 
 import torch
+from _harness import forward_backward
 
 SECTION = "SSIM and local NCC"
 
@@ -43,19 +44,6 @@ def _inputs(shape, seed=0):
     return a, b
 
 
-def _forward_backward(loss_fn, a, b):
-    """A callable running ``loss_fn(a, b).backward()`` on fresh leaves."""
-
-    def run():
-        x = a.detach().requires_grad_()
-        y = b.detach().requires_grad_()
-        loss = loss_fn(x, y)
-        loss.backward()
-        return x.grad, y.grad
-
-    return run
-
-
 def _measure_pair(report, group, impl, loss_fn, a, b, *, ours, repeat, note="", memory=True):
     """Forward (no grad) and forward+backward of one implementation."""
 
@@ -65,7 +53,7 @@ def _measure_pair(report, group, impl, loss_fn, a, b, *, ours, repeat, note="", 
 
     report.measure(group, impl, "forward", forward, ours=ours, repeat=repeat, note=note,
                    memory=memory)
-    report.measure(group, impl, "forward+backward", _forward_backward(loss_fn, a, b),
+    report.measure(group, impl, "forward+backward", forward_backward(loss_fn, a, b),
                    ours=ours, repeat=repeat, note=note, memory=memory)
 
 

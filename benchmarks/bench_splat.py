@@ -17,31 +17,9 @@ displacement of at most 5 px (normalised: the weighted average of what lands on 
 from __future__ import annotations
 
 import torch
+from _harness import forward_backward, smooth_displacement
 
 SECTION = "Splatting (forward warp)"
-
-
-def _smooth_displacement(shape, amplitude: float, generator: torch.Generator) -> torch.Tensor:
-    """A ``(1, D, *S)`` float32 field: coarse random noise upsampled, ``amplitude`` px at most."""
-    d = len(shape)
-    coarse = torch.randn((1, d) + tuple(max(n // 32, 2) for n in shape), generator=generator)
-    mode = "bilinear" if d == 2 else "trilinear"
-    field = torch.nn.functional.interpolate(coarse, size=tuple(shape), mode=mode, align_corners=True)
-    return field * (amplitude / field.abs().max())
-
-
-def _forward_backward(fn, image: torch.Tensor, displacement: torch.Tensor):
-    """A closure running ``fn(image, displacement).sum().backward()`` on fresh leaves."""
-    image = image.clone().requires_grad_()
-    displacement = displacement.clone().requires_grad_()
-
-    def step():
-        image.grad = None
-        displacement.grad = None
-        fn(image, displacement).sum().backward()
-        return image.grad, displacement.grad
-
-    return step
 
 
 def _run_case(report, label: str, shape) -> None:
@@ -50,7 +28,7 @@ def _run_case(report, label: str, shape) -> None:
 
     generator = torch.Generator().manual_seed(0)
     image = torch.rand((1, 1) + tuple(shape), generator=generator)
-    displacement = _smooth_displacement(shape, 5.0, generator)
+    displacement = smooth_displacement(shape, 5.0, generator)
     group = f"splat {label} normalised"
 
     def reference(i, d):
@@ -59,14 +37,14 @@ def _run_case(report, label: str, shape) -> None:
     report.measure(group, "simwarp splat (torch, custom backward)", "forward",
                    lambda: splat(image, displacement), ours=True, repeat=3)
     ours = report.measure(group, "simwarp splat (torch, custom backward)", "forward+backward",
-                          _forward_backward(splat, image, displacement), ours=True, repeat=3)
+                          forward_backward(splat, image, displacement), ours=True, repeat=3)
     report.measure(group, "index_add + autograd (plain torch)", "forward",
                    lambda: reference(image, displacement), repeat=3)
     report.measure(group, "index_add + autograd (plain torch)", "forward+backward",
-                   _forward_backward(reference, image, displacement), repeat=3)
+                   forward_backward(reference, image, displacement), repeat=3)
     yardstick = report.measure(
         group, "simwarp warp (backward warp, grid_sample)", "forward+backward",
-        _forward_backward(warp, image, displacement), repeat=3,
+        forward_backward(warp, image, displacement), repeat=3,
         note="not a peer: the yardstick of the 3× target",
     )
     report.note(SECTION, f"{label}: splat forward+backward takes "

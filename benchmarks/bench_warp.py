@@ -19,31 +19,9 @@ import warnings
 
 import numpy as np
 import torch
+from _harness import forward_backward, smooth_displacement
 
 SECTION = "Warping"
-
-
-def _smooth_displacement(shape, amplitude: float, generator: torch.Generator) -> torch.Tensor:
-    """A ``(1, D, *S)`` float32 field: coarse random noise upsampled, ``amplitude`` px at most."""
-    d = len(shape)
-    coarse = torch.randn((1, d) + tuple(max(n // 32, 2) for n in shape), generator=generator)
-    mode = "bilinear" if d == 2 else "trilinear"
-    field = torch.nn.functional.interpolate(coarse, size=tuple(shape), mode=mode, align_corners=True)
-    return field * (amplitude / field.abs().max())
-
-
-def _forward_backward(fn, image: torch.Tensor, displacement: torch.Tensor):
-    """A closure running ``fn(image, displacement).sum().backward()`` on fresh leaves."""
-    image = image.clone().requires_grad_()
-    displacement = displacement.clone().requires_grad_()
-
-    def step():
-        image.grad = None
-        displacement.grad = None
-        fn(image, displacement).sum().backward()
-        return image.grad, displacement.grad
-
-    return step
 
 
 def _monai_warp():
@@ -64,13 +42,13 @@ def _run_case(report, label: str, shape) -> None:
 
     generator = torch.Generator().manual_seed(0)
     image = torch.rand((1, 1) + tuple(shape), generator=generator)
-    displacement = _smooth_displacement(shape, 5.0, generator)
+    displacement = smooth_displacement(shape, 5.0, generator)
     group = f"warp {label} linear border"
 
     report.measure(group, "simwarp warp (torch)", "forward",
                    lambda: warp(image, displacement), ours=True)
     report.measure(group, "simwarp warp (torch)", "forward+backward",
-                   _forward_backward(warp, image, displacement), ours=True)
+                   forward_backward(warp, image, displacement), ours=True)
 
     coords = np.indices(shape, dtype=np.float64) + displacement[0].double().numpy()
     image64 = image[0, 0].double().numpy()
@@ -89,7 +67,7 @@ def _run_case(report, label: str, shape) -> None:
     report.measure(group, "MONAI Warp (grid_sample)", "forward",
                    lambda: monai_warp(image, displacement), note=f"max |Δ| vs ours {difference:.1e}")
     report.measure(group, "MONAI Warp (grid_sample)", "forward+backward",
-                   _forward_backward(monai_warp, image, displacement))
+                   forward_backward(monai_warp, image, displacement))
 
 
 def run(report) -> None:

@@ -27,22 +27,7 @@ template <typename T>
 void box_last_axis_pair(const T* x, double* o1, double* o2, int64_t B, int64_t L, int64_t k) {
   const int64_t n = L - k + 1;
   at::parallel_for(0, B, 64, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const T* xl = x + b * L;
-      double* l1 = o1 + b * n;
-      double* l2 = o2 + b * n;
-      double s1 = 0.0, s2 = 0.0;
-      for (int64_t j = 0; j < k; ++j) { const double v = xl[j]; s1 += v; s2 += v * v; }
-      l1[0] = s1;
-      l2[0] = s2;
-      for (int64_t i = 1; i < n; ++i) {
-        const double a = xl[i + k - 1], r = xl[i - 1];
-        s1 += a - r;
-        s2 += a * a - r * r;
-        l1[i] = s1;
-        l2[i] = s2;
-      }
-    }
+    for (int64_t b = b0; b < b1; ++b) row_window_sums(x + b * L, L, k, o1 + b * n, o2 + b * n);
   });
 }
 

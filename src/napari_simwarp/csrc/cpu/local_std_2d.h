@@ -21,6 +21,22 @@ namespace cpu {
 
 constexpr int64_t kBandRows = 128;
 
+// Valid window sums of v and v² along one row, in double: s1, s2 get n − k + 1 entries.
+template <typename In>
+inline void row_window_sums(const In* v, int64_t n, int64_t k, double* s1, double* s2) {
+  double a1 = 0.0, a2 = 0.0;
+  for (int64_t c = 0; c < k; ++c) { const double x = v[c]; a1 += x; a2 += x * x; }
+  s1[0] = a1;
+  s2[0] = a2;
+  for (int64_t c = 1; c < n - k + 1; ++c) {
+    const double add = v[c + k - 1], sub = v[c - 1];
+    a1 += add - sub;
+    a2 += add * add - sub * sub;
+    s1[c] = a1;
+    s2[c] = a2;
+  }
+}
+
 // Full-mode (zero-padded) window sum along one row: out has n + k − 1 entries.
 template <typename In>
 inline void row_box_full(const In* v, int64_t n, int64_t k, double* out) {
@@ -54,17 +70,7 @@ void local_std_2d_forward(const T* xp, T* out, T* s1_out, bool* flat, int64_t B,
         if (j >= r0 + kh) {  // row j − kh leaves the window (it sits in this slot)
           for (int64_t c = 0; c < W; ++c) { acc1[c] -= q1[c]; acc2[c] -= q2[c]; }
         }
-        double s1 = 0.0, s2 = 0.0;
-        for (int64_t c = 0; c < kw; ++c) { const double v = row[c]; s1 += v; s2 += v * v; }
-        q1[0] = s1;
-        q2[0] = s2;
-        for (int64_t c = 1; c < W; ++c) {
-          const double a = row[c + kw - 1], r = row[c - 1];
-          s1 += a - r;
-          s2 += a * a - r * r;
-          q1[c] = s1;
-          q2[c] = s2;
-        }
+        row_window_sums(row, Wp, kw, q1, q2);
         for (int64_t c = 0; c < W; ++c) { acc1[c] += q1[c]; acc2[c] += q2[c]; }
         if (j >= r0 + kh - 1) {
           const int64_t i = j - kh + 1;
