@@ -59,11 +59,23 @@ def machine_description() -> list[str]:
     return lines
 
 
+#: glibc serves every allocation above 32 MiB with a fresh mmap, so each call page-faults
+#: its large temporaries in again; at 2048² that alone made the same SSIM call take 45 to
+#: 171 ms depending on the process's history. Keeping large blocks in the heap makes runs
+#: repeatable and is what a long-lived process (a napari session) converges to; peers run
+#: under the same setting.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "68719476736"}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("modules", nargs="*", help="bench_<name>.py modules to run (default: all)")
     parser.add_argument("--out", default=str(HERE.parent / "docs" / "benchmarks.md"))
     args = parser.parse_args(argv)
+    if any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):
+        # glibc reads these at start-up: run again with them set.
+        os.environ.update(MALLOC_ENV)
+        os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]])
     names = args.modules or sorted(p.stem[len("bench_"):] for p in HERE.glob("bench_*.py"))
     report = Report()
     sections = []
@@ -75,7 +87,13 @@ def main(argv=None) -> int:
         sections.append((module.SECTION, report.rows[start:]))
     text = ["# Benchmarks", "", *machine_description(), "",
             "Times are medians after a warm-up; 'peer time / ours' above 1 means we are faster.",
-            "Peak memory is the resident-set peak during one call above the level before it.", ""]
+            "Peak memory is the resident-set peak during one call above the level before it"
+            " (0 when the call fit in memory the process already held).",
+            "Run with " + ", ".join(f"{k}={v}" for k, v in MALLOC_ENV.items()) +
+            " (set by run.py): large temporaries are reused instead of page-faulted in on"
+            " every call, as in a long-lived session. Without it, timings depend on the"
+            " process's history: our 2048² SSIM forward took 100 to 171 ms in fresh"
+            " processes against 46 ms with it.", ""]
     for title, rows in sections:
         sub = Report(rows=rows, section_notes=report.section_notes)
         text.append(sub.markdown(title))

@@ -90,3 +90,10 @@ def test_backend_info_without_build_reports_pending(tmp_path):
     result = _run(code, SIMWARP_CACHE_DIR=str(tmp_path), SIMWARP_BACKEND="auto")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == ["pending", False, "torch"]
+
+
+def test_auto_keeps_splat_on_torch_for_cpu(monkeypatch):
+    # The CPU splat kernel measured slower than torch's scatter: "auto" must not pick it,
+    # "compiled" must (where the kernels exist).
+    monkeypatch.setenv("SIMWARP_BACKEND", "auto")
+    assert not _backend.use_compiled("splat", torch.zeros(1))

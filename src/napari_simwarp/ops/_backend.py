@@ -39,6 +39,15 @@ COMPILED_OPS = {
     "local_ncc": ("moments5", "box_sum", "correlate"),
 }
 
+#: ops whose compiled kernel "auto" uses only on these device types, because the pure
+#: torch path measured faster elsewhere (docs/benchmarks.md). SIMWARP_BACKEND=compiled
+#: still runs the kernel on every device it is built for.
+AUTO_DEVICE_TYPES = {
+    # The CPU splat scatters serially per image (bitwise deterministic); torch's scatter_add_
+    # was faster at 2048² on 2 cores (forward 46 against 76 ms), CUDA atomics are not serial.
+    "splat": {"cuda"},
+}
+
 _lock = threading.Lock()
 _state: dict = {"tried": False, "loaded": False, "cuda": False, "error": None, "path": None}
 
@@ -155,11 +164,14 @@ def ensure_loaded() -> bool:
 
 def use_compiled(op: str, *tensors: torch.Tensor) -> bool:
     """Whether ``op`` should run its compiled implementation on these tensors' device."""
-    if op not in COMPILED_OPS or requested_backend() == "torch":
+    backend = requested_backend()
+    if op not in COMPILED_OPS or backend == "torch":
         return False
     device_types = {t.device.type for t in tensors}
     if not device_types <= {"cpu", "cuda"}:
         return False  # MPS and others: pure torch
+    if backend == "auto" and not device_types <= AUTO_DEVICE_TYPES.get(op, {"cpu", "cuda"}):
+        return False
     if not ensure_loaded():
         return False
     return "cuda" not in device_types or _state["cuda"]
@@ -199,10 +211,13 @@ def backend_info(build: bool = True) -> dict:
         elif not loaded:
             ops[op] = {d: ("torch", f"build failed: {_state['error']}") for d in ("cpu", "cuda")}
         else:
-            ops[op] = {
-                "cpu": ("compiled", "built kernels"),
-                "cuda": ("compiled", "built kernels") if _state["cuda"] else ("torch", cuda_reason),
-            }
+            auto_devices = AUTO_DEVICE_TYPES.get(op, {"cpu", "cuda"})
+            slower = "pure torch measured faster on this device type"
+            cpu = ("compiled", "built kernels")
+            if backend == "auto" and "cpu" not in auto_devices:
+                cpu = ("torch", slower)
+            cuda = ("compiled", "built kernels") if _state["cuda"] else ("torch", cuda_reason)
+            ops[op] = {"cpu": cpu, "cuda": cuda}
     return {
         "requested": backend,
         "build": {"tried": _state["tried"], "loaded": loaded,
