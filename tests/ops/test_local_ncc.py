@@ -268,3 +268,24 @@ class TestLocalNCC:
             a, b = kwargs.pop("a"), kwargs.pop("b")
             with pytest.raises(error, match=match):
                 local_ncc(a, b, **kwargs)
+
+
+@pytest.mark.parametrize("metric", ["local_ncc", "ssim"])
+def test_float32_where_local_means_are_far_from_the_image_mean(metric):
+    # Two halves ±450 apart with unit noise: centring on the image mean leaves Σa² huge
+    # against the windows' variance; float32 sums cancelled to "flat" (0) here before.
+    from napari_simwarp import ops
+
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(1, 1, 64, 64, generator=gen) + 100.0
+    a[..., 32:] += 900.0
+    b = a + 0.3 * torch.randn(a.shape, generator=gen)
+    if metric == "local_ncc":
+        f32, f64 = ops.local_ncc(a, b, 5), ops.local_ncc(a.double(), b.double(), 5)
+    else:
+        kw = dict(reduction="none", data_range=1000.0)
+        f32, f64 = ops.ssim(a, b, **kw), ops.ssim(a.double(), b.double(), **kw)
+    assert f32.dtype == torch.float32
+    assert (f32.double() - f64).abs().max() < 1e-5
+    if metric == "local_ncc":
+        assert (f32 == 0).float().mean() == 0

@@ -277,3 +277,15 @@ class TestNcc:
         for dtype in (torch.int32, torch.bool, torch.complex64):
             with pytest.raises(TypeError, match="b must be"):
                 ncc(a, a.to(dtype))
+
+
+def test_one_pixel_template_with_pad_input_leaves_the_image_untouched():
+    # Nothing is padded for a 1-pixel template: the centring must not happen in place on
+    # the caller's tensor (it did, and raised for leaves that require grad).
+    image = torch.rand(1, 1, 12, 13, dtype=torch.float64) + 5.0
+    before = image.clone()
+    out = match_template(image, torch.ones(1, 1, 1, 1, dtype=torch.float64), pad_input=True)
+    assert torch.equal(image, before)
+    assert torch.all(out == 0)  # a 1-pixel template is flat, as in scikit-image
+    leaf = image.clone().requires_grad_()
+    match_template(leaf, torch.ones(1, 1, 1, 1, dtype=torch.float64), pad_input=True).sum().backward()

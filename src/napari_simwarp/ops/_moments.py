@@ -49,6 +49,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _backend
+from ._accumulate import accumulate_dtype
 from ._filters import box_sum_valid, correlate_separable_valid, gaussian_kernel1d
 from ._padding import centred_pads, pad_spatial
 from ._validation import (
@@ -432,7 +433,13 @@ def moment_map(
     """
     check_choice(reduction, "reduction", REDUCTIONS)
     compiled = _backend.use_compiled(metric.name, a)
-    return _MomentMap.apply(a, b, window, metric, reduction, compiled)
+    # Centring on the image mean is not enough where a window's mean sits far from it
+    # (microscopy: bright blobs, smooth backgrounds): Σa² - (Σa)²/n then cancels in
+    # float32 (SPEC §1 "Numerics"). The moments and the metric run in float64 wherever
+    # the device has it, as local_std's sums do; the result returns in a's dtype.
+    acc = accumulate_dtype(a.dtype, a.device)
+    out = _MomentMap.apply(a.to(acc), b.to(acc), window, metric, reduction, compiled)
+    return out.to(a.dtype)
 
 
 # --------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _backend, _filters
+from ._accumulate import accumulate_dtype
 from ._filters import box_sum_valid
 from ._padding import PADDING_MODES, centred_pads, pad_spatial
 from ._validation import check_choice, check_image, check_window, to_compute
@@ -103,21 +104,6 @@ def window_sums_adjoint(
 # --------------------------------------------------------------------------------------
 # The autograd function.
 # --------------------------------------------------------------------------------------
-
-
-def accumulate_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The dtype the window sums run in: float64 for float32 data where the device has it.
-
-    Even after centring, ``S2 - S1²/N`` keeps a relative error of about
-    ``eps · (1 + (local mean / local std)²)``: in float32 that is over 1e-4 wherever the
-    local mean sits ~60 local standard deviations from the global mean (dark, smooth
-    regions of a natural image; bright blobs in microscopy). Summing in float64, chunk by
-    chunk in cache, costs little (the sums are memory-bound and the chunks small) and
-    removes the problem; MPS has no float64 and stays in float32.
-    """
-    if dtype == torch.float32 and device.type != "mps":
-        return torch.float64
-    return dtype
 
 
 def _energy_from_sums(s1, s2, count, normalized, eps, global_level=None):

@@ -15,7 +15,8 @@ import torch
 from ._padding import pad_spatial
 from ._validation import check_image, check_same_device, check_same_shape, compute_dtype
 from .fft import fft_cc
-from .local_std import accumulate_dtype, flat_threshold_factor, local_energy_valid
+from ._accumulate import accumulate_dtype
+from .local_std import flat_threshold_factor, local_energy_valid
 
 
 def _centred_energy(x: torch.Tensor, dims: tuple[int, ...]):
@@ -110,7 +111,10 @@ def match_template(
     mean = img.detach().mean(dims, keepdim=True)
     if pad_input:
         pads = [(t // 2, t - 1 - t // 2) for t in tshape]
-        y = pad_spatial(img, pads, mode="zeros").sub_(mean)
+        padded = pad_spatial(img, pads, mode="zeros")
+        # A 1-pixel template pads nothing: pad_spatial then returns img itself, which may
+        # be the caller's tensor, so only a fresh padded copy is centred in place.
+        y = img - mean if padded is img else padded.sub_(mean)
     else:
         y = img - mean
 
