@@ -61,3 +61,19 @@ def test_no_rectangle_is_a_notification(viewer, qtbot, errors):
     wdg._image.value = layer
     wdg.run()
     assert errors and "rectangle" in errors[0] and not wdg.busy
+
+
+def test_a_3d_run_removes_the_2d_boxes(viewer, qtbot):
+    # Boxes are drawn in 2D only: after a 3D run the old 2D boxes no longer matched the points.
+    from napari_simwarp._qt._matching import BOXES_LAYER
+
+    viewer.add_shapes([np.array([[1, 1], [3, 3]])], shape_type="rectangle", name=BOXES_LAYER)
+    vol = data.blobs_volume(32)
+    image = viewer.add_image(vol, name="volume")
+    template = viewer.add_image(vol[8:16, 8:16, 8:16].copy(), name="cube")
+    w = dock(viewer, TemplateMatchingWidget(viewer))
+    w._source.value = "image layer"
+    w._image.value, w._template.value = image, template
+    w.run()
+    qtbot.waitUntil(lambda: w.result is not None and not w.busy, timeout=30000)
+    assert BOXES_LAYER not in viewer.layers and "matches" in viewer.layers

@@ -129,3 +129,39 @@ def test_bad_input_is_a_notification(viewer, qtbot, errors):
                                                                           np.float32))
     w.run()
     assert errors and "dimensionality" in errors[0] and not w.busy
+
+
+def test_affine_display_with_scaled_and_translated_layers(viewer, qtbot, camera_crop):
+    # napari applies a layer's affine after its own scale/translate: moving data q must
+    # land where the fixed layer shows M⁻¹ q (it was off by the scale before).
+    from scipy import ndimage as ndi
+
+    moving = ndi.shift(camera_crop, (3.0, -2.0), order=3, mode="nearest")
+    w, f, m = _setup(viewer, camera_crop, moving, model="translation")
+    f.scale, f.translate = (2.0, 2.0), (10.0, -4.0)
+    m.scale, m.translate = (2.0, 2.0), (10.0, -4.0)
+    _run(qtbot, w)
+    w.show_affine()
+    q = np.array([50.0, 50.0])
+    matrix = w.result.transform.matrix
+    p = np.linalg.solve(matrix, np.r_[q, 1.0])[:2]  # fixed data position of moving q
+    np.testing.assert_allclose(m.data_to_world(q), f.data_to_world(p), atol=1e-6)
+
+
+def test_apply_refuses_rgb_layers_with_a_notification(viewer, qtbot, camera_crop, errors):
+    w, f, m = _setup(viewer, camera_crop, camera_crop, model="translation", iterations=5)
+    _run(qtbot, w)
+    rgb = viewer.add_image(np.stack([camera_crop] * 3, -1), name="colour", rgb=True)
+    n_layers = len(viewer.layers)
+    assert w.apply_to_layer(rgb) is None
+    assert len(viewer.layers) == n_layers
+    assert any("RGB" in str(e) for e in errors)
+
+
+def test_a_run_without_gradient_removes_the_old_gradient_layer(viewer, qtbot, camera_crop):
+    w, f, m = _setup(viewer, camera_crop, camera_crop, model="translation", iterations=5)
+    _run(qtbot, w)
+    assert "similarity gradient" in viewer.layers
+    w._gradient.value = False
+    _run(qtbot, w)
+    assert "similarity gradient" not in viewer.layers

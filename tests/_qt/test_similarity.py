@@ -98,3 +98,18 @@ def test_3d_map(viewer, qtbot):
     expected = ops.local_std(torch.from_numpy(vol)[None, None], 5)[0, 0].numpy()
     np.testing.assert_allclose(viewer.layers["similarity map"].data, expected, rtol=1e-5,
                                atol=1e-6)
+
+
+def test_own_result_layer_as_input_is_refused_not_looped(viewer, qtbot, camera_crop, errors):
+    # Each result written into the result layer fired its data event, which scheduled the
+    # next computation from it: a loop that never stopped.
+    layer = viewer.add_image(camera_crop.copy(), name="camera")
+    w = dock(viewer, SimilarityMapWidget(viewer))
+    w._image.value = layer  # live update (on by default) computes the first map
+    _wait_idle(qtbot, w)
+    w.reset_choices()
+    w._image.value = viewer.layers["similarity map"]
+    qtbot.wait(1500)
+    assert w.results_shown == 1 and not w.busy
+    w.compute()
+    assert w.results_shown == 1 and any("result layer" in e for e in errors)

@@ -160,3 +160,21 @@ def test_package_is_callable_as_register(affine_case):
     fixed, moving, _ = affine_case
     result = package(fixed[:64, :64], moving[:64, :64], model="translation")
     assert result.transform.kind == "translation"
+
+
+def test_float_masks_select_where_non_zero_and_big_endian_inputs_work():
+    # A mask of 0.3 everywhere (a grey PNG) selects every pixel; it used to fall under a
+    # 0.5 threshold and switch matching off silently. Big-endian arrays used to be
+    # rejected with torch's byte-order error.
+    from scipy import ndimage as ndi
+
+    from napari_simwarp import data, register
+
+    fixed = data.camera()[128:256, 128:256].astype(np.float64)
+    moving = ndi.shift(fixed, (2.5, -1.5), order=3, mode="nearest")
+    mask = np.full(fixed.shape, 0.3, np.float32)
+    res = register(fixed, moving, model="translation", metric="ncc", mask=mask)
+    # moving(x) = fixed(x - s): the fixed -> moving matrix translates by +s.
+    np.testing.assert_allclose(res.transform.matrix[:2, 2], [2.5, -1.5], atol=0.1)
+    big = register(fixed.astype(">f8"), moving.astype(">f8"), model="translation")
+    np.testing.assert_allclose(big.transform.matrix[:2, 2], [2.5, -1.5], atol=0.1)

@@ -51,6 +51,14 @@ def put_layer(viewer, kind: str, name: str, data, like=None, **props):
     return layer
 
 
+def remove_layer(viewer, name: str) -> None:
+    """Remove the result layer called ``name``, if there is one (a run that produces no data
+    for it must not leave an earlier run's layer behind, looking current)."""
+    layer = layer_by_name(viewer, name)
+    if layer is not None:
+        viewer.layers.remove(layer)
+
+
 def _ndim(kind: str, data) -> int:
     a = np.asarray(data)
     if kind == "vectors":

@@ -21,6 +21,7 @@ from ._common import (
     notify_error,
     on_destroyed,
     put_layer,
+    remove_layer,
 )
 
 if TYPE_CHECKING:
@@ -130,6 +131,8 @@ class TemplateMatchingWidget(Container):
             put_layer(self._viewer, "shapes", BOXES_LAYER, list(result.boxes()), like=image,
                       shape_type="rectangle", edge_color="yellow", face_color="transparent",
                       edge_width=2)
+        else:  # no boxes in 3D: an earlier 2D run's boxes would no longer match the points
+            remove_layer(self._viewer, BOXES_LAYER)
         n = len(result.scores)
         best = f", best {result.scores[0]:.3f} at {tuple(int(c) for c in result.centres[0])}" \
             if n else ""

@@ -23,6 +23,7 @@ from ._common import (
     notify_info,
     on_destroyed,
     put_layer,
+    remove_layer,
 )
 from ._plot import LossPlot
 
@@ -129,6 +130,9 @@ class RegisterWidget(Container):
             return
         self._run, self._moving_layer = run, moving
         self._fixed_layer = self._fixed.value if self.mode == "pair" else moving
+        if not (self.mode == "pair" and run.settings.show_gradient):
+            # This run draws no gradient field: drop an earlier run's, which would look current.
+            remove_layer(self._viewer, GRADIENT_LAYER)
         self.snapshots_shown = 0
         self._plot.set_values([])
         worker = create_worker(run.snapshots, _ignore_errors=True,
@@ -241,6 +245,9 @@ class RegisterWidget(Container):
             ts = self._run.transforms if self._run is not None else []
             if not ts:
                 raise ValueError("run a registration first")
+            if getattr(layer, "rgb", False):
+                raise ValueError(f"{layer.name!r} is an RGB layer: split its channels first "
+                                 "(Layers › Split RGB) and apply the transform to each")
             labels = isinstance(layer, napari.layers.Labels)
             fixed = self._fixed_layer if self._run.settings.mode == "pair" else None
             shape = tuple(np.shape(fixed.data)) if fixed is not None else None
@@ -261,7 +268,9 @@ class RegisterWidget(Container):
             layer = self._moving_layer
             if layer is None or layer not in self._viewer.layers:
                 raise ValueError("the moving layer is gone")
-            layer.affine = layer_affine(ts[0])
+            fixed = self._fixed_layer
+            layer.affine = layer_affine(ts[0], (fixed.scale, fixed.translate),
+                                        (layer.scale, layer.translate))
         except ValueError as exc:
             notify_error("showing the affine", exc)
 

@@ -94,8 +94,10 @@ class SimilarityMapWidget(Container):
     def _on_layers(self, *_):
         for layer in self._watched:
             layer.events.data.disconnect(self._schedule)
+        # Never watch our own result layer: each result written into it would schedule
+        # the next computation, for ever.
         self._watched = [lay for lay in (self._image.value, self._second.value)
-                         if lay is not None]
+                         if lay is not None and lay.name != RESULT_LAYER]
         for layer in self._watched:
             layer.events.data.connect(self._schedule)
         self._schedule()
@@ -128,6 +130,12 @@ class SimilarityMapWidget(Container):
             return
         params = self.params()
         second = self._second.value
+        if RESULT_LAYER in (image.name, getattr(second, "name", None)):
+            # The map would overwrite its own input (input layers are never modified).
+            notify_error("similarity map", ValueError(
+                f"choose an input other than the {RESULT_LAYER!r} result layer"))
+            self._status.value = "the result layer cannot be an input"
+            return
         if needs_second(params.metric) and second is None:
             self._status.value = f"{params.metric} needs a second layer"
             return

@@ -27,6 +27,8 @@ def to_tensor(x, name: str, *, ndim=(2, 3), leading: int = 0) -> torch.Tensor:
             raise TypeError(f"{name} must hold numbers, got dtype {arr.dtype}")
         if np.iscomplexobj(arr):
             raise TypeError(f"{name} must be real, got dtype {arr.dtype}")
+        if not arr.dtype.isnative:  # big-endian files (some TIFF/NPY writers): torch needs native
+            arr = arr.astype(arr.dtype.newbyteorder("="))
         t = torch.from_numpy(np.ascontiguousarray(arr))
     if t.is_complex():
         raise TypeError(f"{name} must be real, got dtype {t.dtype}")

@@ -71,8 +71,9 @@ def _prepare_mask(mask, shape, device):
     if tuple(m.shape) != tuple(shape):
         raise ValueError(f"mask must have the fixed image's shape {tuple(shape)}, got "
                          f"{tuple(m.shape)}")
-    m = (m != 0) if m.dtype == torch.bool or not m.is_floating_point() else m
-    m = m.to(torch.float32)
+    # "Non-zero where the fixed image should be matched", whatever the dtype: a float mask
+    # of 0.3 (a PNG read as grey levels) must select, not silently fall under a threshold.
+    m = (m != 0).to(torch.float32)
     if not bool(torch.isfinite(m).all()) or float(m.sum()) <= 0:
         raise ValueError("mask must be finite and select at least one pixel")
     return m.to(device)[None, None]
