@@ -14,6 +14,8 @@ broadcasts); the returned shift ``d`` ``(N, D)`` (array order, pixels) satisfies
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -115,8 +117,108 @@ def _zero_mean_unit(x, dims):
     return xc / norm
 
 
+def clip_unit(frames: torch.Tensor) -> torch.Tensor:
+    """Frames normalised to their 0.5–99.5 percentile range, clipped to ``[0, 1]``.
+
+    A few hot or saturated pixels (e.g. 65535 in a frame whose content spans 0–255) would
+    otherwise stand hundreds of times above the image and dominate both the phase
+    correlation (a spurious peak) and the least-squares refinement.
+    """
+    return frames.clamp(0.0, 1.0)
+
+
+def _fits(shape, shifts: torch.Tensor) -> torch.Tensor:
+    """Per frame: does ``shifts`` leave the refinement an inner box of ≥ 8 pixels a side?"""
+    margin = torch.ceil(shifts.abs().amax(dim=1)) + 3
+    return min(shape) - 2 * margin >= 8
+
+
+def _overlap_loss(fs: torch.Tensor, rs: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
+    """Per frame, the refinement's loss at ``shifts`` over the overlap (batched).
+
+    ``Σ (F̃(x + d) − R̃(x))²`` averaged over the pixels ``x`` with ``x + d`` inside the
+    frame, ``F̃, R̃`` normalised to zero mean and unit variance over that overlap.
+    """
+    d = fs.dim() - 2
+    shape = tuple(fs.shape[2:])
+    dims = tuple(range(2, 2 + d))
+    n = shifts.shape[0]
+    src = fs if fs.shape[0] == n else fs.expand(n, *fs.shape[1:])
+    if not bool(shifts.any()):
+        warped, valid = src, torch.ones_like(src[:1])
+    else:
+        axes = [torch.arange(k, dtype=fs.dtype, device=fs.device) for k in shape]
+        mesh = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1)  # (*S, D)
+        pos = mesh.unsqueeze(0) + shifts.to(fs.dtype).view(-1, *([1] * d), d)
+        sizes = torch.tensor(shape, dtype=fs.dtype, device=fs.device)
+        valid = ((pos >= 0) & (pos <= sizes - 1)).all(dim=-1).unsqueeze(1).to(fs.dtype)
+        grid = ((pos + 0.5) * (2.0 / sizes) - 1).flip(-1)
+        warped = F.grid_sample(src, grid, mode="bilinear", padding_mode="border",
+                               align_corners=False)
+    count = valid.sum(dim=dims, keepdim=True).clamp_min(1)
+
+    def standard(x):
+        mean = (x * valid).sum(dim=dims, keepdim=True) / count
+        xc = (x - mean) * valid
+        var = (xc * xc).sum(dim=dims, keepdim=True) / count
+        return xc / var.sqrt().clamp_min(1e-12)
+
+    err = standard(warped) - standard(rs)
+    return ((err * err).sum(dim=dims) / count.reshape(-1, 1))[:, 0].expand(n)
+
+
+def _select(fs, rs, candidates) -> torch.Tensor:
+    """Per frame, the candidate shift ``(N, D)`` with the lowest :func:`_overlap_loss`.
+
+    Candidates that leave the refinement no room (see :func:`_fits`) are ruled out. The
+    check only has to tell a right guess from a wrong one, so large frames are compared
+    at a reduced resolution (sides of at least 64 pixels), which keeps it cheap.
+    """
+    if len(candidates) == 1:
+        return candidates[0]
+    shape = tuple(fs.shape[2:])
+    factor = 1
+    while min(shape) // (2 * factor) >= 64:
+        factor *= 2
+    if factor > 1:
+        pool = F.avg_pool2d if fs.dim() == 4 else F.avg_pool3d
+        fs, rs = pool(fs, factor), pool(rs, factor)
+    losses = []
+    for c in candidates:
+        loss = _overlap_loss(fs, rs, c / factor)
+        losses.append(torch.where(_fits(shape, c), loss, torch.full_like(loss, float("inf"))))
+    best = torch.stack(losses).argmin(dim=0)  # (N,); ties go to the first candidate
+    stacked = torch.stack(candidates)  # (K, N, D)
+    return stacked[best, torch.arange(stacked.shape[1], device=stacked.device)]
+
+
+def select_shifts(frames, references, candidates, *, sigma: float = 1.0) -> torch.Tensor:
+    """Per frame, whichever of ``candidates`` (each ``(N, D)``) fits best over the overlap.
+
+    The check :func:`refine_translation` applies to its ``alternatives``, for callers that
+    start another optimiser from a phase-correlation guess: a spurious peak (from outliers,
+    or a periodic pattern) is dropped where a zero shift matches better.
+    """
+    return _select(gaussian_blur(frames, sigma), gaussian_blur(references, sigma),
+                   list(candidates))
+
+
+def _box(rs, margin, d, dims, shape, dtype):
+    starts = [margin] * d
+    sizes = [n - 2 * margin for n in shape]
+    box = (slice(None), slice(None), *[slice(st, st + sz) for st, sz in zip(starts, sizes)])
+    r = _zero_mean_unit(rs[box], dims)  # (N_ref, 1, *box)
+    # Gradient and (D, D) Hessian of the reference: constant while the box is.
+    grads = torch.stack(torch.gradient(r, dim=list(dims)), dim=-1)
+    hessian = torch.einsum("nc...i,nc...j->nij", grads, grads)
+    hinv = torch.linalg.inv(hessian.double()).to(dtype)
+    g_flat = grads.reshape(grads.shape[0], -1, d)  # (N_ref, P, D)
+    return starts, sizes, r, hinv, g_flat
+
+
 def refine_translation(frames, references, shifts, *, iterations: int = 10,
-                       tol: float = 1e-3, sigma: float = 1.0, callback=None):
+                       tol: float = 1e-3, sigma: float = 1.0, callback=None,
+                       alternatives=None):
     """Gauss–Newton (inverse compositional) refinement of per-frame shifts.
 
     Minimises ``Σ_x (F̃(x + d) − R̃(x))²`` over the pixels ``x`` of an inner box that every
@@ -125,25 +227,27 @@ def refine_translation(frames, references, shifts, *, iterations: int = 10,
     accurate on a smooth image) and normalised to zero mean and unit variance over the box
     (so slow intensity changes, e.g. bleaching, do not bias the shift). ``callback(iteration,
     loss, shifts)`` returning True stops early. Returns ``(shifts, loss per frame, stopped)``.
+
+    ``alternatives``: other starting shifts ``(N, D)`` (e.g. zeros); each frame starts from
+    whichever of ``shifts`` and these has the lowest loss over the overlap, so a spurious
+    phase-correlation peak is not followed. When a step would leave the inner box, the box
+    is shrunk to make room (and shifts are held inside the largest box of ≥ 8 pixels).
     """
     d = frames.dim() - 2
     dims = tuple(range(2, 2 + d))
     shape = tuple(frames.shape[2:])
     fs = gaussian_blur(frames, sigma)
     rs = gaussian_blur(references, sigma)
+    if alternatives:
+        shifts = _select(fs, rs, [shifts, *alternatives])
+    largest = (min(shape) - 8) // 2  # the widest margin that leaves an 8-pixel box
     margin = int(torch.ceil(shifts.abs().max()).item()) + 3
-    if any(n - 2 * margin < 8 for n in shape):
-        raise ValueError(f"frames of shape {shape} are too small for shifts of up to "
-                         f"{margin - 3} pixels")
-    starts = [margin] * d
-    sizes = [n - 2 * margin for n in shape]
-    box = (slice(None), slice(None), *[slice(st, st + sz) for st, sz in zip(starts, sizes)])
-    r = _zero_mean_unit(rs[box], dims)  # (N_ref, 1, *box)
-    # Gradient and (D, D) Hessian of the reference: constant over the iterations.
-    grads = torch.stack(torch.gradient(r, dim=list(dims)), dim=-1)
-    hessian = torch.einsum("nc...i,nc...j->nij", grads, grads)
-    hinv = torch.linalg.inv(hessian.double()).to(frames.dtype)
-    g_flat = grads.reshape(grads.shape[0], -1, d)  # (N_ref, P, D)
+    if margin > largest:
+        raise ValueError(
+            f"the starting shifts of up to {margin - 3} pixels leave less than 8 pixels of "
+            f"overlap in frames of shape {shape}: either the frames hardly overlap, or the "
+            f"phase correlation found a spurious peak (e.g. from hot or saturated pixels)")
+    starts, sizes, r, hinv, g_flat = _box(rs, margin, d, dims, shape, frames.dtype)
     loss = None
     stopped = False
     for iteration in range(iterations):
@@ -156,6 +260,16 @@ def refine_translation(frames, references, shifts, *, iterations: int = 10,
             b = torch.einsum("np,npi->ni", err, g_flat)
         step = torch.einsum("nij,nj->ni", hinv.expand(b.shape[0], -1, -1), b)
         shifts = shifts - step
+        reach = float(shifts.abs().max())
+        if reach > margin - 2:
+            # The step left the box the sampling relies on: widen the margin (shrink the
+            # box) and, at the limit, hold the shifts inside it.
+            wanted = min(int(math.ceil(reach)) + 3, largest)
+            if wanted > margin:
+                margin = wanted
+                starts, sizes, r, hinv, g_flat = _box(rs, margin, d, dims, shape,
+                                                      frames.dtype)
+            shifts = shifts.clamp(-(margin - 2), margin - 2)
         if callback is not None and callback(iteration, loss, shifts):
             stopped = True
             break

@@ -21,7 +21,7 @@ import torch
 
 from . import _inputs, _ops
 from .api import build_schedule, level_iterations
-from .drift import phase_correlation, refine_translation
+from .drift import clip_unit, phase_correlation, refine_translation, select_shifts
 from .metrics import METRICS, get_loss
 from .models import LINEAR_MODELS, MODELS, DenseModel, LinearModel
 from .optimise import Progress, optimise
@@ -81,9 +81,24 @@ def _halve(x: torch.Tensor) -> torch.Tensor:
     return pool(x, 2)
 
 
+def _start_candidates(init, previous, last):
+    """Starting points checked against the phase-correlation guess ``init``: zero and, for
+    ``reference="previous"`` (consecutive pairs), the guess of the pair before (``last``:
+    the final shift of the previous batch, or None)."""
+    zero = torch.zeros_like(init)
+    if not previous:
+        return [zero]
+    before = zero[:1] if last is None else last.reshape(1, -1).to(init)
+    return [zero, torch.cat([before, init[:-1]])]
+
+
 def _translation_shifts(frames, refs, batch, callback, history, state, iterations,
-                        full_iterations=1):
+                        full_iterations=1, previous=False):
     """Phase correlation + Gauss–Newton, batch by batch; ``refs`` ``(1 or T, 1, *S)``.
+
+    Each frame's phase-correlation peak is kept only where it matches better than a zero
+    shift (or, with ``previous``, the previous pair's shift): a spurious peak, e.g. from hot
+    pixels, is not followed.
 
     Frames with every side ≥ 256 are first solved at half resolution (a quarter of the
     pixels; the box average also halves the noise), then polished by ``full_iterations``
@@ -97,6 +112,8 @@ def _translation_shifts(frames, refs, batch, callback, history, state, iteration
         r = refs if refs.shape[0] == 1 else refs[sl]
         fc, rc = (_halve(f), _halve(r)) if halve else (f, r)
         init = phase_correlation(fc, rc)
+        last = out[-1][-1] / (2.0 if halve else 1.0) if out else None
+        alternatives = _start_candidates(init, previous, last)
 
         def report(iteration, loss, shifts, sl=sl, scale=2.0 if halve else 1.0):
             history.append(float(loss.mean()))
@@ -105,7 +122,7 @@ def _translation_shifts(frames, refs, batch, callback, history, state, iteration
             return bool(callback(0, iteration, float(loss.mean()), sl, shifts * scale))
 
         shifts, _, stopped = refine_translation(fc, rc, init, iterations=iterations,
-                                                callback=report)
+                                                callback=report, alternatives=alternatives)
         if halve and not stopped and full_iterations:
             shifts, _, stopped = refine_translation(
                 f, r, 2 * shifts, iterations=full_iterations,
@@ -228,6 +245,9 @@ def register_stack(stack, *, reference="first", model="translation", metric="lnc
     for t in range(total):
         if float(frames[t].max() - frames[t].min()) <= 0:
             raise ValueError(f"frame {t} of stack is constant; there is nothing to align it by")
+    # The shift estimates (phase correlation, Gauss–Newton) see the frames clipped to the
+    # robust range, so that hot or saturated pixels cannot dominate them.
+    clipped = clip_unit(frames)
 
     history: list[float] = []
     state = {"stopped": False}
@@ -241,13 +261,15 @@ def register_stack(stack, *, reference="first", model="translation", metric="lnc
 
     if reference == "previous":
         moving, refs = frames[1:], frames[:-1]
+        moving_c, refs_c = clipped[1:], clipped[:-1]
     else:
         moving, refs = frames, frames[ref_index : ref_index + 1]
+        moving_c, refs_c = clipped, clipped[ref_index : ref_index + 1]
     ref_mask = None
     if reference == "mean" and model != "translation":
         # The reference is the mean of the frames after drift correction, so that it is
         # sharp; the model is then fitted against it.
-        drift = _translation_shifts(frames, refs, batch, None, [], {}, 10)
+        drift = _translation_shifts(clipped, refs_c, batch, None, [], {}, 10)
         mats = _shift_matrices(drift).to(frames)
         refs = _ops.warp_affine(frames, mats, padding="border").mean(dim=0, keepdim=True)
         # Only where every frame contributed is the mean a real image (not edge smear).
@@ -256,12 +278,13 @@ def register_stack(stack, *, reference="first", model="translation", metric="lnc
 
     if model == "translation":
         its = 10 if iterations is None else int(iterations)
-        shifts = _translation_shifts(moving, refs, batch, report, history, state, its)
+        shifts = _translation_shifts(moving_c, refs_c, batch, report, history, state, its,
+                                     previous=reference == "previous")
         if reference == "mean" and not state["stopped"]:
-            aligned = _ops.warp_affine(frames, _shift_matrices(shifts).to(frames),
+            aligned = _ops.warp_affine(clipped, _shift_matrices(shifts).to(clipped),
                                        padding="border")
             mean = aligned.mean(dim=0, keepdim=True)
-            shifts = _refine_to(frames, mean, shifts, batch, report, history, state, its)
+            shifts = _refine_to(clipped, mean, shifts, batch, report, history, state, its)
         if reference == "previous":
             shifts = torch.cat([shifts.new_zeros(1, shifts.shape[1]),
                                 torch.cumsum(shifts, dim=0)])
@@ -277,9 +300,19 @@ def register_stack(stack, *, reference="first", model="translation", metric="lnc
         moving, refs = gaussian_blur(moving, 1.0), gaussian_blur(refs, 1.0)
         init = None
         if model in LINEAR_MODELS:
-            init = _shift_matrices(torch.cat([phase_correlation(moving[sl], refs if
-                                   refs.shape[0] == 1 else refs[sl])
-                                   for sl in _batches(moving.shape[0], batch)]))
+            # Phase-correlation guesses on the clipped frames, each kept only where it
+            # matches better than zero (or than the previous pair's guess), as in
+            # register()'s initial_shift_matrix.
+            guesses, last = [], None
+            for sl in _batches(moving.shape[0], batch):
+                mc = moving_c[sl]
+                rc = refs_c if refs_c.shape[0] == 1 else refs_c[sl]
+                guess = phase_correlation(gaussian_blur(mc, 1.0), gaussian_blur(rc, 1.0))
+                guess = select_shifts(mc, rc, [guess, *_start_candidates(
+                    guess, reference == "previous", last)])
+                guesses.append(guess)
+                last = guess[-1]
+            init = _shift_matrices(torch.cat(guesses))
         models = _optimise_frames(moving, refs, model, metric, schedule, levels_n, batch,
                                   grid_spacing, steps, report, history, state, init,
                                   ref_mask)
