@@ -14,17 +14,6 @@ import numpy as np
 from . import data
 
 
-def pick_device(device: str = "auto"):
-    """``"auto"``: CUDA, then MPS, then CPU; anything else is passed to ``torch.device``."""
-    import torch
-
-    if device != "auto":
-        return torch.device(device)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
 
 
 def _to_uint8(image: np.ndarray, lo: float | None = None, hi: float | None = None) -> np.ndarray:
@@ -63,7 +52,9 @@ def run_headless_demo(out: str | pathlib.Path, device: str = "auto") -> dict:
 
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    dev = pick_device(device)
+    from .register._inputs import resolve_device
+
+    dev = resolve_device(device)
     fixed, moving, _ = data.deformed_pair()
     as_tensor = lambda a: torch.from_numpy(a)[None, None].to(dev)  # noqa: E731
     fixed_t, moving_t = as_tensor(fixed), as_tensor(moving)

@@ -18,10 +18,11 @@ def available_devices() -> list[str]:
 
 
 def resolve_device(device: str = "auto"):
-    """``"auto"``: CUDA, then MPS, then CPU (as the demo); else ``torch.device(device)``."""
-    from .._demo import pick_device
+    """``"auto"``: CUDA, then MPS, then CPU; else the named device (checked), as
+    :func:`napari_simwarp.register` resolves it."""
+    from ..register._inputs import resolve_device as resolve
 
-    return pick_device(device)
+    return resolve(device)
 
 
 def describe_backend(device: str = "auto", op: str = "local_std") -> str:
