@@ -231,15 +231,8 @@ def register_iter(fixed, moving, *, model="affine", metric="lncc", mask=None, le
     history: list[float] = []
     loop = optimise(mdl, prep["fixed"], prep["moving"], prep["weights"], get_loss(metric),
                     schedule, history)
-    stopped = False
-    signal = None
-    while True:
-        try:
-            progress = loop.send(signal)
-        except StopIteration as done:
-            stopped = done.value[0]
-            break
-        signal = yield progress
+    # ``yield from`` passes each Progress out and each ``send`` (the stop signal) back in.
+    stopped = (yield from loop)[0]
     warped = warp_moving(mdl, prep["moving_raw"][None, None], prep["shape"])
     return RegistrationResult(
         transform=mdl.transforms()[0], warped=warped[0, 0].cpu().numpy(),
