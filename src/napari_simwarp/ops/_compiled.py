@@ -60,13 +60,18 @@ def splat(image: torch.Tensor, displacement: torch.Tensor, normalize: bool, eps:
 
 
 def local_std_valid(xp: torch.Tensor, window, eps: float, normalized: bool,
-                    flat_factor: float = 64 * 2.0**-52) -> torch.Tensor:
+                    flat_factor: float | None = None) -> torch.Tensor:
     """Fused local std of a padded, centred ``xp (..., *P)``, valid mode ``(..., *(P - k + 1))``.
 
     The window sums and ``V = S2 - S1²/N`` are formed in float64 whatever ``xp``'s dtype;
     ``V <= flat_factor · S2`` counts as flat (0, zero gradient), as in ``ops.local_std``.
-    Differentiable with respect to ``xp`` through ``simwarp::local_std_bwd``.
+    Differentiable with respect to ``xp`` through ``simwarp::local_std_bwd``. The default
+    ``flat_factor`` is ``ops.local_std``'s rule for float64 sums.
     """
+    if flat_factor is None:
+        from .local_std import flat_threshold_factor
+
+        flat_factor = flat_threshold_factor(torch.float64)
     out, _, _ = torch.ops.simwarp.local_std_fwd(
         xp, list(window), float(eps), bool(normalized), float(flat_factor)
     )

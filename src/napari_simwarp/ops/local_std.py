@@ -236,9 +236,8 @@ def local_energy_valid(
     if method == "box" and _backend.use_compiled("local_std", y):
         from . import _compiled
 
-        # Same sums (float64), same flat rule; one fused pass per axis, no chunk loop.
-        factor = flat_threshold_factor(torch.float64)
-        return _compiled.local_std_valid(y, window, eps, normalized, factor)
+        # Same sums (float64) and the same flat rule (the kernel's default factor).
+        return _compiled.local_std_valid(y, window, eps, normalized)
     return _LocalEnergy.apply(y, tuple(window), method, normalized, eps)
 
 
