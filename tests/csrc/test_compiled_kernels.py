@@ -138,3 +138,102 @@ def test_correlate_transpose_is_the_adjoint(compiled, rng):
     assert torch.autograd.gradcheck(lambda t: compiled.correlate(t, taps, True), (xr,))
     torch.library.opcheck(torch.ops.simwarp.correlate.default,
                           (x, [v for t in taps for v in t], [5, 4], False))
+
+
+# --- local_std_2d: padding and centring inside the kernel ------------------------------
+
+SCIPY_MODES = {"reflect": "reflect", "zeros": "constant", "nearest": "nearest"}
+NUMPY_PAD = {"reflect": "symmetric", "zeros": "constant", "nearest": "edge"}
+
+
+def _padded_std64(x: torch.Tensor, window, padding: str) -> torch.Tensor:
+    """Float64 autograd reference: NumPy-convention padding by index, explicit window sums."""
+    (kh, kw) = window
+    h, w = x.shape[-2:]
+
+    def source(n, k):
+        i = np.arange(-(k // 2), n + k - 1 - k // 2)
+        if padding == "reflect":
+            i = np.remainder(i, 2 * n)
+            return np.where(i >= n, 2 * n - 1 - i, i), None
+        if padding == "nearest":
+            return np.clip(i, 0, n - 1), None
+        return np.clip(i, 0, n - 1), (i >= 0) & (i < n)
+
+    rows, row_mask = source(h, kh)
+    cols, col_mask = source(w, kw)
+    xp = x.index_select(-2, torch.from_numpy(rows)).index_select(-1, torch.from_numpy(cols))
+    if padding == "zeros":
+        mask = torch.from_numpy(row_mask[:, None] & col_mask[None, :]).to(x.dtype)
+        xp = xp * mask
+    windows = xp.unfold(-2, kh, 1).unfold(-2, kw, 1)  # (..., H, W, kh, kw)
+    m1 = windows.mean((-1, -2))
+    m2 = (windows * windows).mean((-1, -2))
+    variance = m2 - m1 * m1
+    positive = variance > 0  # flat windows: 0 and no gradient, as the op defines them
+    return torch.where(positive, torch.where(positive, variance, 1.0).sqrt(), 0.0)
+
+
+@pytest.mark.parametrize("padding", ["reflect", "zeros", "nearest"])
+@pytest.mark.parametrize(
+    "shape,window",
+    [((1, 1, 1, 1), (1, 1)), ((2, 3, 17, 23), (5, 7)), ((1, 1, 13, 31), (13, 3)),
+     ((1, 1, 3, 29), (7, 5)),  # window taller than the image: pads longer than the axis
+     ((1, 2, 37, 2), (3, 9))],
+)
+def test_local_std_2d_matches_scipy_and_float64_gradients(compiled, shape, window, padding, rng):
+    x = rng.standard_normal(shape) * 3 + 50
+    ref = ndi.uniform_filter(x, (1, 1, *window), mode=SCIPY_MODES[padding])
+    ref2 = ndi.uniform_filter(x * x, (1, 1, *window), mode=SCIPY_MODES[padding])
+    ref = np.sqrt(np.maximum(ref2 - ref * ref, 0))
+    upstream = torch.from_numpy(rng.standard_normal(shape))
+    x64 = torch.from_numpy(x).requires_grad_()
+    (g_ref,) = torch.autograd.grad(_padded_std64(x64, window, padding), x64, upstream)
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
+        xt = torch.from_numpy(x).to(dtype).requires_grad_()
+        out = compiled.local_std_2d(xt, window, padding, 0.0, True)
+        np.testing.assert_allclose(out.detach().double().numpy(), ref, rtol=tol,
+                                   atol=tol * ref.max())
+        (grad,) = torch.autograd.grad(out, xt, upstream.to(dtype))
+        scale = g_ref.abs().max().item()
+        assert (grad.double() - g_ref).abs().max().item() <= 10 * tol * scale
+
+
+@pytest.mark.parametrize("padding", ["reflect", "zeros", "nearest", "valid"])
+@pytest.mark.parametrize("normalized", [True, False])
+def test_local_std_2d_gradcheck_and_opcheck(compiled, padding, normalized, rng):
+    for shape, window in (((1, 2, 9, 8), (3, 5)), ((1, 1, 4, 6), (5, 3))):
+        if padding == "valid" and window[0] > shape[2]:
+            continue
+        x = torch.from_numpy(rng.standard_normal(shape)).requires_grad_()
+        assert torch.autograd.gradcheck(
+            lambda t: compiled.local_std_2d(t, window, padding, 1e-2, normalized), (x,))
+        torch.library.opcheck(torch.ops.simwarp.local_std_2d_fwd.default,
+                              (x, list(window), padding, 1e-2, normalized, 1e-14))
+
+
+def test_local_std_2d_bitwise_on_any_thread_count(compiled, rng):
+    # 300 rows: three bands and a fold of border rows, on 1 thread and on several.
+    x = torch.from_numpy((rng.standard_normal((2, 1, 300, 70)) + 1000).astype(np.float32))
+    upstream = torch.from_numpy(rng.standard_normal(x.shape).astype(np.float32))
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, max(threads, 3)):
+            torch.set_num_threads(n)
+            xt = x.clone().requires_grad_()
+            out = compiled.local_std_2d(xt, (15, 9), "reflect", 0.0, True)
+            results.append((out, *torch.autograd.grad(out, xt, upstream)))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_local_std_2d_rejects_bad_arguments(compiled):
+    x = torch.zeros(1, 1, 5, 5)
+    with pytest.raises(RuntimeError, match="padding must be"):
+        torch.ops.simwarp.local_std_2d_fwd(x, [3, 3], "wrap", 0.0, True, 1e-14)
+    with pytest.raises(RuntimeError, match="window larger"):
+        torch.ops.simwarp.local_std_2d_fwd(x, [7, 3], "valid", 0.0, True, 1e-14)
+    with pytest.raises(RuntimeError, match="float32 or float64"):
+        torch.ops.simwarp.local_std_2d_fwd(x.int(), [3, 3], "reflect", 0.0, True, 1e-14)

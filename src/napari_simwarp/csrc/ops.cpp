@@ -19,4 +19,9 @@ TORCH_LIBRARY(simwarp, m) {
   m.def("splat_fwd(Tensor image, Tensor displacement, bool normalize, float eps) -> (Tensor, Tensor)");
   m.def("splat_bwd(Tensor? v_out, Tensor? v_den, Tensor image, Tensor displacement, Tensor out, Tensor den, bool normalize, float eps) -> (Tensor, Tensor)");
   m.def("local_std_bwd(Tensor grad, Tensor out, Tensor s1, Tensor flat, Tensor xp, int[] window, bool normalized) -> Tensor");
+  // Local std of an image (..., H, W) with its padding ("reflect", "zeros", "nearest":
+  // SciPy's names; output (..., H, W)) or "valid", centred and padded on the fly: returns
+  // (out, S1, flat) as local_std_fwd. CPU only; elsewhere the caller pads and centres.
+  m.def("local_std_2d_fwd(Tensor x, int[] window, str padding, float eps, bool normalized, float flat_factor) -> (Tensor, Tensor, Tensor)");
+  m.def("local_std_2d_bwd(Tensor grad, Tensor out, Tensor s1, Tensor flat, Tensor x, int[] window, str padding, bool normalized) -> Tensor");
 }

@@ -33,7 +33,8 @@ CSRC = pathlib.Path(__file__).resolve().parent.parent / "csrc"
 
 #: public op name -> the torch.ops.simwarp ops that implement it.
 COMPILED_OPS = {
-    "local_std": ("local_std_fwd", "local_std_bwd", "box_sum"),
+    "local_std": ("local_std_2d_fwd", "local_std_2d_bwd", "local_std_fwd", "local_std_bwd",
+                  "box_sum"),
     "splat": ("splat_fwd", "splat_bwd"),
     "ssim": ("moments5", "correlate"),
     "local_ncc": ("moments5", "box_sum", "correlate"),

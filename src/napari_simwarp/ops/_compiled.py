@@ -78,6 +78,25 @@ def local_std_valid(xp: torch.Tensor, window, eps: float, normalized: bool,
     return out
 
 
+def local_std_2d(x: torch.Tensor, window, padding: str, eps: float, normalized: bool,
+                 flat_factor: float | None = None) -> torch.Tensor:
+    """Fused local std of an image ``x (..., H, W)``, padded and centred inside the kernel.
+
+    ``padding`` is "reflect", "zeros" or "nearest" (output ``(..., H, W)``, as
+    ``ops.local_std``) or "valid" (output ``(..., H - kh + 1, W - kw + 1)``). CPU only.
+    Sums in float64; the flat rule and ``flat_factor`` default as in :func:`local_std_valid`.
+    Differentiable with respect to ``x`` through ``simwarp::local_std_2d_bwd``.
+    """
+    if flat_factor is None:
+        from .local_std import flat_threshold_factor
+
+        flat_factor = flat_threshold_factor(torch.float64)
+    out, _, _ = torch.ops.simwarp.local_std_2d_fwd(
+        x, list(window), padding, float(eps), bool(normalized), float(flat_factor)
+    )
+    return out
+
+
 def register() -> None:
     """Register fake and autograd implementations (idempotent)."""
     global _registered
@@ -174,5 +193,34 @@ def register() -> None:
 
     torch.library.register_autograd(
         "simwarp::local_std_fwd", _local_std_backward, setup_context=_local_std_setup
+    )
+
+    @torch.library.register_fake("simwarp::local_std_2d_fwd")
+    def _local_std_2d_fwd_fake(x, window, padding, eps, normalized, flat_factor):
+        shape = list(x.shape) if padding != "valid" else _window_shape(x.shape, window, False)
+        return x.new_empty(shape), x.new_empty(shape), x.new_empty(shape, dtype=torch.bool)
+
+    @torch.library.register_fake("simwarp::local_std_2d_bwd")
+    def _local_std_2d_bwd_fake(grad, out, s1, flat, x, window, padding, normalized):
+        return torch.empty_like(x)
+
+    def _local_std_2d_setup(ctx, inputs, output):
+        x, window, padding, _, normalized, _ = inputs
+        out, s1, flat = output
+        ctx.save_for_backward(x, out, s1, flat)
+        ctx.window, ctx.padding, ctx.normalized = window, padding, normalized
+
+    def _local_std_2d_backward(ctx, grad_out, grad_s1, grad_flat):
+        # As local_std_fwd: S1 and the flat mask are saved state, not results.
+        x, out, s1, flat = ctx.saved_tensors
+        if grad_out is None:
+            return None, None, None, None, None, None
+        grad_x = torch.ops.simwarp.local_std_2d_bwd(
+            grad_out.contiguous(), out, s1, flat, x, ctx.window, ctx.padding, ctx.normalized
+        )
+        return grad_x, None, None, None, None, None
+
+    torch.library.register_autograd(
+        "simwarp::local_std_2d_fwd", _local_std_2d_backward, setup_context=_local_std_2d_setup
     )
     _registered = True

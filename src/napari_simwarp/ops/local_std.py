@@ -253,6 +253,16 @@ def _pick_method(method: str, window: Sequence[int]) -> str:
     return "box" if method == "auto" else method
 
 
+def _fused_2d(x: torch.Tensor, window: Sequence[int], method: str) -> bool:
+    """Whether the compiled 2D kernel that pads and centres itself takes this call (CPU)."""
+    return (
+        len(window) == 2
+        and method == "box"
+        and x.device.type == "cpu"
+        and _backend.use_compiled("local_std", x)
+    )
+
+
 def centre_and_pad(
     x: torch.Tensor, pads: Sequence[tuple[int, int]], padding: str
 ) -> torch.Tensor:
@@ -325,8 +335,14 @@ def local_std(
         raise TypeError(f"normalized must be a bool, got {normalized!r}")
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
         raise ValueError(f"eps must be a non-negative number, got {eps!r}")
-    y = centre_and_pad(to_compute(x), centred_pads(sizes), padding)
-    out = local_energy_valid(
-        y, sizes, normalized=normalized, eps=float(eps), method=_pick_method(method, sizes)
-    )
+    x_compute = to_compute(x)
+    method = _pick_method(method, sizes)
+    if _fused_2d(x_compute, sizes, method):
+        from . import _compiled
+
+        # One kernel reads the image in place: no centred, padded copy (local_std_2d.h).
+        out = _compiled.local_std_2d(x_compute, sizes, padding, float(eps), normalized)
+        return out.to(x.dtype)
+    y = centre_and_pad(x_compute, centred_pads(sizes), padding)
+    out = local_energy_valid(y, sizes, normalized=normalized, eps=float(eps), method=method)
     return out.to(x.dtype)

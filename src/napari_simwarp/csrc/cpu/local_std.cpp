@@ -4,7 +4,8 @@
 // first pass, then out = local_std_forward(S1, S2) per element. Backward: the per-element
 // vjp gives (∂S1, ∂S2), their full-mode window sums are the adjoint correlation, and
 // local_std_combine gives ∂x. The per-element maths is include/simwarp/local_std.h, shared
-// with the CUDA kernels.
+// with the CUDA kernels. In 2D, local_std_2d.h fuses all of it, padding and centring
+// included (the local_std_2d_* ops); the valid-mode ops take that route too.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -22,6 +23,22 @@ at::Tensor box_pass(const at::Tensor& x, int64_t dim, int64_t k, bool full);
 
 namespace {
 
+// Valid window sums of v and v² along one row, in double: s1, s2 get n − k + 1 entries.
+template <typename In>
+inline void row_window_sums(const In* v, int64_t n, int64_t k, double* s1, double* s2) {
+  double a1 = 0.0, a2 = 0.0;
+  for (int64_t c = 0; c < k; ++c) { const double x = v[c]; a1 += x; a2 += x * x; }
+  s1[0] = a1;
+  s2[0] = a2;
+  for (int64_t c = 1; c < n - k + 1; ++c) {
+    const double add = v[c + k - 1], sub = v[c - 1];
+    a1 += add - sub;
+    a2 += add * add - sub * sub;
+    s1[c] = a1;
+    s2[c] = a2;
+  }
+}
+
 // Last-axis window sums of x and x² in one read of x, accumulated and stored as double.
 template <typename T>
 void box_last_axis_pair(const T* x, double* o1, double* o2, int64_t B, int64_t L, int64_t k) {
@@ -37,7 +54,66 @@ int64_t window_volume(at::IntArrayRef window) {
   return n;
 }
 
+Padding parse_padding(c10::string_view name) {
+  if (name == "valid") return Padding::kValid;
+  if (name == "reflect") return Padding::kReflect;
+  if (name == "zeros") return Padding::kZeros;
+  if (name == "nearest") return Padding::kNearest;
+  TORCH_CHECK(false, "local_std_2d: padding must be valid, reflect, zeros or nearest, got ", name);
+}
+
+Plane2d plane_of(const at::Tensor& x, at::IntArrayRef window, c10::string_view padding) {
+  TORCH_CHECK(x.is_floating_point(), "local_std_2d: x must be float32 or float64");
+  TORCH_CHECK(x.dim() >= 2 && window.size() == 2, "local_std_2d: x must be (..., H, W), window (kh, kw)");
+  const int64_t H = x.size(-2), W = x.size(-1);
+  TORCH_CHECK(H > 0 && W > 0 && window[0] > 0 && window[1] > 0, "local_std_2d: empty input or window");
+  const Plane2d g(x.numel() / (H * W), H, W, window[0], window[1], parse_padding(padding));
+  TORCH_CHECK(g.H > 0 && g.W > 0, "local_std_2d: window larger than the input in valid mode");
+  return g;
+}
+
 }  // namespace
+
+// x (..., H, W) -> (out, S1, flat), each (..., H, W) under a padding, or valid mode
+// (..., H − kh + 1, W − kw + 1) under "valid". Centring and padding happen on the fly.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> local_std_2d_fwd(const at::Tensor& x_in,
+                                                                 at::IntArrayRef window,
+                                                                 c10::string_view padding,
+                                                                 double eps, bool normalized,
+                                                                 double flat_factor) {
+  const at::Tensor x = x_in.contiguous();
+  const Plane2d g = plane_of(x, window, padding);
+  auto sizes = x.sizes().vec();
+  sizes[sizes.size() - 2] = g.H;
+  sizes.back() = g.W;
+  at::Tensor out = at::empty(sizes, x.options()), s1 = at::empty(sizes, x.options());
+  at::Tensor flat = at::empty(sizes, x.options().dtype(at::kBool));
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "simwarp_local_std_2d_fwd", [&] {
+    local_std_2d_forward<scalar_t>(x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+                                   s1.data_ptr<scalar_t>(), flat.data_ptr<bool>(), g, eps,
+                                   flat_factor, normalized);
+  });
+  return {out, s1, flat};
+}
+
+at::Tensor local_std_2d_bwd(const at::Tensor& grad_in, const at::Tensor& out_in,
+                            const at::Tensor& s1_in, const at::Tensor& flat_in,
+                            const at::Tensor& x_in, at::IntArrayRef window,
+                            c10::string_view padding, bool normalized) {
+  const at::Tensor grad = grad_in.contiguous(), x = x_in.contiguous();
+  const at::Tensor out = out_in.contiguous(), s1 = s1_in.contiguous(), flat = flat_in.contiguous();
+  const Plane2d g = plane_of(x, window, padding);
+  TORCH_CHECK(grad.numel() == g.B * g.H * g.W && out.numel() == grad.numel() &&
+                  s1.numel() == grad.numel() && flat.numel() == grad.numel(),
+              "local_std_2d_bwd: grad, out, s1 and flat must have the forward's output shape");
+  at::Tensor dx = at::empty_like(x);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "simwarp_local_std_2d_bwd", [&] {
+    local_std_2d_backward<scalar_t>(grad.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+                                    s1.data_ptr<scalar_t>(), flat.data_ptr<bool>(),
+                                    x.data_ptr<scalar_t>(), dx.data_ptr<scalar_t>(), g, normalized);
+  });
+  return dx;
+}
 
 // xp (..., *P) padded and centred -> (out, S1, flat), each (..., *(P − k + 1)). The sums
 // and V = S2 − S1²/N are formed in double whatever the input dtype (SPEC §1 "Numerics").
@@ -50,22 +126,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> local_std_fwd(const at::Tensor& x
   const int64_t first = xp.dim() - d;
   const int64_t L = xp.size(-1), k = window[d - 1];
   TORCH_CHECK(k <= L, "local_std_fwd: window larger than the padded input");
-  if (d == 2) {  // the fused single-pass route (local_std_2d.h)
-    TORCH_CHECK(window[0] <= xp.size(-2), "local_std_fwd: window larger than the padded input");
-    auto sizes = xp.sizes().vec();
-    sizes[sizes.size() - 2] -= window[0] - 1;
-    sizes.back() -= k - 1;
-    at::Tensor out = at::empty(sizes, xp.options()), s1 = at::empty(sizes, xp.options());
-    at::Tensor flat = at::empty(sizes, xp.options().dtype(at::kBool));
-    const int64_t Hp = xp.size(-2);
-    AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "simwarp_local_std_2d", [&] {
-      local_std_2d_forward<scalar_t>(xp.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-                                     s1.data_ptr<scalar_t>(), flat.data_ptr<bool>(),
-                                     xp.numel() / (Hp * L), Hp, L, window[0], k, eps, flat_factor,
-                                     normalized);
-    });
-    return {out, s1, flat};
-  }
+  if (d == 2) return local_std_2d_fwd(xp, window, "valid", eps, normalized, flat_factor);
   auto row_sizes = xp.sizes().vec();
   row_sizes.back() = L - k + 1;
   const auto dbl = xp.options().dtype(at::kDouble);
@@ -107,18 +168,7 @@ at::Tensor local_std_bwd(const at::Tensor& grad_in, const at::Tensor& out_in,
   const at::Tensor out = out_in.contiguous(), s1 = s1_in.contiguous(), flat = flat_in.contiguous();
   const int64_t d = static_cast<int64_t>(window.size());
   const int64_t first = xp.dim() - d;
-  if (d == 2) {  // the fused single-pass route (local_std_2d.h)
-    at::Tensor dx = at::empty_like(xp);
-    const int64_t Hp = xp.size(-2), Wp = xp.size(-1);
-    AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "simwarp_local_std_2d_bwd", [&] {
-      local_std_2d_backward<scalar_t>(grad.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-                                      s1.data_ptr<scalar_t>(), flat.data_ptr<bool>(),
-                                      xp.data_ptr<scalar_t>(), dx.data_ptr<scalar_t>(),
-                                      xp.numel() / (Hp * Wp), Hp, Wp, window[0], window[1],
-                                      normalized);
-    });
-    return dx;
-  }
+  if (d == 2) return local_std_2d_bwd(grad, out, s1, flat, xp, window, "valid", normalized);
   at::Tensor d_s1 = at::empty_like(s1), d_s2 = at::empty_like(s1);
   AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "simwarp_local_std_vjp", [&] {
     const scalar_t *pg = grad.data_ptr<scalar_t>(), *po = out.data_ptr<scalar_t>();
@@ -156,4 +206,6 @@ at::Tensor local_std_bwd(const at::Tensor& grad_in, const at::Tensor& out_in,
 TORCH_LIBRARY_IMPL(simwarp, CPU, m) {
   m.impl("local_std_fwd", &simwarp::cpu::local_std_fwd);
   m.impl("local_std_bwd", &simwarp::cpu::local_std_bwd);
+  m.impl("local_std_2d_fwd", &simwarp::cpu::local_std_2d_fwd);
+  m.impl("local_std_2d_bwd", &simwarp::cpu::local_std_2d_bwd);
 }
