@@ -97,3 +97,25 @@ def test_auto_keeps_splat_on_torch_for_cpu(monkeypatch):
     # "compiled" must (where the kernels exist).
     monkeypatch.setenv("SIMWARP_BACKEND", "auto")
     assert not _backend.use_compiled("splat", torch.zeros(1))
+
+
+def test_build_cache_is_keyed_by_cpu_and_flags(monkeypatch, tmp_path):
+    # A home directory shared by machines with different CPUs must never load a build
+    # made for another instruction set (-march=native).
+    monkeypatch.setenv(_backend.ENV_CACHE, str(tmp_path))
+    files = _backend.sources(False)
+    monkeypatch.setattr(_backend, "cpu_fingerprint", lambda: "x86_64 flags: sse2 avx2")
+    avx2 = _backend._build_directory(files, False, ["-O3", "-march=native"])
+    assert avx2 == _backend._build_directory(files, False, ["-O3", "-march=native"])
+    monkeypatch.setattr(_backend, "cpu_fingerprint", lambda: "x86_64 flags: sse2 avx2 avx512f")
+    assert _backend._build_directory(files, False, ["-O3", "-march=native"]) != avx2
+    assert _backend._build_directory(files, False, ["-O3"]) != avx2
+
+
+def test_native_flags_only_on_linux_x86_64(monkeypatch):
+    monkeypatch.setattr(_backend.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(_backend.platform, "machine", lambda: "arm64")
+    assert "-march=native" not in _backend.host_cflags()
+    monkeypatch.setattr(_backend.platform, "system", lambda: "Linux")
+    monkeypatch.setattr(_backend.platform, "machine", lambda: "x86_64")
+    assert "-march=native" in _backend.host_cflags()

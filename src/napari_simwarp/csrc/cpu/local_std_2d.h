@@ -92,8 +92,27 @@ inline void fill_border_columns(double* a1, double* a2, const Plane2d& g, double
   }
 }
 
-// One output row from the column sums: running window sums along the row, then the
-// per-element forward.
+// Valid window sums of length k along R rows at once (n entries each). The entering
+// minus the leaving value is formed first, so each running sum has one dependent add per
+// element, and the R independent sums hide that add's latency.
+template <int R>
+inline void window_sums_rows(const double* const* in, int64_t n, int64_t k, double* const* out) {
+  double run[R];
+  for (int m = 0; m < R; ++m) {
+    run[m] = 0.0;
+    for (int64_t q = 0; q < k; ++q) run[m] += in[m][q];
+    out[m][0] = run[m];
+  }
+  for (int64_t o = 1; o < n; ++o) {
+    for (int m = 0; m < R; ++m) {
+      run[m] += in[m][o + k - 1] - in[m][o - 1];
+      out[m][o] = run[m];
+    }
+  }
+}
+
+// One output row from the column sums: running window sums along the row and the
+// per-element forward, in one loop.
 template <typename T>
 inline void row_forward(const double* a1, const double* a2, const Plane2d& g, double inv_n,
                         double eps, double flat_factor, bool normalized, T* out, T* s1_out,
@@ -171,17 +190,6 @@ struct RowFold {
   }
 };
 
-// Full-mode window sums of d (W entries) along the row: Wp entries.
-template <typename T>
-inline void row_full_sums(const T* d, const Plane2d& g, double* out) {
-  double acc = 0.0;
-  for (int64_t q = 0; q < g.Wp; ++q) {
-    if (q < g.W) acc += static_cast<double>(d[q]);
-    if (q >= g.kw) acc -= static_cast<double>(d[q - g.kw]);
-    out[q] = acc;
-  }
-}
-
 // The padded columns' sums (Wp entries) added onto the image columns they read (Win).
 inline void fold_columns(const double* padded, const Plane2d& g, double* folded) {
   std::copy(padded + g.pw, padded + g.pw + g.Win, folded);
@@ -211,8 +219,19 @@ void local_std_2d_backward(const T* grad, const T* out, const T* s1, const bool*
   const T inv_n = T(1) / static_cast<T>(g.kh * g.kw);
   std::vector<double> kept(g.B * fold.slots * 2 * Win);
   at::parallel_for(0, g.B * bands, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<double> ring(2 * kh * Win), acc(2 * Win), fresh(2 * Win), full(2 * g.Wp);
-    std::vector<T> d1(g.W), d2(g.W);
+    // Rows go through the horizontal pass in pairs (window_sums_rows: four running sums
+    // at once). Each row's vjp sits between kw − 1 zeros on each side, so its full-mode
+    // window sums (the adjoint of the valid ones) are valid sums.
+    constexpr int kPair = 2;
+    const int64_t zn = g.W + 2 * (g.kw - 1);
+    std::vector<double> z(2 * kPair * zn, 0.0), full(2 * kPair * g.Wp), fresh(2 * kPair * Win);
+    std::vector<double> ring(2 * kh * Win), acc(2 * Win);
+    const double* z_rows[2 * kPair];
+    double* full_rows[2 * kPair];
+    for (int m = 0; m < 2 * kPair; ++m) {
+      z_rows[m] = z.data() + m * zn;
+      full_rows[m] = full.data() + m * g.Wp;
+    }
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / bands, p0 = (t % bands) * kBandRows;
       const int64_t p1 = std::min(g.Hp, p0 + kBandRows);
@@ -222,31 +241,50 @@ void local_std_2d_backward(const T* grad, const T* out, const T* s1, const bool*
       std::fill(acc.begin(), acc.end(), 0.0);
       // Output row i reaches padded rows i .. i + kh − 1: padded row p sums rows
       // p − kh + 1 .. p, so the rows of the band need output rows from p0 − kh + 1.
-      for (int64_t i = p0 - kh + 1; i < p1; ++i) {
-        if (i >= 0 && i < g.H) {
+      for (int64_t i0 = p0 - kh + 1; i0 < p1; i0 += kPair) {
+        const int rows = static_cast<int>(std::min<int64_t>(kPair, p1 - i0));
+        for (int r = 0; r < rows; ++r) {
+          double* z1 = z.data() + 2 * r * zn + g.kw - 1;
+          double* z2 = z1 + zn;
+          const int64_t i = i0 + r;
+          if (i < 0 || i >= g.H) {
+            std::fill(z1, z1 + g.W, 0.0);
+            std::fill(z2, z2 + g.W, 0.0);
+            continue;
+          }
           const int64_t o = (b * g.H + i) * g.W;
-          for (int64_t j = 0; j < g.W; ++j)
+          for (int64_t j = 0; j < g.W; ++j) {
+            T d1, d2;
             local_std_vjp(grad[o + j], out[o + j], s1[o + j], inv_n, normalized, flat[o + j],
-                          &d1[j], &d2[j]);
-          row_full_sums(d1.data(), g, full.data());
-          row_full_sums(d2.data(), g, full.data() + g.Wp);
-          fold_columns(full.data(), g, fresh.data());
-          fold_columns(full.data() + g.Wp, g, fresh.data() + Win);
+                          &d1, &d2);
+            z1[j] = static_cast<double>(d1);
+            z2[j] = static_cast<double>(d2);
+          }
+        }
+        if (rows == kPair) {
+          window_sums_rows<2 * kPair>(z_rows, g.Wp, g.kw, full_rows);
         } else {
-          std::fill(fresh.begin(), fresh.end(), 0.0);
+          window_sums_rows<2>(z_rows, g.Wp, g.kw, full_rows);
         }
-        double* leaving = ring.data() + (((i % kh) + kh) % kh) * 2 * Win;  // row i − kh
-        for (int64_t j = 0; j < 2 * Win; ++j) {
-          acc[j] += fresh[j] - leaving[j];
-          leaving[j] = fresh[j];
-        }
-        if (i < p0) continue;
-        const int64_t p = i;  // acc now holds padded row p's sums
-        if (fold.slot[p] >= 0) {
-          std::copy(acc.begin(), acc.end(), kept.begin() + (b * fold.slots + fold.slot[p]) * 2 * Win);
-        } else if (g.interior_row(p)) {
-          const int64_t s = (b * g.Hin + p - g.ph) * Win;
-          combine_row(acc.data(), acc.data() + Win, x + s, c, Win, dx + s);
+        for (int r = 0; r < rows; ++r) {
+          const int64_t i = i0 + r;
+          double* row_fresh = fresh.data() + 2 * r * Win;
+          fold_columns(full_rows[2 * r], g, row_fresh);
+          fold_columns(full_rows[2 * r + 1], g, row_fresh + Win);
+          double* leaving = ring.data() + (((i % kh) + kh) % kh) * 2 * Win;  // row i − kh
+          for (int64_t j = 0; j < 2 * Win; ++j) {
+            acc[j] += row_fresh[j] - leaving[j];
+            leaving[j] = row_fresh[j];
+          }
+          if (i < p0) continue;
+          const int64_t p = i;  // acc now holds padded row p's sums
+          if (fold.slot[p] >= 0) {
+            std::copy(acc.begin(), acc.end(),
+                      kept.begin() + (b * fold.slots + fold.slot[p]) * 2 * Win);
+          } else if (g.interior_row(p)) {
+            const int64_t s = (b * g.Hin + p - g.ph) * Win;
+            combine_row(acc.data(), acc.data() + Win, x + s, c, Win, dx + s);
+          }
         }
       }
     }

@@ -25,8 +25,11 @@ SIMWARP_HD A local_std_forward(A s1, A s2, A inv_n, A eps, A flat_factor, bool n
 template <typename T>
 SIMWARP_HD void local_std_vjp(T g, T out, T s1, T inv_n, bool normalized, bool flat, T* d_s1,
                               T* d_s2) {
-  // out = sqrt(V / N) or sqrt(V + eps): ∂out/∂V = 1 / (2 N out) or 1 / (2 out).
-  const T d_v = flat ? T(0) : g / (T(2) * (normalized ? out / inv_n : out));
+  // out = sqrt(V / N) or sqrt(V + eps): ∂out/∂V = 1 / (2 N out) or 1 / (2 out). Both
+  // selects come before the division (whose denominator is never 0), so the CPU loops
+  // vectorise without a branch.
+  const T den = flat ? T(1) : T(2) * (normalized ? out / inv_n : out);
+  const T d_v = (flat ? T(0) : g) / den;
   *d_s2 = d_v;
   *d_s1 = d_v * (T(-2) * s1 * inv_n);
 }
