@@ -5,7 +5,9 @@ function :class:`_LocalEnergy` then works in "valid" mode on the padded tensor, 
 autograd folds the padding's gradient back onto the image. Centring is free accuracy:
 the variance is shift-invariant (so the true gradient through the mean is exactly zero),
 and without it ``S2 - S1²/N`` cancels catastrophically in float32 on data with a large
-offset (microscopy).
+offset (microscopy). With the compiled kernels on the CPU, 2D calls go to one kernel
+that does the centring and padding itself, reading the image in place
+(``_compiled.local_std_2d``); the rest take the route above.
 """
 
 from __future__ import annotations
