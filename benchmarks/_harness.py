@@ -12,6 +12,7 @@ call needed on top of its inputs (torch's CPU allocator and NumPy both show up t
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -170,3 +171,18 @@ class Report:
                 lines.append(f"| {name} | {r.phase} | {r.seconds * 1e3:.1f} | {ratio} | {mem} | {r.note} |")
             lines.append("")
         return "\n".join(lines)
+
+
+def with_backend(backend: str, fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` run with ``SIMWARP_BACKEND=backend`` (restored afterwards): compiled or torch."""
+    def run():
+        previous = os.environ.get("SIMWARP_BACKEND")
+        os.environ["SIMWARP_BACKEND"] = backend
+        try:
+            return fn()
+        finally:
+            if previous is None:
+                os.environ.pop("SIMWARP_BACKEND", None)
+            else:
+                os.environ["SIMWARP_BACKEND"] = previous
+    return run

@@ -11,10 +11,8 @@ module records that it was skipped.
 
 from __future__ import annotations
 
-import os
-
 import torch
-from _harness import time_call
+from _harness import time_call, with_backend
 
 SECTION = "Compiled kernels on the GPU (4096², against the memory floor)"
 SIZE = 4096
@@ -35,20 +33,6 @@ def copy_bandwidth(device: torch.device, n_bytes: int = 1 << 30) -> float:
     dst = torch.empty_like(src)
     seconds = time_call(_synchronised(lambda: dst.copy_(src), device), repeat=10)
     return 2 * n_bytes / seconds
-
-
-def _backend(name: str, fn):
-    def run():
-        previous = os.environ.get("SIMWARP_BACKEND")
-        os.environ["SIMWARP_BACKEND"] = name
-        try:
-            return fn()
-        finally:
-            if previous is None:
-                os.environ.pop("SIMWARP_BACKEND", None)
-            else:
-                os.environ["SIMWARP_BACKEND"] = previous
-    return run
 
 
 def _forward_backward(op, *images):
@@ -81,10 +65,10 @@ def measure(report, device: torch.device, size: int) -> None:
     for group, arrays, op, images in cases:
         fn = _forward_backward(op, *images)
         ours = report.measure(group, "simwarp compiled", "forward+backward",
-                              _synchronised(_backend("compiled", fn), device), ours=True,
+                              _synchronised(with_backend("compiled", fn), device), ours=True,
                               repeat=20, memory=False)
         report.measure(group, "simwarp pure torch", "forward+backward",
-                       _synchronised(_backend("torch", fn), device), repeat=20, memory=False)
+                       _synchronised(with_backend("torch", fn), device), repeat=20, memory=False)
         floor = arrays * array_s
         report.note(SECTION, f"{group}: compiled forward+backward {ours.seconds * 1e3:.2f} ms, "
                     f"{ours.seconds / floor:.2f}× its floor of {floor * 1e3:.2f} ms "

@@ -7,28 +7,12 @@ float64), pytorch-msssim (SSIM) and MONAI (local NCC loss).
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
-from _harness import forward_backward
+from _harness import forward_backward, with_backend
 
 SECTION = "Compiled kernels (CPU) against pure torch and peers"
 SIZE = 2048
-
-
-def _with_backend(backend, fn):
-    def run():
-        previous = os.environ.get("SIMWARP_BACKEND")
-        os.environ["SIMWARP_BACKEND"] = backend
-        try:
-            return fn()
-        finally:
-            if previous is None:
-                os.environ.pop("SIMWARP_BACKEND", None)
-            else:
-                os.environ["SIMWARP_BACKEND"] = previous
-    return run
 
 
 def run(report) -> None:
@@ -48,8 +32,8 @@ def run(report) -> None:
     group = f"local_std {SIZE}² w15"
     for phase, fn in [("forward", lambda: ops.local_std(a, 15)),
                       ("forward+backward", forward_backward(lambda x: ops.local_std(x, 15).sum(), a))]:
-        report.measure(group, "simwarp compiled", phase, _with_backend("compiled", fn), ours=True)
-        report.measure(group, "simwarp pure torch", phase, _with_backend("torch", fn))
+        report.measure(group, "simwarp compiled", phase, with_backend("compiled", fn), ours=True)
+        report.measure(group, "simwarp pure torch", phase, with_backend("torch", fn))
     from scipy import ndimage as ndi
 
     x64 = base.astype(np.float64)
@@ -64,8 +48,8 @@ def run(report) -> None:
     group = f"ssim {SIZE}² w11"
     for phase, fn in [("forward", lambda: ops.ssim(a, b)),
                       ("forward+backward", forward_backward(lambda x, y: 1 - ops.ssim(x, y), a, b))]:
-        report.measure(group, "simwarp compiled", phase, _with_backend("compiled", fn), ours=True)
-        report.measure(group, "simwarp pure torch", phase, _with_backend("torch", fn))
+        report.measure(group, "simwarp compiled", phase, with_backend("compiled", fn), ours=True)
+        report.measure(group, "simwarp pure torch", phase, with_backend("torch", fn))
     try:
         from pytorch_msssim import ssim as ms_ssim
 
@@ -78,8 +62,8 @@ def run(report) -> None:
     for phase, fn in [("forward", lambda: ops.local_ncc(a, b, 9)),
                       ("forward+backward", forward_backward(
                           lambda x, y: 1 - ops.local_ncc(x, y, 9, reduction="mean"), a, b))]:
-        report.measure(group, "simwarp compiled", phase, _with_backend("compiled", fn), ours=True)
-        report.measure(group, "simwarp pure torch", phase, _with_backend("torch", fn))
+        report.measure(group, "simwarp compiled", phase, with_backend("compiled", fn), ours=True)
+        report.measure(group, "simwarp pure torch", phase, with_backend("torch", fn))
     try:
         from monai.losses import LocalNormalizedCrossCorrelationLoss
 
@@ -94,7 +78,7 @@ def run(report) -> None:
     d = torch.from_numpy(rng.uniform(-2, 2, (1, 2, SIZE, SIZE)).astype(np.float32))
     for phase, fn in [("forward", lambda: ops.splat(a, d)),
                       ("forward+backward", forward_backward(lambda x, y: ops.splat(x, y).sum(), a, d))]:
-        report.measure(group, "simwarp compiled", phase, _with_backend("compiled", fn), ours=True)
-        report.measure(group, "simwarp pure torch", phase, _with_backend("torch", fn))
+        report.measure(group, "simwarp compiled", phase, with_backend("compiled", fn), ours=True)
+        report.measure(group, "simwarp pure torch", phase, with_backend("torch", fn))
     report.measure(group, "warp (yardstick)", "forward+backward",
                    forward_backward(lambda x, y: ops.warp(x, y).sum(), a, d))
