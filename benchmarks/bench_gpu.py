@@ -59,7 +59,7 @@ def measure(report, device: torch.device, size: int) -> None:
     a = torch.rand((1, 1, size, size), generator=gen, device=device)
     b = (0.7 * a + 0.3 * torch.rand(a.shape, generator=gen, device=device)).clamp_(0, 1)
     cases = [
-        (f"local_std {size}² w15", 4, lambda x: ops.local_std(x, 15), (a,)),
+        (f"local_std {size}² w15", 4, lambda x: ops.local_std(x, window=15), (a,)),
         (f"ssim map {size}² w11", 6, lambda x, y: ops.ssim(x, y, reduction="none"), (a, b)),
     ]
     for group, arrays, op, images in cases:
@@ -76,13 +76,13 @@ def measure(report, device: torch.device, size: int) -> None:
 
 
 def run(report) -> None:
-    from napari_simwarp.ops import _backend as backend
+    from napari_simwarp.ops import _kernels as backend
 
     if not torch.cuda.is_available():
         report.note(SECTION, "No CUDA device in this run: skipped.")
         return
-    if not backend.ensure_loaded() or not backend._state["cuda"]:
-        report.note(SECTION, f"CUDA kernels not built here: {backend._state['error']}")
+    if not backend.ensure_loaded() or not backend.state()["cuda"]:
+        report.note(SECTION, f"CUDA kernels not built here: {backend.state()['error']}")
         return
     report.note(SECTION, f"GPU: {torch.cuda.get_device_name()}, CUDA {torch.version.cuda}.")
     measure(report, torch.device("cuda"), SIZE)

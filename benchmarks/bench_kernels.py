@@ -17,10 +17,10 @@ SIZE = 2048
 
 def run(report) -> None:
     from napari_simwarp import ops
-    from napari_simwarp.ops import _backend
+    from napari_simwarp.ops import _kernels
 
-    if not _backend.ensure_loaded():
-        report.note(SECTION, f"Compiled kernels unavailable here: {_backend._state['error']}")
+    if not _kernels.ensure_loaded():
+        report.note(SECTION, f"Compiled kernels unavailable here: {_kernels.state()['error']}")
         return
     rng = np.random.default_rng(0)
     base = rng.random((SIZE, SIZE)).astype(np.float32)
@@ -30,8 +30,8 @@ def run(report) -> None:
                 "Ratios in each table are relative to the compiled row.")
 
     group = f"local_std {SIZE}² w15"
-    for phase, fn in [("forward", lambda: ops.local_std(a, 15)),
-                      ("forward+backward", forward_backward(lambda x: ops.local_std(x, 15).sum(), a))]:
+    for phase, fn in [("forward", lambda: ops.local_std(a, window=15)),
+                      ("forward+backward", forward_backward(lambda x: ops.local_std(x, window=15).sum(), a))]:
         report.measure(group, "simwarp compiled", phase, with_backend("compiled", fn), ours=True)
         report.measure(group, "simwarp pure torch", phase, with_backend("torch", fn))
     from scipy import ndimage as ndi
@@ -59,9 +59,9 @@ def run(report) -> None:
         report.note(SECTION, "pytorch-msssim not installed")
 
     group = f"local_ncc {SIZE}² w9"
-    for phase, fn in [("forward", lambda: ops.local_ncc(a, b, 9)),
+    for phase, fn in [("forward", lambda: ops.local_ncc(a, b, window=9)),
                       ("forward+backward", forward_backward(
-                          lambda x, y: 1 - ops.local_ncc(x, y, 9, reduction="mean"), a, b))]:
+                          lambda x, y: 1 - ops.local_ncc(x, y, window=9, reduction="mean"), a, b))]:
         report.measure(group, "simwarp compiled", phase, with_backend("compiled", fn), ours=True)
         report.measure(group, "simwarp pure torch", phase, with_backend("torch", fn))
     try:

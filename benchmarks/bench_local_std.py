@@ -30,12 +30,12 @@ def _bench_local_std(report, rng, shape, window):
     x = _microscopy(rng, shape)
     xt = torch.from_numpy(x).float()[None, None]
     report.measure(group, "simwarp local_std (float32)", "forward",
-                   lambda: local_std(xt, window), ours=True)
+                   lambda: local_std(xt, window=window), ours=True)
     report.measure(group, "scipy uniform_filter (float64)", "forward",
                    lambda: _scipy_local_std(x, window))
     xg = xt.clone().requires_grad_()
     report.measure(group, "simwarp local_std (float32)", "forward+backward",
-                   forward_backward(lambda t: local_std(t, window), xg), ours=True)
+                   forward_backward(lambda t: local_std(t, window=window), xg), ours=True)
 
 
 def _bench_match_template(report, rng, size, tsize):

@@ -74,7 +74,7 @@ def noisy(rng, x, sigma=10.0):
 
 
 def drift_case(report, rng):
-    from napari_simwarp.register import register_stack
+    from napari_simwarp.registration import register_stack
 
     group = "drift 50 × 512², ±8 px"
     frames, shape, pad = 50, (512, 512), 12
@@ -115,7 +115,7 @@ def drift_case(report, rng):
 
 
 def affine_case(report, rng):
-    from napari_simwarp.register import register
+    from napari_simwarp.registration import register
 
     group = "affine pair 512²"
     shape = (512, 512)
@@ -179,7 +179,7 @@ def _elastix_affine(report, group, fixed, moving, m, shape):
 
 
 def deformable_case(report, rng):
-    from napari_simwarp.register import register
+    from napari_simwarp.registration import register
     from napari_simwarp.ops import jacobian_determinant
 
     import torch
@@ -219,7 +219,7 @@ def deformable_case(report, rng):
 
 
 def volume_case(report, rng):
-    from napari_simwarp.register import register
+    from napari_simwarp.registration import register
 
     shape = (96, 96, 96)
     vol = scene(rng, shape)

@@ -102,7 +102,7 @@ def _run_local_ncc(report, label, shape, repeat_ours, repeat_peers):
     a, b = _inputs(shape, seed=1)
     group = f"local_ncc {label} w9 box float32"
     _measure_pair(report, group, "simwarp local_ncc",
-                  lambda x, y: local_ncc(x, y, 9, reduction="mean"),
+                  lambda x, y: local_ncc(x, y, window=9, reduction="mean"),
                   a, b, ours=True, repeat=repeat_ours)
     losses = _optional("monai.losses")
     if losses is not None:

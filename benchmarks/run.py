@@ -54,9 +54,9 @@ def machine_description() -> list[str]:
         except metadata.PackageNotFoundError:  # a missing peer is reported, not fatal
             versions.append(f"{dist} (not installed)")
     lines.append("- peers: " + ", ".join(versions))
-    from napari_simwarp.ops import _backend
+    from napari_simwarp.ops._kernels import _build
 
-    lines.append(f"- compiled kernels built with: {' '.join(_backend.host_cflags())}")
+    lines.append(f"- compiled kernels built with: {' '.join(_build.host_cflags())}")
     if torch.cuda.is_available():
         lines.append(f"- GPU: {torch.cuda.get_device_name()}")
     return lines

@@ -43,7 +43,7 @@ def main() -> None:
     from qtpy.QtWidgets import QApplication
 
     from napari_simwarp import backend_info
-    from napari_simwarp._demo import build_demo_viewer
+    from napari_simwarp._qt._demo import build_demo_viewer
 
     backend_info()  # build/load the kernels first, so timings shown are not first-use ones
 

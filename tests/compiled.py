@@ -13,15 +13,15 @@ import pytest
 
 def require_compiled():
     """Build/load the kernels or skip (fail under SIMWARP_REQUIRE_COMPILED=1)."""
-    from napari_simwarp.ops import _backend
+    from napari_simwarp.ops import _kernels
 
-    if os.environ.get(_backend.ENV_BACKEND, "auto") == "torch":
+    if os.environ.get(_kernels.ENV_BACKEND, "auto") == "torch":
         pytest.skip("SIMWARP_BACKEND=torch")
-    if not _backend.ensure_loaded():
-        message = f"compiled kernels unavailable: {_backend._state['error']}"
+    if not _kernels.ensure_loaded():
+        message = f"compiled kernels unavailable: {_kernels.state()['error']}"
         if os.environ.get("SIMWARP_REQUIRE_COMPILED") == "1":
             pytest.fail(message)
         pytest.skip(message)
-    from napari_simwarp.ops import _compiled
+    from napari_simwarp.ops._kernels import calls
 
-    return _compiled
+    return calls

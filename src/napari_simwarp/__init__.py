@@ -1,36 +1,44 @@
 """napari-simwarp: compare and align images on the GPU, in napari and in scripts.
 
-Importing the package imports neither Qt nor napari and compiles nothing; the operators
-live in :mod:`napari_simwarp.ops`, the warp optimiser in :mod:`napari_simwarp.register`
-(``napari_simwarp.register(fixed, moving)``), both loaded on first use.
+    import napari_simwarp as sw
+    result = sw.register(fixed, moving, model="affine")
+    sw.ops.local_std(x, window=15)
+
+Importing the package imports neither Qt nor napari and compiles nothing; torch loads on
+first use. The operators live in :mod:`napari_simwarp.ops`, the warp optimizer in
+:mod:`napari_simwarp.registration` (its functions are also here at the top level).
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
 
-__all__ = [
-    "__version__",
-    "backend_info",
-    "load_transform",
-    "ops",
-    "register",
-    "register_iter",
-    "register_stack",
-]
+__version__ = "0.2.0"
+
+#: public name -> the module that defines it (loaded on first access)
+_EXPORTS = {
+    "register": "napari_simwarp.registration.register",
+    "register_iter": "napari_simwarp.registration.register",
+    "register_stack": "napari_simwarp.registration.register_stack",
+    "register_stack_iter": "napari_simwarp.registration.register_stack",
+    "load_transform": "napari_simwarp.registration.transforms",
+    "backend_info": "napari_simwarp.backend",
+}
+_SUBMODULES = ("ops", "registration", "data", "backend")
+
+__all__ = ["__version__", *_SUBMODULES, *_EXPORTS]
 
 
 def __getattr__(name: str):
-    # Lazy submodule access keeps `import napari_simwarp` cheap (torch loads on first use).
-    import importlib
-
-    if name == "ops":
-        return importlib.import_module("napari_simwarp.ops")
-    if name == "backend_info":
-        return importlib.import_module("napari_simwarp.ops._backend").backend_info
-    if name in ("register", "register_iter", "register_stack", "load_transform"):
-        # napari_simwarp.register is both the subpackage and the function: the package
-        # module is callable (register(fixed, moving) works whichever Python binds).
-        module = importlib.import_module("napari_simwarp.register")
-        return module if name == "register" else getattr(module, name)
+    # Lazy access keeps `import napari_simwarp` cheap (torch loads on first use).
+    if name in _SUBMODULES:
+        return importlib.import_module(f"napari_simwarp.{name}")
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'napari_simwarp' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -60,7 +60,7 @@ def _run_demo(args) -> int:
                 print("napari-simwarp demo: napari is not installed (pip install "
                       "'napari-simwarp[all]'); running --headless instead", file=sys.stderr)
             else:
-                from ._demo import run_gui_demo
+                from ._qt._demo import run_gui_demo
 
                 run_gui_demo(device=args.device)
                 return 0
@@ -82,10 +82,11 @@ def _add_build_kernels(subparsers) -> None:
 
 
 def _run_build_kernels(args) -> int:
-    from .ops import _backend
+    from .backend import build_kernels
 
-    path = _backend.build(verbose=args.verbose)
-    print(f"kernels built in {path} (CUDA kernels: {_backend._state['cuda']})")
+    built = build_kernels(verbose=args.verbose)
+    print(f"CPU kernels built in {built['cpu']}")
+    print(f"CUDA kernels: {built['cuda']}")
     return 0
 
 
@@ -95,7 +96,7 @@ def _add_info(subparsers) -> None:
 
 
 def _run_info(args) -> int:
-    from .ops._backend import backend_info
+    from .backend import backend_info
 
     info = backend_info()
     print(f"requested backend: {info['requested']}")
@@ -116,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(subparsers)
     _add_build_kernels(subparsers)
     _add_info(subparsers)
-    from .register import cli as register_cli  # argparse only: imports no torch
+    from .registration import cli as register_cli  # argparse only: imports no torch
 
     register_cli.add_parser(subparsers)
     return parser

@@ -21,10 +21,10 @@ def kernels_built():
     The first compiled call builds them (a minute on two cores); inside a widget's worker
     that would eat the tests' waits for a result, so it happens here, once per session.
     """
-    from napari_simwarp.ops import _backend
+    from napari_simwarp.ops import _kernels
 
-    if _backend.requested_backend() != "torch":
-        _backend.ensure_loaded()
+    if _kernels.requested_backend() != "torch":
+        _kernels.ensure_loaded()
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from napari_simwarp._demo import build_demo_viewer
+from napari_simwarp._qt._demo import build_demo_viewer
 
 
 def test_demo_viewer_has_sample_data_and_docked_widgets(viewer, qtbot):

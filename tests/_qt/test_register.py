@@ -6,7 +6,7 @@ import numpy as np
 
 from napari_simwarp import data
 from napari_simwarp._qt import RegisterWidget
-from napari_simwarp.register import load_transform
+from napari_simwarp.registration import load_transform
 
 from .conftest import dock, no_workers_running
 

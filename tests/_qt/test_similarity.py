@@ -21,7 +21,7 @@ def test_local_std_map_equals_op(viewer, qtbot, camera_crop):
     w._image.value = layer
     w._window.value = 9
     _wait_idle(qtbot, w)
-    expected = ops.local_std(torch.from_numpy(camera_crop)[None, None], 9)[0, 0].numpy()
+    expected = ops.local_std(torch.from_numpy(camera_crop)[None, None], window=9)[0, 0].numpy()
     out = viewer.layers["similarity map"]
     np.testing.assert_allclose(out.data, expected, rtol=1e-5, atol=1e-6)
     assert out.colormap.name == "magma" and out.contrast_limits[0] == 0.0
@@ -38,7 +38,7 @@ def test_live_updates_debounced_and_latest_wins(viewer, qtbot, camera_crop):
         w._window.value = size
     _wait_idle(qtbot, w, shown + 1)
     assert w.results_shown <= shown + 2
-    expected = ops.local_std(torch.from_numpy(camera_crop)[None, None], 21)[0, 0].numpy()
+    expected = ops.local_std(torch.from_numpy(camera_crop)[None, None], window=21)[0, 0].numpy()
     np.testing.assert_allclose(viewer.layers["similarity map"].data, expected, rtol=1e-5,
                                atol=1e-6)
     assert len([lay for lay in viewer.layers if lay.name.startswith("similarity map")]) == 1
@@ -48,7 +48,7 @@ def test_live_updates_debounced_and_latest_wins(viewer, qtbot, camera_crop):
     layer.data = camera_crop[::-1].copy()
     _wait_idle(qtbot, w, shown + 1)
     expected = ops.local_std(torch.from_numpy(camera_crop[::-1].copy())[None, None],
-                             21)[0, 0].numpy()
+                             window=21)[0, 0].numpy()
     np.testing.assert_allclose(viewer.layers["similarity map"].data, expected, rtol=1e-5,
                                atol=1e-6)
 
@@ -65,7 +65,7 @@ def test_two_layer_metrics(viewer, qtbot, small_pair):
     qtbot.waitUntil(lambda: w._status.value.startswith("local NCC, window 7"), timeout=30000)
     ta, tb = (torch.from_numpy(x)[None, None] for x in (fixed, moving))
     np.testing.assert_allclose(viewer.layers["similarity map"].data,
-                               ops.local_ncc(ta, tb, 7)[0, 0].numpy(), atol=1e-5)
+                               ops.local_ncc(ta, tb, window=7)[0, 0].numpy(), atol=1e-5)
     assert tuple(viewer.layers["similarity map"].contrast_limits) == (-1.0, 1.0)
 
     shown = w.results_shown
@@ -95,7 +95,7 @@ def test_3d_map(viewer, qtbot):
     w._image.value = layer
     w._window.value = 5
     _wait_idle(qtbot, w)
-    expected = ops.local_std(torch.from_numpy(vol)[None, None], 5)[0, 0].numpy()
+    expected = ops.local_std(torch.from_numpy(vol)[None, None], window=5)[0, 0].numpy()
     np.testing.assert_allclose(viewer.layers["similarity map"].data, expected, rtol=1e-5,
                                atol=1e-6)
 

@@ -142,8 +142,8 @@ def test_correlate_transpose_is_the_adjoint(compiled, rng):
 
 # --- local_std_2d: padding and centring inside the kernel ------------------------------
 
-SCIPY_MODES = {"reflect": "reflect", "zeros": "constant", "nearest": "nearest"}
-NUMPY_PAD = {"reflect": "symmetric", "zeros": "constant", "nearest": "edge"}
+SCIPY_MODES = {"reflect": "reflect", "mirror": "mirror", "constant": "constant", "nearest": "nearest"}
+NUMPY_PAD = {"reflect": "symmetric", "mirror": "reflect", "constant": "constant", "nearest": "edge"}
 
 
 def _padded_std64(x: torch.Tensor, window, padding: str) -> torch.Tensor:
@@ -156,6 +156,11 @@ def _padded_std64(x: torch.Tensor, window, padding: str) -> torch.Tensor:
         if padding == "reflect":
             i = np.remainder(i, 2 * n)
             return np.where(i >= n, 2 * n - 1 - i, i), None
+        if padding == "mirror":
+            if n == 1:
+                return np.zeros_like(i), None
+            i = np.remainder(i, 2 * n - 2)
+            return np.where(i >= n, 2 * n - 2 - i, i), None
         if padding == "nearest":
             return np.clip(i, 0, n - 1), None
         return np.clip(i, 0, n - 1), (i >= 0) & (i < n)
@@ -163,7 +168,7 @@ def _padded_std64(x: torch.Tensor, window, padding: str) -> torch.Tensor:
     rows, row_mask = source(h, kh)
     cols, col_mask = source(w, kw)
     xp = x.index_select(-2, torch.from_numpy(rows)).index_select(-1, torch.from_numpy(cols))
-    if padding == "zeros":
+    if padding == "constant":
         mask = torch.from_numpy(row_mask[:, None] & col_mask[None, :]).to(x.dtype)
         xp = xp * mask
     windows = xp.unfold(-2, kh, 1).unfold(-2, kw, 1)  # (..., H, W, kh, kw)
@@ -174,7 +179,7 @@ def _padded_std64(x: torch.Tensor, window, padding: str) -> torch.Tensor:
     return torch.where(positive, torch.where(positive, variance, 1.0).sqrt(), 0.0)
 
 
-@pytest.mark.parametrize("padding", ["reflect", "zeros", "nearest"])
+@pytest.mark.parametrize("padding", ["reflect", "mirror", "constant", "nearest"])
 @pytest.mark.parametrize(
     "shape,window",
     [((1, 1, 1, 1), (1, 1)), ((2, 3, 17, 23), (5, 7)), ((1, 1, 13, 31), (13, 3)),
@@ -199,7 +204,7 @@ def test_local_std_2d_matches_scipy_and_float64_gradients(compiled, shape, windo
         assert (grad.double() - g_ref).abs().max().item() <= 10 * tol * scale
 
 
-@pytest.mark.parametrize("padding", ["reflect", "zeros", "nearest", "valid"])
+@pytest.mark.parametrize("padding", ["reflect", "mirror", "constant", "nearest", "valid"])
 @pytest.mark.parametrize("normalized", [True, False])
 def test_local_std_2d_gradcheck_and_opcheck(compiled, padding, normalized, rng):
     for shape, window in (((1, 2, 9, 8), (3, 5)), ((1, 1, 4, 6), (5, 3))):

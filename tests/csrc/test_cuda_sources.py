@@ -11,7 +11,9 @@ import subprocess
 
 import pytest
 
-from napari_simwarp.ops._backend import CSRC
+from napari_simwarp.ops._kernels._build import csrc_root
+
+CSRC = csrc_root()
 
 CU_FILES = sorted((CSRC / "cuda").glob("*.cu"))
 

@@ -105,7 +105,7 @@ class TestLocalNCC:
         shape = (2, 3, *SHAPES[ndim])
         a = torch.rand(shape, device=device)
         b = torch.rand(shape, device=device)
-        out = local_ncc(a, b, 5, kernel=kernel, reduction=reduction)
+        out = local_ncc(a, b, window=5, kernel=kernel, reduction=reduction)
         assert out.dtype == a.dtype and out.device == a.device
         assert out.shape == (shape if reduction == "none" else ())
         assert torch.isfinite(out).all()
@@ -118,7 +118,7 @@ class TestLocalNCC:
         a, b = _pair(kind, ndim, rng)
         window = 9 if ndim == 2 else 5
         expected = _scipy_local_ncc(a, b, window, kernel)
-        out = local_ncc(_t(a, dtype, device), _t(b, dtype, device), window, kernel=kernel)
+        out = local_ncc(_t(a, dtype, device), _t(b, dtype, device), window=window, kernel=kernel)
         assert out.dtype == dtype
         atol = 1e-10 if dtype == torch.float64 else 2e-4
         np.testing.assert_allclose(out[0, 0].double().cpu().numpy(), expected, rtol=0, atol=atol)
@@ -127,14 +127,14 @@ class TestLocalNCC:
     def test_range_and_extremes(self, device, rng, kernel):
         a = _t(images.random_smooth(rng, (64, 64)), torch.float32, device)
         b = _t(images.random_smooth(rng, (64, 64)), torch.float32, device)
-        out = local_ncc(a, b, 7, kernel=kernel)
+        out = local_ncc(a, b, window=7, kernel=kernel)
         assert out.min() >= -1 and out.max() <= 1
         assert out.min() < -0.5 and out.max() > 0.5  # unrelated textures: both signs
         ones = torch.ones_like(a)
-        torch.testing.assert_close(local_ncc(a, a, 7, kernel=kernel), ones, atol=1e-5, rtol=0)
-        torch.testing.assert_close(local_ncc(a, -a, 7, kernel=kernel), -ones, atol=1e-5, rtol=0)
+        torch.testing.assert_close(local_ncc(a, a, window=7, kernel=kernel), ones, atol=1e-5, rtol=0)
+        torch.testing.assert_close(local_ncc(a, -a, window=7, kernel=kernel), -ones, atol=1e-5, rtol=0)
         # Invariant to gain and offset of either image.
-        torch.testing.assert_close(local_ncc(a, 3 * a + 100, 7, kernel=kernel), ones, atol=1e-4, rtol=0)
+        torch.testing.assert_close(local_ncc(a, 3 * a + 100, window=7, kernel=kernel), ones, atol=1e-4, rtol=0)
 
     def test_mean_is_mean_of_map(self, device):
         a = torch.rand(2, 2, 30, 26, device=device, dtype=torch.float64)
@@ -148,7 +148,7 @@ class TestLocalNCC:
         a[10:30, 12:34] = 0.37  # a flat block inside texture
         a = _t(a, dtype, device).requires_grad_()
         b = _t(images.random_smooth(rng, (48, 48)), dtype, device).requires_grad_()
-        out = local_ncc(a, b, 5, kernel=kernel)
+        out = local_ncc(a, b, window=5, kernel=kernel)
         assert torch.isfinite(out).all()
         assert (out[0, 0, 12:28, 14:32] == 0).all()  # windows wholly inside the block
         out.sum().backward()
@@ -171,7 +171,7 @@ class TestLocalNCC:
         a = torch.rand(shape, generator=gen, dtype=torch.float64).to(device).requires_grad_()
         b = torch.rand(shape, generator=gen, dtype=torch.float64).to(device).requires_grad_()
         for reduction in ("none", "mean"):
-            fn = lambda x, y: local_ncc(x, y, 5 if ndim == 2 else 3, kernel=kernel, reduction=reduction)  # noqa: E731
+            fn = lambda x, y: local_ncc(x, y, window=5 if ndim == 2 else 3, kernel=kernel, reduction=reduction)  # noqa: E731
             assert torch.autograd.gradcheck(fn, (a, b), fast_mode=ndim == 3)
 
     @pytest.mark.parametrize("kernel", ["box", "gaussian"])
@@ -184,7 +184,7 @@ class TestLocalNCC:
         (_torch_local_ncc(a_ref, b_ref, 9, kernel) * v).sum().backward()
         a32 = a64.float().to(device).requires_grad_()
         b32 = b64.float().to(device).requires_grad_()
-        (local_ncc(a32, b32, 9, kernel=kernel) * v.float().to(device)).sum().backward()
+        (local_ncc(a32, b32, window=9, kernel=kernel) * v.float().to(device)).sum().backward()
         for got, ref in ((a32.grad, a_ref.grad), (b32.grad, b_ref.grad)):
             err = (got.double().cpu() - ref).abs().max()
             assert err <= 1e-4 * ref.abs().max(), err
@@ -201,7 +201,7 @@ class TestLocalNCC:
         shape = (2, 3, 30, 28) if ndim == 2 else (2, 3, 14, 16, 12)
         a = torch.rand(shape, generator=gen).to(device)
         b = torch.rand(shape, generator=gen).to(device)
-        expected = local_ncc(a, b, 5)
+        expected = local_ncc(a, b, window=5)
         layout = torch.channels_last if ndim == 2 else torch.channels_last_3d
         variants = [
             (a.to(memory_format=layout), b.to(memory_format=layout)),
@@ -209,22 +209,22 @@ class TestLocalNCC:
         ]
         for x, y in variants:
             assert not x.is_contiguous() and not y.is_contiguous()
-            torch.testing.assert_close(local_ncc(x, y, 5), expected)
+            torch.testing.assert_close(local_ncc(x, y, window=5), expected)
         big_a = torch.rand(1, 1, 60, 58, generator=gen).to(device)
         big_b = torch.rand(1, 1, 60, 58, generator=gen).to(device)
         view_a, view_b = big_a[..., ::2, 1::2], big_b[..., 1::2, ::2]
         assert not view_a.is_contiguous()
         torch.testing.assert_close(
-            local_ncc(view_a, view_b, 5), local_ncc(view_a.contiguous(), view_b.contiguous(), 5)
+            local_ncc(view_a, view_b, window=5), local_ncc(view_a.contiguous(), view_b.contiguous(), window=5)
         )
 
     @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
     def test_half_dtypes(self, device, rng, dtype):
         a = _t(images.random_smooth(rng, (40, 36)), dtype, device).requires_grad_()
         b = _t(images.random_smooth(rng, (40, 36)), dtype, device)
-        out = local_ncc(a, b, 7)
+        out = local_ncc(a, b, window=7)
         assert out.dtype == dtype
-        torch.testing.assert_close(out.float(), local_ncc(a.detach().float(), b.float(), 7),
+        torch.testing.assert_close(out.float(), local_ncc(a.detach().float(), b.float(), window=7),
                                    atol=2e-2, rtol=0)
         out.float().mean().backward()
         assert a.grad.dtype == dtype and torch.isfinite(a.grad.float()).all()
@@ -232,17 +232,17 @@ class TestLocalNCC:
     def test_large_box_window(self, device, rng):
         """Windows past the direct-sum limit take the prefix-sum route, both ways."""
         a, b = _pair("random", 2, rng)
-        out = local_ncc(_t(a, device=device), _t(b, device=device), 21)
+        out = local_ncc(_t(a, device=device), _t(b, device=device), window=21)
         np.testing.assert_allclose(out[0, 0].cpu().numpy(), _scipy_local_ncc(a, b, 21, "box"), atol=1e-10)
         x = torch.rand(1, 1, 30, 28, dtype=torch.float64, device=device, requires_grad=True)
         y = torch.rand(1, 1, 30, 28, dtype=torch.float64, device=device, requires_grad=True)
-        assert torch.autograd.gradcheck(lambda p, q: local_ncc(p, q, (19, 21), reduction="mean"), (x, y))
+        assert torch.autograd.gradcheck(lambda p, q: local_ncc(p, q, window=(19, 21), reduction="mean"), (x, y))
 
     def test_per_axis_window_and_sigma(self, rng):
         a, b = _pair("random", 2, rng)
-        out_iso = local_ncc(_t(a), _t(b), (9, 9), kernel="gaussian", sigma=(_sigma(9), _sigma(9)))
+        out_iso = local_ncc(_t(a), _t(b), window=(9, 9), kernel="gaussian", sigma=(_sigma(9), _sigma(9)))
         np.testing.assert_allclose(out_iso[0, 0].numpy(), _scipy_local_ncc(a, b, 9, "gaussian"), atol=1e-10)
-        out = local_ncc(_t(a), _t(b), (9, 5))
+        out = local_ncc(_t(a), _t(b), window=(9, 5))
         assert out.shape == (1, 1, *a.shape)
 
     def test_exception(self, device):
@@ -281,7 +281,7 @@ def test_float32_where_local_means_are_far_from_the_image_mean(metric):
     a[..., 32:] += 900.0
     b = a + 0.3 * torch.randn(a.shape, generator=gen)
     if metric == "local_ncc":
-        f32, f64 = ops.local_ncc(a, b, 5), ops.local_ncc(a.double(), b.double(), 5)
+        f32, f64 = ops.local_ncc(a, b, window=5), ops.local_ncc(a.double(), b.double(), window=5)
     else:
         kw = dict(reduction="none", data_range=1000.0)
         f32, f64 = ops.ssim(a, b, **kw), ops.ssim(a.double(), b.double(), **kw)

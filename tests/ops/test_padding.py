@@ -1,4 +1,5 @@
-"""SciPy-convention padding against numpy.pad (symmetric == SciPy's reflect, edge == nearest)."""
+"""SciPy-convention padding against numpy.pad (NumPy's "symmetric" is SciPy's "reflect",
+"reflect" SciPy's "mirror", "edge" SciPy's "nearest")."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from napari_simwarp.ops._padding import pad_spatial
 
 
 @pytest.mark.parametrize(
-    "mode,np_mode", [("reflect", "symmetric"), ("nearest", "edge"), ("zeros", "constant")]
+    "mode,np_mode",
+    [("reflect", "symmetric"), ("mirror", "reflect"), ("nearest", "edge"), ("constant", "constant")],
 )
 @pytest.mark.parametrize("pads", [[(2, 3), (0, 1)], [(7, 9), (11, 4)], [(1, 1), (2, 0), (3, 5)]])
 def test_matches_numpy_pad(mode, np_mode, pads, rng):
@@ -23,7 +25,7 @@ def test_matches_numpy_pad(mode, np_mode, pads, rng):
 
 def test_constant_value(rng):
     x = rng.standard_normal((3, 4))
-    out = pad_spatial(torch.from_numpy(x)[None], [(1, 2), (2, 1)], "zeros", value=-7.0)[0]
+    out = pad_spatial(torch.from_numpy(x)[None], [(1, 2), (2, 1)], "constant", value=-7.0)[0]
     np.testing.assert_array_equal(out.numpy(), np.pad(x, [(1, 2), (2, 1)], constant_values=-7))
 
 

@@ -205,7 +205,7 @@ class TestSimilarityGradient:
             (dict(moving=torch.rand(1, 1, 16, 15)), ValueError, "moving"),
             (dict(displacement=torch.zeros(1, 2, 0, 16)), ValueError, "displacement"),
             (dict(displacement=torch.zeros(1, 3, 16, 16)), ValueError, "displacement must have 2 channels"),
-            (dict(displacement=torch.zeros(1, 2, 16, 17)), ValueError, "displacement spatial shape"),
+            (dict(displacement=torch.zeros(1, 2, 16, 17)), ValueError, "displacement.s spatial shape"),
             (dict(displacement=torch.zeros(1, 2, 16, 16).int()), TypeError, "displacement"),
             (dict(metric="nmi"), ValueError, "metric"),
             (dict(metric="mse", window=5), TypeError, "window"),

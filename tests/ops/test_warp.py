@@ -11,7 +11,8 @@ from napari_simwarp.ops import warp, warp_affine
 from tests.images import random_smooth
 
 # grid_sample's padding (align_corners=True) and the SciPy mode that computes the same.
-SCIPY_MODE = {"border": "nearest", "zeros": "grid-constant", "reflection": "mirror"}
+#: every warp boundary is the SciPy mode of the same name.
+PADDINGS = ["nearest", "grid-constant", "mirror", "reflect"]
 
 
 def smooth_field(rng, shape, amplitude, sigma=4.0) -> np.ndarray:
@@ -36,8 +37,8 @@ def keys_cubic_reference(image: np.ndarray, coords: np.ndarray, padding: str,
                          a: float = -0.75) -> np.ndarray:
     """Keys cubic-convolution interpolation of a 2D ``image`` at ``coords`` ``(2, *P)``.
 
-    Written independently of torch: a 4 × 4 tap sum with the Keys kernel. "border" clamps
-    each tap index into the image, "zeros" reads 0 for taps outside it (what grid_sample's
+    Written independently of torch: a 4 × 4 tap sum with the Keys kernel. "nearest" clamps
+    each tap index into the image, "grid-constant" reads 0 for taps outside it (what grid_sample's
     bicubic does with each tap, after no clipping of the position itself).
     """
 
@@ -56,7 +57,7 @@ def keys_cubic_reference(image: np.ndarray, coords: np.ndarray, padding: str,
             weight = kernel(coords[0] - r) * kernel(coords[1] - c)
             inside = (r >= 0) & (r < rows) & (c >= 0) & (c < cols)
             value = image[np.clip(r, 0, rows - 1), np.clip(c, 0, cols - 1)]
-            if padding == "zeros":
+            if padding == "grid-constant":
                 value = np.where(inside, value, 0.0)
             out += weight * value
     return out
@@ -83,29 +84,29 @@ class TestWarp:
         out = warp(image, shift.view(1, 2, 1, 1).expand(1, 2, 6, 7).contiguous())
         torch.testing.assert_close(out[..., :-1, 2:], image[..., 1:, :-2])
 
-    @pytest.mark.parametrize("padding", ["border", "zeros", "reflection"])
+    @pytest.mark.parametrize("padding", PADDINGS)
     @pytest.mark.parametrize("shape", [(40, 52), (14, 12, 16)], ids=["2d", "3d"])
     def test_against_scipy_map_coordinates(self, device, rng, shape, padding):
         image = random_smooth(rng, shape)
         # Amplitude 6 px on a 12-16 px volume: many samples fall outside, testing padding.
         displacement = smooth_field(rng, shape, amplitude=6.0)
         expected = ndi.map_coordinates(image, np.indices(shape) + displacement, order=1,
-                                       mode=SCIPY_MODE[padding])
+                                       mode=padding)
         out = warp(to_torch(image, device)[None], to_torch(displacement, device), padding=padding)
         assert np.abs(out[0, 0].cpu().numpy() - expected).max() <= 1e-5
 
     @pytest.mark.parametrize("shape", [(1, 17), (17, 1), (1, 6, 7)])
-    @pytest.mark.parametrize("padding", ["border", "zeros", "reflection"])
+    @pytest.mark.parametrize("padding", PADDINGS)
     def test_axis_of_length_one(self, device, rng, shape, padding):
         # grid_sample cannot place a sample off a length-1 axis; zeros padding must still fade.
         image = rng.random(shape)
         displacement = rng.uniform(-1.5, 1.5, (len(shape),) + shape)
         expected = ndi.map_coordinates(image, np.indices(shape) + displacement, order=1,
-                                       mode=SCIPY_MODE[padding])
+                                       mode=padding)
         out = warp(to_torch(image, device)[None], to_torch(displacement, device), padding=padding)
         assert np.abs(out[0, 0].cpu().numpy() - expected).max() <= 1e-10
 
-    @pytest.mark.parametrize("padding", ["border", "zeros"])
+    @pytest.mark.parametrize("padding", ["nearest", "grid-constant"])
     def test_cubic_against_keys_reference(self, device, rng, padding):
         shape = (30, 34)
         image = random_smooth(rng, shape)
@@ -170,12 +171,13 @@ class TestWarp:
         torch.testing.assert_close(warp(image, field), warp(image.contiguous(), field.contiguous()))
 
     @pytest.mark.parametrize("interpolation,padding,shape", [
-        ("linear", "border", (5, 6)),
-        ("linear", "zeros", (5, 6)),
-        ("linear", "reflection", (5, 6)),
-        ("cubic", "border", (5, 6)),
-        ("linear", "border", (3, 4, 5)),
-        ("linear", "zeros", (3, 4, 5)),
+        ("linear", "nearest", (5, 6)),
+        ("linear", "grid-constant", (5, 6)),
+        ("linear", "mirror", (5, 6)),
+        ("linear", "reflect", (5, 6)),
+        ("cubic", "nearest", (5, 6)),
+        ("linear", "nearest", (3, 4, 5)),
+        ("linear", "grid-constant", (3, 4, 5)),
     ])
     def test_gradcheck(self, device, interpolation, padding, shape):
         generator = torch.Generator().manual_seed(0)
@@ -219,8 +221,12 @@ class TestWarp:
             warp(torch.rand(2, 1, 8, 9, device=device), torch.zeros(3, 2, 8, 9, device=device))
         with pytest.raises(ValueError, match="interpolation"):
             warp(image, field, interpolation="bilinear")
-        with pytest.raises(ValueError, match="padding"):
-            warp(image, field, padding="nearest")
+        with pytest.raises(ValueError, match="padding='border' is torch's name.*'nearest'"):
+            warp(image, field, padding="border")
+        with pytest.raises(ValueError, match="padding='zeros' is torch's name.*'grid-constant'"):
+            warp(image, field, padding="zeros")
+        with pytest.raises(ValueError, match="padding must be one of"):
+            warp(image, field, padding="constant")
         with pytest.raises(ValueError, match="interpolation"):
             warp(torch.rand(1, 1, 4, 5, 6, device=device), torch.zeros(1, 3, 4, 5, 6, device=device),
                  interpolation="cubic")
@@ -233,14 +239,14 @@ class TestWarpAffine:
         assert out.shape == (2, 3, 5, 6) and out.dtype == image.dtype
         torch.testing.assert_close(out, image[..., :5, :6])
 
-    @pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+    @pytest.mark.parametrize("padding", PADDINGS)
     @pytest.mark.parametrize("shape,output_shape", [((40, 50), (33, 61)), ((12, 14, 16), (10, 17, 13))],
                              ids=["2d", "3d"])
     def test_against_scipy_affine_transform(self, device, rng, shape, output_shape, padding):
         image = random_smooth(rng, shape)
         matrix = random_affine(rng, len(shape))
         expected = ndi.affine_transform(image, matrix, output_shape=output_shape, order=1,
-                                        mode=SCIPY_MODE[padding])
+                                        mode=padding)
         out = warp_affine(to_torch(image, device)[None], torch.from_numpy(matrix).to(device),
                           output_shape=output_shape, padding=padding)
         assert out.shape[2:] == output_shape
@@ -276,7 +282,7 @@ class TestWarpAffine:
         matrix = torch.tensor([[0.93, 0.113, 0.27], [-0.071, 1.04, 0.33]],
                               dtype=torch.float64, device=device, requires_grad=True)
         assert torch.autograd.gradcheck(
-            lambda i, m: warp_affine(i, m, padding="border"), (image, matrix), eps=1e-6, atol=1e-6
+            lambda i, m: warp_affine(i, m, padding="nearest"), (image, matrix), eps=1e-6, atol=1e-6
         )
 
     def test_exception(self, device):

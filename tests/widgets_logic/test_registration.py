@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 
 from napari_simwarp import data
-from napari_simwarp.register import AffineTransform
-from napari_simwarp.widgets_logic.registration import (
-    RegistrationRun, RunSettings, apply_transforms, layer_affine,
-)
+from napari_simwarp.registration import AffineTransform
+from napari_simwarp.widgets_logic.geometry import apply_transforms, layer_affine
+from napari_simwarp.widgets_logic.registration import RegistrationRun, RunSettings
 from napari_simwarp.widgets_logic.vectors import field_to_vectors, shifts_to_vectors
 
 

@@ -27,9 +27,9 @@ def test_maps_equal_the_ops(rng):
     model = SimilarityModel("cpu")
     res = model.compute(1, a, None, SimilarityParams("local std", window=8))
     assert res.params.window == 9  # even windows become odd
-    np.testing.assert_allclose(res.data, ops.local_std(ta, 9)[0, 0].numpy(), rtol=1e-6)
+    np.testing.assert_allclose(res.data, ops.local_std(ta, window=9)[0, 0].numpy(), rtol=1e-6)
     res = model.compute(2, a, b, SimilarityParams("local NCC", window=5))
-    np.testing.assert_allclose(res.data, ops.local_ncc(ta, tb, 5)[0, 0].numpy(), atol=1e-6)
+    np.testing.assert_allclose(res.data, ops.local_ncc(ta, tb, window=5)[0, 0].numpy(), atol=1e-6)
     res = model.compute(3, a, b[5:20, 7:30], SimilarityParams("ZNCC (template)"))
     assert res.data.shape == a.shape and res.colormap == "bwr"
     assert np.unravel_index(res.data.argmax(), a.shape)  # a map, not a scalar

@@ -111,7 +111,7 @@ def wait_for(worker, msecs: int = 10000) -> None:
 
 def device_choices() -> list[str]:
     """The device names a widget offers: "auto", then the devices torch can use here."""
-    from ..widgets_logic.device import available_devices
+    from .._devices import available_devices
 
     return available_devices()
 

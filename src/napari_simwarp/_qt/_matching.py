@@ -43,17 +43,17 @@ class TemplateMatchingWidget(Container):
     def __init__(self, napari_viewer: napari.viewer.Viewer):
         super().__init__()
         self._viewer = napari_viewer
-        self._image = create_widget(annotation=napari.layers.Image, label="image")
-        self._source = ComboBox(choices=list(SOURCES), value=SOURCES[0], label="template from")
-        self._shapes = create_widget(annotation=napari.layers.Shapes, label="rectangle",
+        self._image = create_widget(name="image", annotation=napari.layers.Image, label="image")
+        self._source = ComboBox(name="source", choices=list(SOURCES), value=SOURCES[0], label="template from")
+        self._shapes = create_widget(name="shapes", annotation=napari.layers.Shapes, label="rectangle",
                                      options={"nullable": True})
-        self._template = create_widget(annotation=napari.layers.Image, label="template",
+        self._template = create_widget(name="template", annotation=napari.layers.Image, label="template",
                                        options={"nullable": True})
-        self._k = SpinBox(value=5, min=1, max=1000, label="top k")
-        self._threshold = FloatSpinBox(value=0.5, min=-1.0, max=1.0, step=0.05,
+        self._k = SpinBox(name="k", value=5, min=1, max=1000, label="top k")
+        self._threshold = FloatSpinBox(name="threshold", value=0.5, min=-1.0, max=1.0, step=0.05,
                                        label="threshold")
-        self._distance = SpinBox(value=0, min=0, max=10000, label="min distance (0: auto)")
-        self._device = ComboBox(choices=device_choices(), value="auto", label="device")
+        self._distance = SpinBox(name="distance", value=0, min=0, max=10000, label="min distance (0: auto)")
+        self._device = ComboBox(name="device", choices=device_choices(), value="auto", label="device")
         self._run = PushButton(text="Find matches")
         self._status = Label(value="")
         self._backend = BackendLabel(lambda: self._device.value)

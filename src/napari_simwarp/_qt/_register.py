@@ -13,8 +13,9 @@ from napari.qt.threading import create_worker
 
 from ..widgets_logic.registration import (
     DISPLACEMENT_LAYER, GRADIENT_LAYER, REFERENCES, WARPED_LAYER, RegistrationRun,
-    RunSettings, apply_transforms, layer_affine,
+    RunSettings,
 )
+from ..widgets_logic.geometry import apply_transforms, layer_affine
 from ._common import (
     BackendLabel,
     device_choices,
@@ -40,34 +41,34 @@ class RegisterWidget(Container):
     updates the ``"<moving> registered"`` image, the loss curve and the ``"displacement"``
     and ``"similarity gradient"`` Vectors layers (subsampled). Cancel stops the run within
     one iteration and keeps the best result so far. Afterwards the transform can be saved
-    (``.npz``, read back by :func:`napari_simwarp.register.load_transform`), applied to
+    (``.npz``, read back by :func:`napari_simwarp.load_transform`), applied to
     other layers (labels with nearest neighbour) and, for linear models, shown through the
     moving layer's ``affine`` without resampling.
     """
 
     def __init__(self, napari_viewer: napari.viewer.Viewer):
-        from ..register import METRICS, MODELS
+        from ..registration import METRICS, MODELS
 
         super().__init__()
         self._viewer = napari_viewer
-        self._mode = ComboBox(choices=list(MODES), value="pair (2D / 3D)", label="mode")
-        self._fixed = create_widget(annotation=napari.layers.Image, label="fixed",
+        self._mode = ComboBox(name="mode", choices=list(MODES), value="pair (2D / 3D)", label="mode")
+        self._fixed = create_widget(name="fixed", annotation=napari.layers.Image, label="fixed",
                                     options={"nullable": True})
-        self._moving = create_widget(annotation=napari.layers.Image, label="moving")
-        self._reference = ComboBox(choices=list(REFERENCES), value="first", label="reference")
-        self._model = ComboBox(choices=list(MODELS), value="affine", label="model")
-        self._metric = ComboBox(choices=list(METRICS), value="lncc", label="metric")
-        self._levels = SpinBox(value=0, min=0, max=8, label="pyramid levels (0: auto)")
-        self._iterations = SpinBox(value=0, min=0, max=10000,
+        self._moving = create_widget(name="moving", annotation=napari.layers.Image, label="moving")
+        self._reference = ComboBox(name="reference", choices=list(REFERENCES), value="first", label="reference")
+        self._model = ComboBox(name="model", choices=list(MODELS), value="affine", label="model")
+        self._metric = ComboBox(name="metric", choices=list(METRICS), value="lncc", label="metric")
+        self._levels = SpinBox(name="levels", value=0, min=0, max=8, label="pyramid levels (0: auto)")
+        self._iterations = SpinBox(name="iterations", value=0, min=0, max=10000,
                                    label="iterations / level (0: default)")
-        self._device = ComboBox(choices=device_choices(), value="auto", label="device")
+        self._device = ComboBox(name="device", choices=device_choices(), value="auto", label="device")
         self._gradient = CheckBox(value=True, text="show similarity gradient")
         self._run_btn = PushButton(text="Register")
         self._cancel_btn = PushButton(text="Cancel", enabled=False)
         self._status = Label(value="")
         self._backend = BackendLabel(lambda: self._device.value)
         self._save_btn = PushButton(text="Save transform…", enabled=False)
-        self._apply_to = create_widget(annotation=napari.layers.Layer, label="apply to",
+        self._apply_to = create_widget(name="apply_to", annotation=napari.layers.Layer, label="apply to",
                                        options={"nullable": True})
         self._apply_btn = PushButton(text="Apply transform to layer", enabled=False)
         self._affine_btn = PushButton(text="Show on moving layer's affine", enabled=False)

@@ -43,15 +43,15 @@ class SimilarityMapWidget(Container):
         super().__init__()
         self._viewer = napari_viewer
         self._model = SimilarityModel()
-        self._image = create_widget(annotation=napari.layers.Image, label="image")
-        self._second = create_widget(annotation=napari.layers.Image, label="moving / template",
+        self._image = create_widget(name="image", annotation=napari.layers.Image, label="image")
+        self._second = create_widget(name="second", annotation=napari.layers.Image, label="moving / template",
                                      options={"nullable": True})
-        self._metric = ComboBox(choices=list(METRICS), value="local std", label="metric")
-        self._window = SpinBox(value=15, min=1, max=255, step=2, label="window")
-        self._sigma = FloatSpinBox(value=1.5, min=0.1, max=50.0, step=0.1, label="sigma")
-        self._kernel = ComboBox(choices=["box", "gaussian"], value="box", label="NCC kernel")
-        self._device = ComboBox(choices=device_choices(), value="auto", label="device")
-        self._live = CheckBox(value=True, text="live update")
+        self._metric = ComboBox(name="metric", choices=list(METRICS), value="local std", label="metric")
+        self._window = SpinBox(name="window", value=15, min=1, max=255, step=2, label="window")
+        self._sigma = FloatSpinBox(name="sigma", value=1.5, min=0.1, max=50.0, step=0.1, label="sigma")
+        self._kernel = ComboBox(name="kernel", choices=["box", "gaussian"], value="box", label="NCC kernel")
+        self._device = ComboBox(name="device", choices=device_choices(), value="auto", label="device")
+        self._live = CheckBox(name="live", label="", value=True, text="live update")
         self._compute = PushButton(text="Compute")
         self._status = Label(value="")
         self._backend = BackendLabel(lambda: self._device.value)

@@ -1,11 +1,22 @@
-"""Padding of the spatial axes with SciPy's boundary conventions.
+"""Padding of the spatial axes, with SciPy's names and meanings (docs/maths.md §7).
 
-``torch.nn.functional.pad`` calls "reflect" what SciPy calls "mirror" (``d c b | a b c d``);
-SciPy's "reflect" (``c d | a b c d | d c``, half-sample symmetric) is what
-``scipy.ndimage.uniform_filter`` and ``skimage.metrics.structural_similarity`` use, so
-it is built here from an index gather. The gather is differentiable (its adjoint is an
-``index_add`` that autograd provides), works for pads longer than the axis, and works
-in any number of dimensions.
+One vocabulary for every operator that looks past the border of an image:
+
+=============== ========================================= ===============================
+name            outside the image                         torch's name for it
+=============== ========================================= ===============================
+"reflect"       half-sample symmetric: ``c b a | a b c``  none (``grid_sample`` reflection
+                                                          with ``align_corners=False``)
+"mirror"        whole-sample symmetric: ``c b | a b c``   ``F.pad`` "reflect"
+"nearest"       the edge value repeated: ``a a | a b c``  "replicate" / "border"
+"constant"      zeros: ``0 0 | a b c``                    "constant" / "zeros"
+=============== ========================================= ===============================
+
+(SciPy's "grid-constant" is accepted as a synonym of "constant", as SciPy's filters do.)
+"reflect" is what ``scipy.ndimage.uniform_filter`` and
+``skimage.metrics.structural_similarity`` use. The padding here is an index gather: it is
+differentiable (its adjoint is an ``index_add`` that autograd provides), works for pads
+longer than the axis and in any number of dimensions.
 """
 
 from __future__ import annotations
@@ -15,8 +26,33 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-#: padding names accepted by the operators, in SciPy's meaning.
-PADDING_MODES = ("reflect", "zeros", "nearest")
+from ._validation import check_choice
+
+#: padding names accepted by the window operators (local_std), SciPy's meanings.
+PADDINGS = ("reflect", "mirror", "nearest", "constant")
+
+#: torch's names, refused with a pointer to SciPy's name for the same thing.
+TORCH_NAMES = {"zeros": "constant", "border": "nearest", "replicate": "nearest",
+               "reflection": "mirror"}
+
+
+def check_padding(padding, choices: Sequence[str] = PADDINGS, name: str = "padding") -> str:
+    """``padding`` as one of ``choices`` ("grid-constant" read as "constant").
+
+    torch's names ("zeros", "border", "reflection") are refused with SciPy's name for the
+    same boundary, since "reflect" means a different boundary in torch and in SciPy.
+    """
+    if padding == "grid-constant" and "constant" in choices:
+        return "constant"
+    if padding in TORCH_NAMES and padding not in choices:
+        scipy_name = TORCH_NAMES[padding]
+        if scipy_name not in choices:
+            scipy_name = "grid-constant"
+        raise ValueError(
+            f"{name}={padding!r} is torch's name; napari-simwarp uses SciPy's: "
+            f"{scipy_name!r} (one of {', '.join(map(repr, choices))})"
+        )
+    return check_choice(padding, name, choices)
 
 
 def reflect_indices(n: int, before: int, after: int, device=None) -> torch.Tensor:
@@ -31,9 +67,21 @@ def reflect_indices(n: int, before: int, after: int, device=None) -> torch.Tenso
     return torch.where(i >= n, 2 * n - 1 - i, i)
 
 
+def mirror_indices(n: int, before: int, after: int, device=None) -> torch.Tensor:
+    """Source indices of SciPy's "mirror" padding: ``-1`` maps to ``1``, period ``2n - 2``."""
+    i = torch.arange(-before, n + after, device=device)
+    if n == 1:
+        return torch.zeros_like(i)
+    i = torch.remainder(i, 2 * n - 2)
+    return torch.where(i >= n, 2 * n - 2 - i, i)
+
+
 def nearest_indices(n: int, before: int, after: int, device=None) -> torch.Tensor:
     """Source indices of edge-replicating padding (SciPy "nearest")."""
     return torch.arange(-before, n + after, device=device).clamp_(0, n - 1)
+
+
+_INDICES = {"reflect": reflect_indices, "mirror": mirror_indices, "nearest": nearest_indices}
 
 
 def pad_spatial(
@@ -45,9 +93,8 @@ def pad_spatial(
     ----------
     x : Tensor, shape ``(..., *S)``
     pads : sequence of ``(before, after)``, one per trailing axis, array-axis order.
-    mode : {"reflect", "zeros", "nearest"}
-        SciPy's names: "reflect" is half-sample symmetric (``b a | a b c | c b``).
-        "zeros" pads with ``value`` (0 unless given).
+    mode : {"reflect", "mirror", "nearest", "constant"}
+        SciPy's names (see the module's table); "constant" pads with ``value``.
 
     Returns
     -------
@@ -56,14 +103,14 @@ def pad_spatial(
     d = len(pads)
     if all(b == 0 and a == 0 for b, a in pads):
         return x
-    if mode == "zeros":
+    if mode == "constant":
         flat = []
         for b, a in reversed(list(pads)):
             flat += [b, a]
         return F.pad(x, flat, mode="constant", value=value)
-    index_fn = {"reflect": reflect_indices, "nearest": nearest_indices}.get(mode)
+    index_fn = _INDICES.get(mode)
     if index_fn is None:
-        raise ValueError(f"padding must be one of {PADDING_MODES}, got {mode!r}")
+        raise ValueError(f"padding must be one of {PADDINGS}, got {mode!r}")
     out = x
     for axis, (b, a) in enumerate(pads):
         if b == 0 and a == 0:
@@ -74,6 +121,6 @@ def pad_spatial(
     return out
 
 
-def centred_pads(window: Sequence[int]) -> list[tuple[int, int]]:
+def centered_pads(window: Sequence[int]) -> list[tuple[int, int]]:
     """``(k // 2, k - 1 - k // 2)`` per axis: the pads that make a valid pass "same"."""
     return [(k // 2, k - 1 - k // 2) for k in window]

@@ -6,13 +6,13 @@ who passes the wrong thing learns which argument to fix. Nothing here modifies i
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
-#: dtypes that are computed in float32 and cast back on return.
-LOW_PRECISION = (torch.float16, torch.bfloat16)
-
+from ._numerics import compute_dtype
 
 def check_image(x, name: str, *, ndim: Sequence[int] = (4, 5)) -> torch.Tensor:
     """Check that ``x`` is a non-empty floating tensor shaped ``(N, C, *S)``.
@@ -48,16 +48,6 @@ def check_image(x, name: str, *, ndim: Sequence[int] = (4, 5)) -> torch.Tensor:
     if x.numel() == 0:
         raise ValueError(f"{name} must not be empty, got shape {tuple(x.shape)}")
     return x
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype an operator computes in: float32 for half types, else ``dtype``."""
-    return torch.float32 if dtype in LOW_PRECISION else dtype
-
-
-def to_compute(x: torch.Tensor) -> torch.Tensor:
-    """``x`` in its compute dtype (a cast only for float16/bfloat16)."""
-    return x.to(compute_dtype(x.dtype))
 
 
 def check_same_shape(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str) -> None:
@@ -126,3 +116,167 @@ def check_choice(value, name: str, choices: Sequence[str]) -> str:
         options = ", ".join(repr(c) for c in choices)
         raise ValueError(f"{name} must be one of {options}, got {value!r}")
     return value
+
+
+
+def check_positive(value, name: str) -> float:
+    """A finite, strictly positive real number, as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a positive number, got {value!r}")
+    value = float(value)
+    if not (value > 0.0 and value < float("inf")):
+        raise ValueError(f"{name} must be positive and finite, got {value!r}")
+    return value
+
+
+def check_sigma(sigma, ndim: int, name: str = "sigma") -> tuple[float, ...]:
+    """One positive standard deviation per spatial axis, from a number or a sequence."""
+    if isinstance(sigma, Sequence) and not isinstance(sigma, str):
+        if len(sigma) != ndim:
+            raise ValueError(
+                f"{name} must have one value per spatial axis ({ndim}), got {len(sigma)}: "
+                f"{sigma!r}"
+            )
+        return tuple(check_positive(s, name) for s in sigma)
+    return (check_positive(sigma, name),) * ndim
+
+
+
+def check_bool(value, name: str) -> bool:
+    """Raise a TypeError unless ``value`` is True or False."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def check_nonnegative(value, name: str) -> float:
+    """A real number ``>= 0`` (not a bool), as a float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0:
+        raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+    return float(value)
+
+
+def check_pair(a, b, name_a: str = "a", name_b: str = "b") -> tuple[torch.dtype, torch.dtype]:
+    """Validate two images of one shape and device.
+
+    Returns ``(out_dtype, compute_dtype)``: the promoted input dtype the result is
+    returned in, and the dtype the maths runs in (float32 for half types).
+    """
+    check_image(a, name_a)
+    check_image(b, name_b)
+    check_same_shape(a, b, name_a, name_b)
+    check_same_device(a, b, name_a, name_b)
+    out_dtype = torch.promote_types(a.dtype, b.dtype)
+    return out_dtype, compute_dtype(out_dtype)
+
+
+def check_batches(n_first: int, n_second: int, name_first: str, name_second: str) -> None:
+    """Raise unless two batch sizes match or one of them is 1 (and is broadcast)."""
+    if n_first != n_second and 1 not in (n_first, n_second):
+        raise ValueError(
+            f"{name_second}'s batch size ({n_second}) must be 1 or match {name_first}'s "
+            f"({n_first})"
+        )
+
+
+def check_displacement(
+    displacement,
+    spatial_shape: Sequence[int],
+    *,
+    name: str = "displacement",
+    like: torch.Tensor | None = None,
+    like_name: str = "image",
+    batch: int | None = None,
+) -> torch.Tensor:
+    """Check a displacement field ``(N, D, *S)`` for images of spatial shape ``S``.
+
+    Parameters
+    ----------
+    displacement : object
+        The value to check: a floating tensor with ``D = len(S)`` channels, one
+        displacement component per spatial axis (array-axis order).
+    spatial_shape : sequence of int
+        The expected ``S``.
+    name : str
+        The argument's name, used in error messages.
+    like : Tensor, optional
+        A tensor it must share a device with (named ``like_name`` in messages).
+    batch : int, optional
+        When given, the field's batch must be 1 or ``batch``.
+
+    Returns
+    -------
+    Tensor: ``displacement`` itself.
+    """
+    d = len(spatial_shape)
+    check_image(displacement, name)
+    if displacement.dim() != d + 2:
+        raise ValueError(
+            f"{name} must be (N, {d}, *S) with {d} spatial axes like the {like_name}, got "
+            f"shape {tuple(displacement.shape)}"
+        )
+    if displacement.shape[1] != d:
+        raise ValueError(
+            f"{name} must have {d} channels (one displacement component per spatial axis, "
+            f"array-axis order), got {displacement.shape[1]} in shape "
+            f"{tuple(displacement.shape)}"
+        )
+    if tuple(displacement.shape[2:]) != tuple(spatial_shape):
+        raise ValueError(
+            f"{name}'s spatial shape {tuple(displacement.shape[2:])} must match the "
+            f"{like_name}'s {tuple(spatial_shape)}"
+        )
+    if batch is not None and displacement.shape[0] not in (1, batch):
+        raise ValueError(
+            f"{name}'s batch size ({displacement.shape[0]}) must be 1 or match the "
+            f"{like_name}'s ({batch})"
+        )
+    if like is not None:
+        check_same_device(like, displacement, like_name, name)
+    return displacement
+
+
+def check_field(field, name: str) -> torch.Tensor:
+    """Check a displacement field ``(N, D, *S)`` on its own grid (``D = len(S)``, 2 or 3)."""
+    check_image(field, name)
+    return check_displacement(field, tuple(field.shape[2:]), name=name, like_name="field")
+
+
+def check_matrix(matrix, image: torch.Tensor, name: str = "matrix") -> torch.Tensor:
+    """An affine for ``image`` ``(N, C, *S)``: ``(M, D + 1, D + 1)`` or ``(M, D, D + 1)``.
+
+    Accepts a tensor, a NumPy array or nested lists, unbatched or batched; returns it
+    batched (``(1, ...)`` when unbatched), on ``image``'s device. Must be finite, and a
+    homogeneous last row must be ``(0, ..., 0, 1)``.
+    """
+    if not isinstance(matrix, torch.Tensor):
+        if isinstance(matrix, (np.ndarray, list, tuple)):
+            array = np.asarray(matrix)
+            if array.dtype.kind not in "fiu" or array.dtype == bool:
+                raise TypeError(f"{name} must be real and numeric, got dtype {array.dtype}")
+            matrix = torch.as_tensor(array.astype(np.float64), device=image.device)
+        else:
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(matrix).__name__}")
+    check_image(matrix, name, ndim=(2, 3))
+    check_same_device(image, matrix, "image", name)
+    d = image.dim() - 2
+    rows, cols = matrix.shape[-2:]
+    if cols != d + 1 or rows not in (d, d + 1):
+        raise ValueError(
+            f"{name} must be ({d + 1}, {d + 1}) homogeneous (or ({d}, {d + 1})), optionally "
+            f"batched, for a {d}D image; got shape {tuple(matrix.shape)}"
+        )
+    if not bool(torch.isfinite(matrix).all()):
+        raise ValueError(f"{name} must be finite, got NaN or infinite entries")
+    batched = matrix if matrix.dim() == 3 else matrix.unsqueeze(0)
+    if rows == d + 1:
+        last = batched[:, d].detach().to(torch.float64)
+        expected = torch.zeros_like(last)
+        expected[:, d] = 1.0
+        if not torch.allclose(last, expected, atol=1e-6, rtol=0.0):
+            raise ValueError(
+                f"{name}'s last row must be (0, ..., 0, 1) (an affine, not a projective "
+                f"transform), got {last.tolist()}"
+            )
+    return batched
+

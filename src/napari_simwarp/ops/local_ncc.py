@@ -1,4 +1,4 @@
-"""Windowed zero-normalised cross-correlation (local NCC) of two images, SPEC §2.
+"""Windowed zero-normalized cross-correlation (local NCC) of two images (docs/maths.md §2.2).
 
 The five windowed moments, the one-pass backward and the padding live in ``_moments``;
 this module holds the per-pixel NCC maths and its partials.
@@ -10,22 +10,10 @@ from collections.abc import Sequence
 
 import torch
 
-from ._moments import (
-    KERNELS,
-    REDUCTIONS,
-    MomentMetric,
-    check_pair,
-    check_sigma,
-    make_window,
-    moment_map,
-)
-from ._validation import check_choice, check_window
-
-#: a window whose variance is at most this many machine epsilons of its (centred) energy
-#: Σa² is flat: the float32 rounding of ``Σa² - (Σa)²/N`` stays far below it (~20 eps for
-#: two 9-tap passes), while real texture is orders of magnitude above it.
-FLAT_EPS_MULTIPLE = 1000.0
-
+from ._moments import REDUCTIONS, MomentMetric, moment_map
+from ._numerics import flat_threshold_factor
+from ._validation import check_choice, check_pair, check_sigma, check_window
+from ._windows import KERNELS, make_window
 
 class _LocalNCCMetric(MomentMetric):
     """``ρ = C / sqrt(Va Vb)`` from the moments ``(Σa, Σb, Σa², Σb², Σab)``, window weight ``n``.
@@ -50,7 +38,7 @@ class _LocalNCCMetric(MomentMetric):
         va = torch.addcmul(saa, sa, sa, value=-inv_n)
         vb = torch.addcmul(sbb, sb, sb, value=-inv_n)
         cov = sab.addcmul_(sa, sb, value=-inv_n)
-        tol = FLAT_EPS_MULTIPLE * torch.finfo(sa.dtype).eps
+        tol = flat_threshold_factor(sa.dtype)
         flat = va <= saa.mul_(tol)
         flat |= vb <= sbb.mul_(tol)
         inv_va = va.masked_fill_(flat, float("inf")).reciprocal_()
@@ -74,8 +62,8 @@ class _LocalNCCMetric(MomentMetric):
 def local_ncc(
     a: torch.Tensor,
     b: torch.Tensor,
-    window: int | Sequence[int] = 9,
     *,
+    window: int | Sequence[int] = 9,
     kernel: str = "box",
     sigma: float | Sequence[float] | None = None,
     reduction: str = "none",

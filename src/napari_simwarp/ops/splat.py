@@ -1,4 +1,4 @@
-"""Differentiable forward warping (splatting), SPEC §4.
+"""Differentiable forward warping (splatting), docs/maths.md §4.
 
 Each source pixel ``i`` at grid position ``q_i`` moves to ``p_i = q_i + d_i`` and spreads
 its value to the 2ᴰ integer neighbours ``j`` of ``p_i`` with bilinear (trilinear in 3D)
@@ -8,42 +8,20 @@ weights ``g(p_i, j)``:
     out(j) = num(j) / den(j)   (normalize=True)   or   num(j)   (normalize=False)
 
 and ``out(j) = 0`` where ``den(j) <= eps`` (a hole: nothing, or almost nothing, landed).
+The backward is written by hand as gathers only (:mod:`._reference.splat`, and the kernels).
 
-The forward pass is a scatter; the backward pass is written by hand (SPEC §4) as gathers
-only, so it needs no atomics and no index sorting:
-
-    ∂L/∂f(i)  = Σ_j g(p_i, j) · v(j) / den(j)
-    ∂L/∂d_i   = Σ_j [Σ_c v_c(j) · (f_c(i) − out_c(j)) / den(j) + v_den(j)] · ∂g(p_i, j)/∂d_i
-
-(plain sum: ``den(j)`` replaced by 1 and ``out`` by 0 in the brackets), with ``v = ∂L/∂out``
-and ``v_den = ∂L/∂den`` when the weight map is returned and used.
-
-Layout: the accumulators carry a 2-pixel margin on every side (shares that leave the image
-land there and are cropped), and channel ``C`` of the ``(N, C + 1, ·)`` buffers holds the
-weight, so each of the 2ᴰ corners costs one scatter forward and one gather backward and
-needs no bounds test. The corners are visited one at a time, shifting a view of the
-buffer instead of building a per-corner index, so the largest temporaries are the
-``(N, C + 1, prod(S + 4))`` accumulator and a few ``(N, prod(S))`` buffers, never a
-``(N, C, 2ᴰ, *S)`` int64 index. For the backward it keeps, besides the inputs and the
-accumulator, the landing cell (one int64) and the D fractions of every source pixel.
-
-Determinism: on CPU ``scatter_add_`` accumulates each output row serially in index order
-(work is split across rows, i.e. across images and channels, never within one), so the
-same input gives bitwise the same output. On CUDA the scatter uses atomic additions whose
-order varies between runs, so float32 results can differ in the last bits from run to run.
+Determinism: on CPU the same input gives bitwise the same output. On CUDA the scatter uses
+atomic additions whose order varies between runs, so float32 results can differ in the
+last bits from run to run.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
-import numbers
-from dataclasses import dataclass
-
 import torch
 
-from . import _backend
-from ._validation import check_image, check_same_device, compute_dtype
+from . import _kernels
+from ._numerics import compute_dtype
+from ._validation import check_bool, check_displacement, check_image, check_nonnegative
 
 __all__ = ["splat"]
 
@@ -85,16 +63,14 @@ def splat(image, displacement, *, normalize=True, eps=1e-6, return_weights=False
     -----
     Deterministic on CPU (bitwise); on CUDA the scatter uses atomics and float32 results
     may differ in the last bits between runs. Runs the fused kernel
-    (``simwarp::splat_fwd``) where the compiled backend is available, else the pure torch
-    implementation below; both compute the same sums (see ``backend_info()``).
+    (``simwarp::splat_fwd``) where the compiled backend is available, else its pure torch
+    twin (``_reference.splat``); both compute the same sums (see ``backend_info()``).
     """
     check_image(image, "image")
-    check_image(displacement, "displacement")
-    _check_displacement(image, displacement)
-    if not isinstance(normalize, bool):
-        raise TypeError(f"normalize must be True or False, got {normalize!r}")
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
-        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+    check_displacement(displacement, tuple(image.shape[2:]), like=image, batch=image.shape[0])
+    check_bool(normalize, "normalize")
+    eps = check_nonnegative(eps, "eps")
+    check_bool(return_weights, "return_weights")
 
     dtype = torch.promote_types(compute_dtype(image.dtype), compute_dtype(displacement.dtype))
     n = image.shape[0]
@@ -102,290 +78,11 @@ def splat(image, displacement, *, normalize=True, eps=1e-6, return_weights=False
     if disp.shape[0] != n:
         # A shared field: autograd sums the per-image gradients back onto it.
         disp = disp.expand(n, *disp.shape[1:])
-    if _backend.use_compiled("splat", image, disp):
-        from . import _compiled
-
-        out, weights = _compiled.splat(image.to(dtype), disp, normalize, float(eps))
-    else:
-        out, weights = _Splat.apply(image.to(dtype), disp, normalize, float(eps))
+    impl = _kernels.implementation("splat", image, disp)
+    out, weights = impl.splat_fwd(image.to(dtype), disp, normalize, eps)
     out = out.to(image.dtype)
     if return_weights:
         return out, weights.to(image.dtype)
     return out
 
 
-def _check_displacement(image: torch.Tensor, displacement: torch.Tensor,
-                        image_name: str = "image") -> None:
-    """Raise unless ``displacement`` is a ``(N or 1, D, *S)`` field for ``image``.
-
-    Both are assumed to have passed ``check_image``; ``image_name`` is the image
-    argument's name in the caller, for the messages.
-    """
-    check_same_device(image, displacement, image_name, "displacement")
-    d = image.dim() - 2
-    if displacement.dim() != image.dim():
-        raise ValueError(
-            f"displacement must have the same number of dimensions as {image_name} "
-            f"({image.dim()}), got shape {tuple(displacement.shape)} for {image_name} shape "
-            f"{tuple(image.shape)}"
-        )
-    if displacement.shape[1] != d:
-        raise ValueError(
-            f"displacement must have {d} channels (one per spatial axis), got "
-            f"{displacement.shape[1]} in shape {tuple(displacement.shape)}"
-        )
-    if displacement.shape[2:] != image.shape[2:]:
-        raise ValueError(
-            f"displacement spatial shape {tuple(displacement.shape[2:])} must match "
-            f"{image_name}'s {tuple(image.shape[2:])}"
-        )
-    if displacement.shape[0] not in (1, image.shape[0]):
-        raise ValueError(
-            f"displacement batch ({displacement.shape[0]}) must be 1 or match {image_name}'s "
-            f"({image.shape[0]})"
-        )
-
-
-#: Width of the border added around the accumulation buffers. Landing positions are
-#: clamped to ``[-2, S]`` along each axis, so all 2ᴰ corners of any landing cell fall in
-#: ``[-2, S + 1]``: shares that leave the image land in this border and are cropped away,
-#: with no per-corner bounds test and no index masking.
-MARGIN = 2
-
-
-@dataclass
-class _Landing:
-    """Where the source pixels land, flattened to ``(N, P)`` with ``P = prod(S)``.
-
-    ``base`` is the int64 flat index, in the buffer padded by ``MARGIN``, of each landing
-    cell's lowest corner; ``hats[k]`` the 1-D weights ``(1 − frac_k, frac_k)`` of the lower
-    and upper neighbour along axis ``k``; ``padded`` the padded spatial shape.
-    """
-
-    base: torch.Tensor  # (N, P) int64
-    hats: list[tuple[torch.Tensor, torch.Tensor]]  # D pairs of (N, P)
-    padded: tuple[int, ...]
-
-
-def _landing(displacement: torch.Tensor) -> _Landing:
-    """Landing cells and fractions of ``q + displacement`` for ``(N, D, *S)`` displacement."""
-    n, d, *spatial = displacement.shape
-    padded = tuple(s + 2 * MARGIN for s in spatial)
-    strides = _strides(padded)
-    base, hats = None, []
-    for k, size in enumerate(spatial):
-        view = [1] * d
-        view[k] = size
-        # Positions in the padded buffer's coordinates (pixel 0 of the image at MARGIN).
-        grid = torch.arange(MARGIN, size + MARGIN, device=displacement.device,
-                            dtype=displacement.dtype)
-        position = (displacement[:, k] + grid.view(view)).reshape(n, -1)
-        # Positions beyond one pixel outside the image only reach the margin, so they may
-        # be clamped; NaN is sent there too (finite weights, zero gradient, not NaN).
-        torch.nan_to_num_(position, nan=0.0)
-        position.clamp_(0, size + MARGIN)
-        cell = torch.floor(position)
-        frac = position.sub_(cell)  # reuse the buffer: fractional part in [0, 1)
-        index = cell.to(torch.int64)
-        if base is None:
-            base = index.mul_(strides[k])
-        else:
-            base.add_(index, alpha=strides[k])
-        hats.append((1.0 - frac, frac))
-    return _Landing(base, hats, padded)
-
-
-def _strides(shape) -> list[int]:
-    """Row-major strides of a flattened array of shape ``shape``."""
-    return [math.prod(shape[k + 1:]) for k in range(len(shape))]
-
-
-def _corners(landing: _Landing, weight_out: torch.Tensor):
-    """Yield, for each of the 2ᴰ neighbours, how far and how much each share goes.
-
-    Yields ``(bits, offset, weight)``: ``bits`` the corner's 0/1 offset per axis,
-    ``offset`` its flat offset from ``landing.base`` in the padded buffer (an int: the
-    scatter and the gather address a view shifted by it instead of building a new index),
-    and ``weight`` the ``(N, P)`` bilinear weight ``g``, written into ``weight_out``
-    (reused across corners: on CPU a fresh large allocation costs more than the
-    arithmetic), so it is only valid until the next step.
-    """
-    strides = _strides(landing.padded)
-    hats = landing.hats
-    for bits in itertools.product((0, 1), repeat=len(hats)):
-        offset = sum(c * s for c, s in zip(bits, strides))
-        weight = _product([hat[c] for hat, c in zip(hats, bits)], weight_out)
-        yield bits, offset, weight
-
-
-def _product(factors: list[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
-    """Elementwise product of ``factors`` (all ``(N, P)``) written into ``out``."""
-    if len(factors) == 1:
-        return out.copy_(factors[0])
-    torch.mul(factors[0], factors[1], out=out)
-    for f in factors[2:]:
-        out.mul_(f)
-    return out
-
-
-def _interior(padded: torch.Tensor, dims: int) -> torch.Tensor:
-    """The view of the last ``dims`` axes of ``padded`` without the ``MARGIN`` border."""
-    return padded[(..., *[slice(MARGIN, -MARGIN)] * dims)]
-
-
-class _Splat(torch.autograd.Function):
-    """Splatting with the hand-written, gather-only backward of SPEC §4.
-
-    Values and weights travel together: channel ``C`` of the ``(N, C + 1, ·)`` buffers is
-    the weight (forward: ``den``; backward: the per-destination part of the displacement
-    slope), so each corner costs one scatter forward and one gather backward.
-    """
-
-    @staticmethod
-    def forward(ctx, image, displacement, normalize, eps):
-        """image ``(N, C, *S)``, displacement ``(N, D, *S)`` in one dtype.
-
-        Returns ``out`` ``(N, C, *S)`` and ``den`` ``(N, 1, *S)``.
-        """
-        n, c, *spatial = image.shape
-        size = math.prod(spatial)
-        values = image.reshape(n, c, size)
-        landing = _landing(displacement)
-        flat = math.prod(landing.padded)
-        accumulated = image.new_zeros(n, c + 1, flat)
-        share = image.new_empty(n, c + 1, size)
-        # Channels share the weights and the index (expanded, not copied).
-        index = landing.base.unsqueeze(1).expand(n, c + 1, size)
-        for _, offset, weight in _corners(landing, share[:, c]):
-            torch.mul(values, weight.unsqueeze(1), out=share[:, :c])
-            accumulated[..., offset:].scatter_add_(2, index, share)
-        inner = _interior(accumulated.view(n, c + 1, *landing.padded), len(spatial))
-        # Two fresh tensors (not views of one buffer), so callers may modify them in place.
-        out = inner[:, :c].contiguous()
-        den = inner[:, c:].contiguous()
-        hole = den <= eps
-        if normalize:
-            out.div_(den.masked_fill(hole, 1.0))
-        out.masked_fill_(hole, 0.0)
-        ctx.normalize, ctx.eps, ctx.padded = normalize, eps, landing.padded
-        # The landing cells and fractions are kept rather than recomputed: one int64 and D
-        # floats per pixel buy back a third of the backward's passes over memory.
-        fracs = [hat[1] for hat in landing.hats]
-        ctx.save_for_backward(image, out, den, landing.base, *fracs)
-        ctx.set_materialize_grads(False)
-        return out, den
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, v_out, v_den):
-        image, out, den, base, *fracs = ctx.saved_tensors
-        need_image, need_disp = ctx.needs_input_grad[:2]
-        if v_out is None and v_den is None:
-            return None, None, None, None
-        n, c, *spatial = image.shape
-        size = math.prod(spatial)
-        landing = _Landing(base, [(1.0 - f, f) for f in fracs], ctx.padded)
-        per_dest = _destination_terms(v_out, v_den, out.view(n, c, size), den.view(n, 1, size),
-                                      ctx.normalize, ctx.eps, landing.padded)
-        values = image.reshape(n, c, size)
-        grad_image = torch.zeros_like(values) if need_image else None
-        grad_disp = image.new_zeros(n, len(spatial), size) if need_disp else None
-        seen = image.new_empty(n, c + 1, size)
-        slope = image.new_empty(n, 1, size)
-        # Holds each corner's weight until grad_image has used it, then (in 3D) the
-        # products of the other axes' hats for the displacement gradient.
-        scratch = image.new_empty(n, size)
-        index = landing.base.unsqueeze(1).expand(n, c + 1, size)
-        for bits, offset, weight in _corners(landing, scratch):
-            # Gathers only: each source pixel reads what the pixels it landed on saw.
-            torch.gather(per_dest[..., offset:], 2, index, out=seen)
-            if need_image:
-                grad_image.addcmul_(seen[:, :c], weight.unsqueeze(1))
-            if not need_disp:
-                continue
-            # slope = Σ_c v_c(j)·(f_c(i) − out_c(j))/den(j) + v_den(j), the factor of ∂g/∂d_i.
-            if c == 1:
-                torch.addcmul(seen[:, 1:], seen[:, :1], values, out=slope)
-            else:
-                torch.sum(seen[:, :c] * values, 1, keepdim=True, out=slope).add_(seen[:, c:])
-            for k in range(len(spatial)):
-                # ∂g/∂d_k = ±Π_{m≠k} hat_m: + for the upper neighbour, − for the lower.
-                others = [hat[b] for m, (hat, b) in enumerate(zip(landing.hats, bits)) if m != k]
-                product = others[0] if len(others) == 1 else _product(others, scratch)
-                grad_disp[:, k].addcmul_(slope[:, 0], product, value=1.0 if bits[k] else -1.0)
-        grad_image = grad_image.view(image.shape) if need_image else None
-        grad_disp = grad_disp.view(n, len(spatial), *spatial) if need_disp else None
-        return grad_image, grad_disp, None, None
-
-
-def _destination_terms(v_out, v_den, out, den, normalize, eps, padded):
-    """Per-destination factors the backward gathers, laid out in the padded buffer.
-
-    v_out : ``(N, C, *S)`` or None; v_den : ``(N, 1, *S)`` or None; out ``(N, C, P)`` and
-    den ``(N, 1, P)``: the forward's outputs; padded : the padded spatial shape.
-
-    Returns ``(N, C + 1, P')``, ``P' = prod(padded)``, 0 in the margin: channels ``:C``
-    hold ``v / den`` (``v`` in plain mode), 0 at holes; channel ``C`` holds
-    ``v_den − Σ_c v_c·out_c/den``, the part of the displacement slope that does not depend
-    on the source value.
-    """
-    n, c, size = out.shape
-    c1 = c + 1
-    dims = len(padded)
-    spatial = tuple(s - 2 * MARGIN for s in padded)
-    hole = den <= eps
-    per_dest = out.new_zeros(n, c1, *padded)
-    inner = _interior(per_dest, dims)
-    if v_out is not None:
-        v = v_out.reshape(n, c, size)
-        scaled = v / den.masked_fill(hole, 1.0) if normalize else v.clone()
-        scaled.masked_fill_(hole, 0.0)
-        inner[:, :c] = scaled.view(n, c, *spatial)
-        if normalize:
-            # out is already 0 at holes, so this term vanishes there too.
-            inner[:, c:] = -(scaled * out).sum(1, keepdim=True).view(n, 1, *spatial)
-    if v_den is not None:
-        # The weight map is continuous in d, holes included: its gradient is not masked.
-        inner[:, c:] += v_den.reshape(n, 1, *spatial)
-    return per_dest.view(n, c1, math.prod(padded))
-
-
-def _splat_reference(image, displacement, normalize=True, eps=1e-6):
-    """Straightforward splatting with plain autograd, for tests and benchmarks.
-
-    ``index_add`` into flat buffers per corner, with the gradient left to autograd (no
-    custom Function). image ``(N, C, *S)``, displacement ``(N, D, *S)``; returns
-    ``(out (N, C, *S), den (N, 1, *S))``.
-    """
-    n, c, *spatial = image.shape
-    size = math.prod(spatial)
-    grids = torch.meshgrid(
-        *[torch.arange(s, device=image.device, dtype=image.dtype) for s in spatial], indexing="ij"
-    )
-    positions = [(displacement[:, k] + grids[k]).reshape(n, size) for k in range(len(spatial))]
-    floors = [torch.floor(p) for p in positions]
-    fracs = [p - f for p, f in zip(positions, floors)]
-    batch = torch.arange(n, device=image.device).view(n, 1) * size
-    values = image.reshape(n, c, size).permute(0, 2, 1).reshape(n * size, c)
-    num = image.new_zeros(n * size + 1, c)
-    den = image.new_zeros(n * size + 1)
-    for bits in itertools.product((0, 1), repeat=len(spatial)):
-        weight = torch.ones_like(fracs[0])
-        flat = torch.zeros_like(batch).expand(n, size)
-        inside = torch.ones_like(fracs[0], dtype=torch.bool)
-        for k, b in enumerate(bits):
-            weight = weight * (fracs[k] if b else 1 - fracs[k])
-            coord = floors[k] + b
-            inside = inside & (coord >= 0) & (coord <= spatial[k] - 1)
-            flat = flat + coord.clamp(0, spatial[k] - 1).long() * math.prod(spatial[k + 1:])
-        index = torch.where(inside, flat + batch, n * size).reshape(-1)
-        num = num.index_add(0, index, values * weight.reshape(-1, 1))
-        den = den.index_add(0, index, weight.reshape(-1))
-    num = num[:-1].reshape(n, size, c).permute(0, 2, 1).reshape(image.shape)
-    den = den[:-1].reshape(n, 1, *spatial)
-    landed = den > eps
-    if normalize:
-        out = torch.where(landed, num / torch.where(landed, den, torch.ones_like(den)), 0.0)
-    else:
-        out = torch.where(landed, num, 0.0)
-    return out, den

@@ -1,4 +1,4 @@
-"""Gaussian SSIM with the analytical backward of SPEC §5.
+"""Gaussian SSIM with the analytical backward of docs/maths.md §5.
 
 The five Gaussian moments, the one-pass backward and the padding live in ``_moments``;
 this module holds the per-pixel SSIM maths and its partials.
@@ -10,16 +10,9 @@ from collections.abc import Sequence
 
 import torch
 
-from ._moments import (
-    REDUCTIONS,
-    MomentMetric,
-    check_pair,
-    check_positive,
-    check_sigma,
-    make_window,
-    moment_map,
-)
-from ._validation import check_choice, check_window
+from ._moments import REDUCTIONS, MomentMetric, moment_map
+from ._validation import check_choice, check_pair, check_positive, check_sigma, check_window
+from ._windows import make_window
 
 
 class _SSIMMetric(MomentMetric):
@@ -87,7 +80,7 @@ def ssim(
     data_range: float = 1.0,
     k1: float = 0.01,
     k2: float = 0.03,
-    reduction: str = "mean",
+    reduction: str = "none",
 ) -> torch.Tensor:
     """Structural similarity with a Gaussian window (Wang et al. 2004), differentiable.
 
@@ -117,15 +110,15 @@ def ssim(
         Range of the data (1 for images in [0, 1], 255 for 8-bit), sets ``C1`` and ``C2``.
     k1, k2 : float
         Positive stabilising constants (positive, so constant images give finite values).
-    reduction : {"mean", "none"}
-        "mean": one scalar, the mean of the map over every pixel of every image and
-        channel (borders included, unlike scikit-image's ``mssim`` which crops them).
-        For one value per image use ``reduction="none"`` and ``.mean((2, 3))``.
-        "none": the per-pixel map.
+    reduction : {"none", "mean"}
+        "none" (default): the per-pixel map. "mean": one scalar, the mean of the map over
+        every pixel of every image and channel (borders included, unlike
+        scikit-image's ``mssim`` which crops them); for one value per image use
+        ``reduction="none"`` and ``.mean((2, 3))``, or :class:`SSIMLoss`.
 
     Returns
     -------
-    Tensor, shape ``()`` ("mean") or ``(N, C, *S)`` ("none"), in the (promoted) input dtype.
+    Tensor, shape ``(N, C, *S)`` ("none") or ``()`` ("mean"), in the (promoted) input dtype.
     """
     out_dtype, dtype = check_pair(a, b)
     ndim = a.dim() - 2

@@ -1,28 +1,8 @@
-"""Device choice and the one-line "device · kernels" description the widgets show."""
+"""The one-line "device · kernels" description the widgets show."""
 
 from __future__ import annotations
 
-DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
-
-
-def available_devices() -> list[str]:
-    """``"auto"`` followed by the torch devices present on this machine."""
-    import torch
-
-    out = ["auto", "cpu"]
-    if torch.cuda.is_available():
-        out.append("cuda")
-    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-        out.append("mps")
-    return out
-
-
-def resolve_device(device: str = "auto"):
-    """``"auto"``: CUDA, then MPS, then CPU; else the named device (checked), as
-    :func:`napari_simwarp.register` resolves it."""
-    from ..register._inputs import resolve_device as resolve
-
-    return resolve(device)
+from .._devices import resolve_device
 
 
 def describe_backend(device: str = "auto", op: str = "local_std") -> str:
@@ -31,7 +11,7 @@ def describe_backend(device: str = "auto", op: str = "local_std") -> str:
     Cheap: it never triggers the kernel build (``backend_info(build=False)``); before the
     first operator call has loaded the kernels it says they are built on first use.
     """
-    from ..ops._backend import backend_info
+    from ..backend import backend_info
 
     dev = resolve_device(device)
     info = backend_info(build=False)

@@ -38,31 +38,23 @@ def rectangle_slices(vertices, image_shape) -> tuple[slice, ...]:
 
 def find_peaks(score_map: np.ndarray, k: int = 5, threshold: float = 0.5,
                min_distance: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """The ``k`` best local maxima at or above ``threshold``, at least ``min_distance``
-    apart (Chebyshev distance, greedy non-maximum suppression, best first).
+    """The ``k`` best local maxima above ``threshold``, more than ``min_distance`` apart.
 
-    Returns ``coords`` ``(n, D)`` int and ``scores`` ``(n,)`` float32, ``n ≤ k``.
+    ``skimage.feature.peak_local_max`` with the Chebyshev distance and the border
+    included; non-finite values are never peaks. Returns ``coords`` ``(n, D)`` int and
+    ``scores`` ``(n,)`` float32, best first, ``n ≤ k``.
     """
-    from scipy import ndimage as ndi
+    from skimage.feature import peak_local_max
 
     m = np.asarray(score_map, np.float32)
-    md = max(int(min_distance), 1)
-    finite = np.where(np.isfinite(m), m, -np.inf)
-    local_max = finite == ndi.maximum_filter(finite, size=2 * md + 1, mode="constant",
-                                             cval=-np.inf)
-    cand = np.argwhere(local_max & (finite >= threshold))
-    if cand.size == 0 or k < 1:
+    if k < 1:
         return np.zeros((0, m.ndim), int), np.zeros(0, np.float32)
-    scores = finite[tuple(cand.T)]
-    order = np.argsort(-scores, kind="stable")
-    kept: list[int] = []
-    for i in order:
-        c = cand[i]
-        if all(np.max(np.abs(c - cand[j])) >= md for j in kept):
-            kept.append(i)
-            if len(kept) == k:
-                break
-    return cand[kept].astype(int), scores[kept].astype(np.float32)
+    finite = np.where(np.isfinite(m), m, -np.inf)
+    coords = peak_local_max(finite, min_distance=max(int(min_distance), 1),
+                            threshold_abs=threshold, exclude_border=False, num_peaks=k,
+                            p_norm=np.inf)
+    coords = coords.reshape(-1, m.ndim).astype(int)
+    return coords, finite[tuple(coords.T)].astype(np.float32)
 
 
 @dataclass

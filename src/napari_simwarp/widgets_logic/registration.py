@@ -1,7 +1,7 @@
 """A registration run as a stream of display snapshots, for the "Register" widget.
 
-:class:`RegistrationRun` wraps :func:`napari_simwarp.register.register_iter` (pairs, 2-D
-or 3-D) and :func:`napari_simwarp.register.register_stack` (time-lapse drift correction)
+:class:`RegistrationRun` wraps :func:`napari_simwarp.register_iter` (pairs, 2-D or 3-D)
+and :func:`napari_simwarp.register_stack_iter` (time-lapse drift correction)
 and turns their progress into what napari layers show: the warped moving image, the loss
 curve, the displacement field and the similarity-gradient field as subsampled
 ``(n, 2, D)`` Vectors data. :meth:`RegistrationRun.snapshots` is a generator, so a
@@ -12,15 +12,15 @@ No Qt, no napari.
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..registration._driver import relay
 from ._arrays import as_float_array
-from .vectors import auto_spacing, field_to_vectors, normalised_scale
+from .vectors import auto_spacing, field_to_vectors, normalized_scale
 
 MODES = ("pair", "stack")
 REFERENCES = ("first", "mean", "previous")
@@ -80,18 +80,11 @@ class Snapshot:
                 f"loss {self.loss:.4g}")
 
 
-def _normalise(a: np.ndarray) -> np.ndarray:
-    lo, hi = np.percentile(a, [0.5, 99.5])
-    if hi <= lo:
-        lo, hi = float(a.min()), float(a.max())
-    return ((a - lo) / (hi - lo if hi > lo else 1.0)).astype(np.float32)
-
-
 class RegistrationRun:
     """One registration, driven by :meth:`snapshots`; ``result`` once it has finished."""
 
     def __init__(self, fixed, moving, settings: RunSettings | None = None):
-        from ..register import METRICS, MODELS
+        from ..registration import METRICS, MODELS
 
         self.settings = s = settings or RunSettings()
         if s.mode not in MODES:
@@ -122,6 +115,8 @@ class RegistrationRun:
         self.result = None
         self.losses: list[float] = []
         self._stop = threading.Event()
+        self._normalized = None
+        self._current: dict = {}
         self._step = 0
         self._last_heavy = -np.inf
 
@@ -129,7 +124,7 @@ class RegistrationRun:
     def _levels(self) -> int:
         lv = self.settings.levels
         if lv in ("auto", None, 0):
-            from ..register.pyramid import auto_levels
+            from ..registration.pyramid import auto_levels
 
             return auto_levels(self.shape)
         return int(lv)
@@ -140,7 +135,7 @@ class RegistrationRun:
             return int(s.iterations)
         if s.mode == "stack" and s.model == "translation":
             return 10
-        from ..register.api import DEFAULTS
+        from ..registration.optimize import DEFAULTS
 
         return int(DEFAULTS[s.model]["iterations"])
 
@@ -186,33 +181,24 @@ class RegistrationRun:
         return False
 
     def _pair(self):
-        from ..register import register_iter
+        from ..registration import register_iter
 
         run = register_iter(self.fixed, self.moving, **self._engine_kwargs())
-        signal = None
-        try:
-            while True:
-                try:
-                    progress = run.send(signal)
-                except StopIteration as done:
-                    self.result = done.value
-                    break
-                self.losses.append(float(progress.loss))
-                self._step += 1
-                snap = Snapshot(self._step, progress.level, progress.levels,
-                                progress.iteration, float(progress.loss), list(self.losses))
-                if self._heavy_due(False):
-                    self._fill_pair(snap, progress.transform, warped=None)
-                yield snap
-                signal = True if self._stop.is_set() else None
-        finally:
-            run.close()
-        res = self.result
+        res = self.result = yield from relay(run, self._pair_snapshot, self._stop.is_set)
         snap = Snapshot(self._step + 1, self.levels - 1, self.levels, 0,
                         float(res.loss_history[-1]) if res.loss_history else float("nan"),
                         [float(v) for v in res.loss_history], final=True, stopped=res.stopped)
         self._fill_pair(snap, res.transform, warped=res.warped)
         yield snap
+
+    def _pair_snapshot(self, progress) -> Snapshot:
+        self.losses.append(float(progress.loss))
+        self._step += 1
+        snap = Snapshot(self._step, progress.level, progress.levels, progress.iteration,
+                        float(progress.loss), list(self.losses))
+        if self._heavy_due(False):
+            self._fill_pair(snap, progress.transform, warped=None)
+        return snap
 
     def _fill_pair(self, snap: Snapshot, transform, warped) -> None:
         shape = self.shape
@@ -226,76 +212,51 @@ class RegistrationRun:
     def _gradient_vectors(self, disp: np.ndarray) -> np.ndarray:
         import torch
 
+        from .._devices import resolve_device
         from ..ops import similarity_gradient
-        from .device import resolve_device
+        from ..registration._inputs import normalize
 
         dev = resolve_device(self.settings.device)
-        if not hasattr(self, "_norm"):
-            self._norm = tuple(torch.from_numpy(_normalise(a))[None, None].to(dev)
-                               for a in (self.fixed, self.moving))
-        f, m = self._norm
+        if self._normalized is None:
+            # The images the optimizer sees: each scaled to its robust range.
+            self._normalized = tuple(normalize(torch.from_numpy(a), name)[None, None].to(dev)
+                                     for a, name in ((self.fixed, "fixed"),
+                                                     (self.moving, "moving")))
+        f, m = self._normalized
         d = torch.from_numpy(np.ascontiguousarray(disp))[None].to(dev)
         g = similarity_gradient(f, m, d, metric=self.settings.metric)[0].cpu().numpy()
         # The gradient's units are loss per pixel; scale it so the longest arrow spans
         # 80 % of the grid spacing (its direction and relative size are what matter).
         sub = g[(slice(None),) + tuple(slice(None, None, self.spacing) for _ in self.shape)]
-        return field_to_vectors(g, self.spacing, normalised_scale(sub, 0.8 * self.spacing))
+        return field_to_vectors(g, self.spacing, normalized_scale(sub, 0.8 * self.spacing))
 
     def _stack(self):
-        from ..register import register_stack
+        from ..registration import register_stack_iter
 
         s = self.settings
-        q: queue.Queue = queue.Queue()
-        outcome: dict = {}
-
-        def callback(info):
-            q.put(info)
-            return self._stop.is_set()
-
-        def target():
-            try:
-                outcome["result"] = register_stack(
-                    self.moving, reference=s.reference, callback=callback,
-                    **self._engine_kwargs())
-            except BaseException as exc:  # re-raised in the generator's thread
-                outcome["error"] = exc
-            finally:
-                q.put(None)
-
-        thread = threading.Thread(target=target, name="simwarp-register-stack", daemon=True)
-        thread.start()
-        current: dict[int, object] = {}
-        offset = 1 if s.reference == "previous" else 0
-        ended = False
-        try:
-            while True:
-                info = q.get()
-                if info is None:
-                    ended = True
-                    break
-                self.losses.append(float(info.loss))
-                self._step += 1
-                snap = Snapshot(self._step, int(info.level), int(getattr(info, "levels", 1)),
-                                int(info.iteration), float(info.loss), list(self.losses))
-                if self._heavy_due(False):
-                    frames = getattr(info, "frames", slice(0, len(info.transforms)))
-                    for i, t in zip(range(frames.start, frames.stop), info.transforms):
-                        current[i + offset] = t
-                    self._fill_stack(snap, current)
-                yield snap
-        finally:
-            if not ended:  # closed early: end the engine's thread before leaving
-                self._stop.set()
-            thread.join()
-        if "error" in outcome:
-            raise outcome["error"]
-        res = self.result = outcome["result"]
+        self._current = {}
+        run = register_stack_iter(self.moving, reference=s.reference, **self._engine_kwargs())
+        res = self.result = yield from relay(run, self._stack_snapshot, self._stop.is_set)
         snap = Snapshot(self._step + 1, 0, 1, 0,
                         float(res.loss_history[-1]) if res.loss_history else float("nan"),
                         [float(v) for v in res.loss_history], final=True, stopped=res.stopped)
         snap.warped = res.warped
         snap.displacement = self._stack_vectors(dict(enumerate(res.transforms)))
         yield snap
+
+    def _stack_snapshot(self, info) -> Snapshot:
+        self.losses.append(float(info.loss))
+        self._step += 1
+        snap = Snapshot(self._step, int(info.level), int(info.levels), int(info.iteration),
+                        float(info.loss), list(self.losses))
+        if self._heavy_due(False):
+            # With reference="previous", moving frame i is stack frame i + 1.
+            offset = 1 if self.settings.reference == "previous" else 0
+            frames = info.frames
+            for i, t in zip(range(frames.start, frames.stop), info.transforms):
+                self._current[i + offset] = t
+            self._fill_stack(snap, self._current)
+        return snap
 
     def _fill_stack(self, snap: Snapshot, current: dict) -> None:
         warped = np.array(self.moving, dtype=np.float32, copy=True)
@@ -321,51 +282,3 @@ class RegistrationRun:
         if self.result is None:
             return []
         return list(getattr(self.result, "transforms", None) or [self.result.transform])
-
-
-def apply_transforms(transforms, data, labels: bool = False, output_shape=None) -> np.ndarray:
-    """Resample another layer's ``data`` with a run's transform(s).
-
-    One transform: ``data`` is ``(*C, *S)`` (leading axes resampled alike). One per
-    frame: ``data`` is ``(T, *S)`` with T frames. Labels use nearest-neighbour (order 0)
-    and keep their dtype.
-    """
-    arr = np.asarray(data)
-    order = 0 if labels else 1
-    if len(transforms) == 1:
-        return transforms[0].apply(arr, order=order, output_shape=output_shape)
-    if arr.shape[0] != len(transforms):
-        raise ValueError(f"the layer must have one frame per transform ({len(transforms)}), "
-                         f"got shape {arr.shape}")
-    return np.stack([t.apply(frame, order=order) for t, frame in zip(transforms, arr)])
-
-
-def _scale_translate(scale, translate) -> np.ndarray:
-    """Homogeneous matrix of ``x ↦ diag(scale) x + translate``."""
-    scale = np.asarray(scale, np.float64)
-    out = np.eye(len(scale) + 1)
-    out[:-1, :-1] = np.diag(scale)
-    out[:-1, -1] = np.asarray(translate, np.float64)
-    return out
-
-
-def layer_affine(transform, fixed_geometry=None, moving_geometry=None) -> np.ndarray:
-    """The affine to give the moving layer so it shows aligned without resampling.
-
-    The transform's matrix ``M`` maps fixed to moving data coordinates. napari applies a
-    layer's ``affine`` after its own scale and translate (``world = A · T_moving · q``),
-    and the fixed layer shows data ``p`` at ``T_fixed · p``; so moving data ``q``, which
-    belongs at fixed data ``M⁻¹ q``, needs ``A = T_fixed · M⁻¹ · T_moving⁻¹``.
-
-    ``fixed_geometry`` / ``moving_geometry``: ``(scale, translate)`` of the layers (identity
-    when None).
-    """
-    matrix = getattr(transform, "matrix", None)
-    if matrix is None:
-        raise ValueError("only linear models (translation, rigid, similarity, affine) can be "
-                         "shown through the layer's affine; apply the transform instead")
-    inverse = np.linalg.inv(np.asarray(matrix, np.float64))
-    d = inverse.shape[0] - 1
-    t_fixed = _scale_translate(*fixed_geometry) if fixed_geometry else np.eye(d + 1)
-    t_moving = _scale_translate(*moving_geometry) if moving_geometry else np.eye(d + 1)
-    return t_fixed @ inverse @ np.linalg.inv(t_moving)

@@ -123,7 +123,7 @@ class SimilarityModel:
         import torch
 
         from .. import ops
-        from .device import resolve_device
+        from .._devices import resolve_device
 
         if params.metric not in METRICS:
             raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {params.metric!r}")
@@ -145,10 +145,10 @@ class SimilarityModel:
         window = _odd_window(params.window, a.shape[2:])
         with torch.no_grad():
             if params.metric == "local std":
-                out = ops.local_std(a, window)
+                out = ops.local_std(a, window=window)
             elif params.metric == "local NCC":
                 kw = {"sigma": params.sigma} if params.kernel == "gaussian" else {}
-                out = ops.local_ncc(a, b, window, kernel=params.kernel, **kw)
+                out = ops.local_ncc(a, b, window=window, kernel=params.kernel, **kw)
             elif params.metric == "SSIM":
                 rng = params.data_range
                 if rng is None:

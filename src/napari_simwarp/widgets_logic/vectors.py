@@ -37,7 +37,7 @@ def auto_spacing(shape, target: int = 32) -> int:
     return max(1, int(round(max(shape) / target)))
 
 
-def normalised_scale(field: np.ndarray, length: float) -> float:
+def normalized_scale(field: np.ndarray, length: float) -> float:
     """The factor that makes the longest vector of ``field`` ``length`` long (1 if zero)."""
     norm = float(np.sqrt((np.asarray(field, np.float64) ** 2).sum(axis=0)).max())
     return length / norm if norm > 0 else 1.0

@@ -1,0 +1,151 @@
+"""Fake (shape-only) and autograd registrations of the compiled ``torch.ops.simwarp`` ops.
+
+Registered from Python, once, after the CPU extension (which defines the schemas) is
+loaded, so the ops work under ``torch.compile`` and pass ``torch.library.opcheck``. The
+backward formulas are those of docs/maths.md (§1.2 local std, §4 splatting; ``box_sum`` and
+``correlate`` are linear, so each is the other's adjoint).
+"""
+
+from __future__ import annotations
+
+import torch
+
+_registered = False
+
+
+def _window_shape(shape, window, full: bool) -> list[int]:
+    """Trailing ``len(window)`` sizes grown by ``k - 1`` (full) or shrunk by it (valid)."""
+    sizes = list(shape)
+    first = len(sizes) - len(window)
+    for a, k in enumerate(window):
+        sizes[first + a] += (k - 1) if full else -(k - 1)
+    return sizes
+
+
+def register_fakes_and_autograd() -> None:
+    """Register the fake and autograd implementations of every op (idempotent)."""
+    global _registered
+    if _registered:
+        return
+
+    @torch.library.register_fake("simwarp::box_sum")
+    def _box_sum_fake(x, window, full=False):
+        return x.new_empty(_window_shape(x.shape, window, full))
+
+    def _box_sum_setup(ctx, inputs, output):
+        _, ctx.window, ctx.full = inputs
+
+    def _box_sum_backward(ctx, grad):
+        # A box is its own flip, so the adjoint of the valid sum is the full sum and back.
+        return torch.ops.simwarp.box_sum(grad, ctx.window, not ctx.full), None, None
+
+    torch.library.register_autograd(
+        "simwarp::box_sum", _box_sum_backward, setup_context=_box_sum_setup
+    )
+
+    @torch.library.register_fake("simwarp::correlate")
+    def _correlate_fake(x, taps, sizes, transpose=False):
+        return x.new_empty(_window_shape(x.shape, sizes, transpose))
+
+    def _correlate_setup(ctx, inputs, output):
+        _, ctx.taps, ctx.sizes, ctx.transpose = inputs
+
+    def _correlate_backward(ctx, grad):
+        # The valid correlation and its transpose are each other's adjoints.
+        out = torch.ops.simwarp.correlate(grad.contiguous(), ctx.taps, ctx.sizes, not ctx.transpose)
+        return out, None, None, None
+
+    torch.library.register_autograd(
+        "simwarp::correlate", _correlate_backward, setup_context=_correlate_setup
+    )
+
+    @torch.library.register_fake("simwarp::moments5")
+    def _moments5_fake(centred, taps, sizes):
+        shape = _window_shape(centred.shape, sizes, False)
+        shape[0] = 5
+        return centred.new_empty(shape)
+
+    @torch.library.register_fake("simwarp::splat_fwd")
+    def _splat_fwd_fake(image, displacement, normalize, eps):
+        n, _, *spatial = image.shape
+        return torch.empty_like(image), image.new_empty(n, 1, *spatial)
+
+    @torch.library.register_fake("simwarp::splat_bwd")
+    def _splat_bwd_fake(v_out, v_den, image, displacement, out, den, normalize, eps):
+        return torch.empty_like(image), torch.empty_like(displacement)
+
+    def _splat_setup(ctx, inputs, output):
+        image, displacement, ctx.normalize, ctx.eps = inputs
+        out, den = output
+        ctx.save_for_backward(image, displacement, out, den)
+
+    def _splat_backward(ctx, v_out, v_den):
+        image, displacement, out, den = ctx.saved_tensors
+        grad_image, grad_disp = torch.ops.simwarp.splat_bwd(
+            v_out, v_den, image, displacement, out, den, ctx.normalize, ctx.eps
+        )
+        return grad_image, grad_disp, None, None
+
+    torch.library.register_autograd(
+        "simwarp::splat_fwd", _splat_backward, setup_context=_splat_setup
+    )
+
+    @torch.library.register_fake("simwarp::local_std_fwd")
+    def _local_std_fwd_fake(xp, window, eps, normalize, flat_factor):
+        shape = _window_shape(xp.shape, window, False)
+        return xp.new_empty(shape), xp.new_empty(shape), xp.new_empty(shape, dtype=torch.bool)
+
+    @torch.library.register_fake("simwarp::local_std_bwd")
+    def _local_std_bwd_fake(grad, out, s1, flat, xp, window, normalize):
+        return torch.empty_like(xp)
+
+    def _local_std_setup(ctx, inputs, output):
+        xp, window, _, normalize, _ = inputs
+        out, s1, flat = output
+        ctx.save_for_backward(xp, out, s1, flat)
+        ctx.window, ctx.normalize = window, normalize
+
+    def _local_std_backward(ctx, grad_out, grad_s1, grad_flat):
+        # S1 and the flat mask are returned only to be saved for this backward; they are
+        # not part of the public result, so their incoming gradients are ignored.
+        xp, out, s1, flat = ctx.saved_tensors
+        if grad_out is None:
+            return None, None, None, None, None
+        grad_xp = torch.ops.simwarp.local_std_bwd(
+            grad_out.contiguous(), out, s1, flat, xp, ctx.window, ctx.normalize
+        )
+        return grad_xp, None, None, None, None
+
+    torch.library.register_autograd(
+        "simwarp::local_std_fwd", _local_std_backward, setup_context=_local_std_setup
+    )
+
+    @torch.library.register_fake("simwarp::local_std_2d_fwd")
+    def _local_std_2d_fwd_fake(x, window, padding, eps, normalize, flat_factor):
+        shape = list(x.shape) if padding != "valid" else _window_shape(x.shape, window, False)
+        return x.new_empty(shape), x.new_empty(shape), x.new_empty(shape, dtype=torch.bool)
+
+    @torch.library.register_fake("simwarp::local_std_2d_bwd")
+    def _local_std_2d_bwd_fake(grad, out, s1, flat, x, window, padding, normalize):
+        return torch.empty_like(x)
+
+    def _local_std_2d_setup(ctx, inputs, output):
+        x, window, padding, _, normalize, _ = inputs
+        out, s1, flat = output
+        ctx.save_for_backward(x, out, s1, flat)
+        ctx.window, ctx.padding, ctx.normalize = window, padding, normalize
+
+    def _local_std_2d_backward(ctx, grad_out, grad_s1, grad_flat):
+        # As local_std_fwd: S1 and the flat mask are saved state, not results.
+        x, out, s1, flat = ctx.saved_tensors
+        if grad_out is None:
+            return None, None, None, None, None, None
+        grad_x = torch.ops.simwarp.local_std_2d_bwd(
+            grad_out.contiguous(), out, s1, flat, x, ctx.window, ctx.padding, ctx.normalize
+        )
+        return grad_x, None, None, None, None, None
+
+    torch.library.register_autograd(
+        "simwarp::local_std_2d_fwd", _local_std_2d_backward, setup_context=_local_std_2d_setup
+    )
+    _registered = True

@@ -1,0 +1,100 @@
+"""The compiled ops as Python functions with the signatures of :mod:`.._reference`.
+
+Each function here is the twin of the pure torch function of the same name, so an operator
+picks one module or the other (``_kernels.implementation``) and calls the same thing. Only
+call these once the kernels are loaded (``_kernels.ensure_loaded``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .._numerics import flat_threshold_factor
+
+#: the flat rule of the kernels, whose window sums always run in float64.
+KERNEL_FLAT_FACTOR = flat_threshold_factor(torch.float64)
+
+
+def _flat_list(taps: Sequence[Sequence[float]]) -> tuple[list[float], list[int]]:
+    return [float(t) for axis in taps for t in axis], [len(axis) for axis in taps]
+
+
+def box_sum(x: torch.Tensor, window: Sequence[int], full: bool = False) -> torch.Tensor:
+    """Window sums of ``x (..., *S)`` over the trailing ``len(window)`` axes.
+
+    Valid mode gives ``(..., *(S - k + 1))``; ``full=True`` gives ``(..., *(S + k - 1))``
+    with zeros outside ``x`` (the adjoint of the valid sum). float32/float64.
+    """
+    return torch.ops.simwarp.box_sum(x.contiguous(), list(window), full)
+
+
+def correlate(
+    x: torch.Tensor, taps: Sequence[Sequence[float]], transpose: bool = False
+) -> torch.Tensor:
+    """Separable correlation of ``x (..., *S)`` over the trailing ``len(taps)`` axes.
+
+    ``taps[i]`` are the 1-D weights of axis ``i``. Valid mode gives ``(..., *(S - k + 1))``;
+    ``transpose=True`` is its adjoint ``(..., *(S + k - 1))``. Differentiable.
+    """
+    flat, sizes = _flat_list(taps)
+    return torch.ops.simwarp.correlate(x.contiguous(), flat, sizes, transpose)
+
+
+def moments5(centered: torch.Tensor, taps: Sequence[Sequence[float]]) -> list[torch.Tensor]:
+    """The five windowed moments of ``centered = [a, b]`` ``(2, ..., *P)``, valid mode.
+
+    Returns five maps ``(..., *(P - k + 1))``: ``W⋆a, W⋆b, W⋆a², W⋆b², W⋆ab``, the
+    products formed on the fly. Not differentiable by itself.
+    """
+    flat, sizes = _flat_list(taps)
+    return list(torch.ops.simwarp.moments5(centered.contiguous(), flat, sizes).unbind(0))
+
+
+def splat_fwd(image: torch.Tensor, displacement: torch.Tensor, normalize: bool, eps: float):
+    """Fused splat of ``image (N, C, *S)`` by ``displacement (N, D, *S)`` (same dtype).
+
+    Returns ``(out (N, C, *S), den (N, 1, *S))`` with ``ops.splat``'s semantics (holes 0);
+    differentiable with respect to both inputs. Deterministic on CPU.
+    """
+    return torch.ops.simwarp.splat_fwd(image, displacement, bool(normalize), float(eps))
+
+
+def local_std_valid(
+    xp: torch.Tensor,
+    window: Sequence[int],
+    eps: float,
+    normalize: bool,
+    flat_factor: float | None = None,
+) -> torch.Tensor:
+    """Fused local std of a padded, centered ``xp (..., *P)``, valid mode ``(..., *(P - k + 1))``.
+
+    The window sums and ``V = S2 - S1²/N`` are formed in float64 whatever ``xp``'s dtype;
+    ``V <= flat_factor · S2`` counts as flat (0, zero gradient). Differentiable with
+    respect to ``xp``.
+    """
+    factor = KERNEL_FLAT_FACTOR if flat_factor is None else float(flat_factor)
+    out, _, _ = torch.ops.simwarp.local_std_fwd(xp, list(window), float(eps), bool(normalize),
+                                                factor)
+    return out
+
+
+def local_std_2d(
+    x: torch.Tensor,
+    window: Sequence[int],
+    padding: str,
+    eps: float,
+    normalize: bool,
+    flat_factor: float | None = None,
+) -> torch.Tensor:
+    """Fused local std of images ``x (..., H, W)``, padded and centered inside the kernel.
+
+    ``padding`` is "reflect", "mirror", "nearest" or "constant" (output ``(..., H, W)``) or
+    "valid" (output ``(..., H - kh + 1, W - kw + 1)``). CPU only. Differentiable with
+    respect to ``x``.
+    """
+    factor = KERNEL_FLAT_FACTOR if flat_factor is None else float(flat_factor)
+    out, _, _ = torch.ops.simwarp.local_std_2d_fwd(x, list(window), padding, float(eps),
+                                                   bool(normalize), factor)
+    return out

@@ -1,0 +1,154 @@
+"""Similarity losses as ``torch.nn.Module`` s, one table for every user of them.
+
+Each loss compares a fixed image with a moving (typically warped) image, is lower for
+better matches and about 0 at a perfect match (docs/maths.md §6.2):
+
+============ ================== ============================================
+name         module             loss per image
+============ ================== ============================================
+``"ncc"``    :class:`NCCLoss`    ``1 −`` global ZNCC
+``"lncc"``   :class:`LocalNCCLoss` ``1 −`` mean local NCC
+``"ssim"``   :class:`SSIMLoss`   ``1 −`` mean SSIM
+``"mse"``    :class:`MSELoss`    mean squared difference
+============ ================== ============================================
+
+An optional ``weight`` ``(N or 1, 1, *S)`` (0..1, no gradient) restricts every mean to
+where it is non-zero (the registration uses it for masks and for the pixels whose sample
+fell inside the moving image). :data:`LOSSES` is the table the registration optimizer and
+:func:`~napari_simwarp.ops.similarity_gradient` both use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .local_ncc import local_ncc
+from .ncc import ncc
+from .ssim import ssim
+from ._validation import check_choice, check_pair
+
+#: reductions of the losses over the batch.
+REDUCTIONS = ("mean", "sum", "none")
+_TINY = 1e-8
+
+
+def _weighted_mean(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """Mean over everything but the batch axis, ``x`` ``(N, C, *S)`` → ``(N,)``."""
+    dims = tuple(range(1, x.dim()))
+    if weight is None:
+        return x.mean(dim=dims)
+    w = weight.expand_as(x)
+    return (x * w).sum(dim=dims) / w.sum(dim=dims).clamp_min(_TINY)
+
+
+class SimilarityLoss(torch.nn.Module):
+    """Base class: ``forward(fixed, moving, weight=None)`` reduces :meth:`per_image`.
+
+    Parameters
+    ----------
+    reduction : {"mean", "sum", "none"}
+        Over the batch: the mean or the sum of the per-image losses, or the ``(N,)``
+        losses themselves.
+    """
+
+    def __init__(self, reduction: str = "mean"):
+        super().__init__()
+        self.reduction = check_choice(reduction, "reduction", REDUCTIONS)
+
+    def per_image(self, fixed, moving, weight):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def forward(self, fixed: torch.Tensor, moving: torch.Tensor,
+                weight: torch.Tensor | None = None) -> torch.Tensor:
+        """The loss of ``moving`` ``(N, C, *S)`` against ``fixed`` ``(N or 1, C, *S)``.
+
+        Returns a scalar ("mean", "sum") or ``(N,)`` ("none"), in the compute dtype.
+        """
+        if fixed.shape != moving.shape:
+            fixed = fixed.expand_as(moving)  # one reference for many moving images
+        check_pair(fixed, moving, "fixed", "moving")
+        losses = self.per_image(fixed, moving, weight)
+        if self.reduction == "mean":
+            return losses.mean()
+        if self.reduction == "sum":
+            return losses.sum()
+        return losses
+
+
+class MSELoss(SimilarityLoss):
+    """Mean squared difference per image (of images normalized to about [0, 1])."""
+
+    def per_image(self, fixed, moving, weight):
+        return _weighted_mean((moving - fixed) ** 2, weight)
+
+
+class NCCLoss(SimilarityLoss):
+    """``1 −`` global ZNCC per image (mean over channels), weighted where a weight is given."""
+
+    def per_image(self, fixed, moving, weight):
+        if weight is None:
+            return 1.0 - ncc(fixed, moving).mean(dim=1)
+        dims = tuple(range(2, fixed.dim()))
+        w = weight.expand_as(fixed)
+        total = w.sum(dim=dims, keepdim=True).clamp_min(_TINY)
+        fa = fixed - (w * fixed).sum(dim=dims, keepdim=True) / total
+        mb = moving - (w * moving).sum(dim=dims, keepdim=True) / total
+        cov = (w * fa * mb).sum(dim=dims)
+        var = (w * fa * fa).sum(dim=dims) * (w * mb * mb).sum(dim=dims)
+        return 1.0 - (cov / torch.sqrt(var + _TINY)).mean(dim=1)
+
+
+class LocalNCCLoss(SimilarityLoss):
+    """``1 −`` mean local NCC per image (:func:`~napari_simwarp.ops.local_ncc`)."""
+
+    def __init__(self, window: int | Sequence[int] = 9, kernel: str = "box",
+                 sigma: float | Sequence[float] | None = None, reduction: str = "mean"):
+        super().__init__(reduction)
+        self.window, self.kernel, self.sigma = window, kernel, sigma
+
+    def per_image(self, fixed, moving, weight):
+        cc = local_ncc(fixed, moving, window=self.window, kernel=self.kernel, sigma=self.sigma)
+        return 1.0 - _weighted_mean(cc, weight)
+
+
+class SSIMLoss(SimilarityLoss):
+    """``1 −`` mean SSIM per image (:func:`~napari_simwarp.ops.ssim`)."""
+
+    def __init__(self, window: int | Sequence[int] = 11, sigma: float | Sequence[float] = 1.5,
+                 data_range: float = 1.0, k1: float = 0.01, k2: float = 0.03,
+                 reduction: str = "mean"):
+        super().__init__(reduction)
+        self.window, self.sigma, self.data_range, self.k1, self.k2 = window, sigma, data_range, k1, k2
+
+    def per_image(self, fixed, moving, weight):
+        s = ssim(fixed, moving, window=self.window, sigma=self.sigma,
+                 data_range=self.data_range, k1=self.k1, k2=self.k2)
+        return 1.0 - _weighted_mean(s, weight)
+
+
+#: metric name → loss class (the registration's ``metric`` and similarity_gradient's).
+LOSSES = {"ncc": NCCLoss, "lncc": LocalNCCLoss, "ssim": SSIMLoss, "mse": MSELoss}
+
+#: metric name → the options its loss takes (besides ``reduction``).
+LOSS_OPTIONS = {"ncc": (), "lncc": ("window", "kernel", "sigma"),
+                "ssim": ("window", "sigma", "data_range", "k1", "k2"), "mse": ()}
+
+
+def loss_for(metric: str, *, reduction: str = "mean", caller: str = "loss_for",
+             **options) -> SimilarityLoss:
+    """The loss module of a metric name, with its options checked by name.
+
+    An option the metric does not take is a TypeError that names it and lists what the
+    metric accepts (``caller`` names the function the user called, for the message).
+    """
+    check_choice(metric, "metric", tuple(LOSSES))
+    unknown = sorted(set(options) - set(LOSS_OPTIONS[metric]))
+    if unknown:
+        accepted = ", ".join(LOSS_OPTIONS[metric]) or "none"
+        raise TypeError(
+            f"{caller}(metric={metric!r}) got unexpected keyword argument(s) "
+            f"{', '.join(unknown)}; {metric!r} accepts: {accepted}"
+        )
+    return LOSSES[metric](reduction=reduction, **options)

@@ -1,0 +1,97 @@
+"""Input checks and coercion: NumPy or torch in, float32 tensors in a robust range out.
+
+Nothing here modifies its input: every path copies (or casts) before changing values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .._devices import available_memory
+
+
+def to_tensor(x, name: str, *, ndim=(2, 3), leading: int = 0) -> torch.Tensor:
+    """``x`` (NumPy array, torch tensor or nested list) as a float32 CPU/any-device tensor.
+
+    ``leading`` extra axes (a time axis for stacks) come before the 2 or 3 spatial ones.
+    Raises a clear error for empty, non-numeric, wrongly-shaped, NaN or Inf input.
+    """
+    if isinstance(x, torch.Tensor):
+        t = x.detach()
+    else:
+        try:
+            arr = np.asarray(x)
+        except Exception as exc:  # noqa: BLE001 - reported with the argument's name
+            raise TypeError(f"{name} must be an array-like, got {type(x).__name__}") from exc
+        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number)
+                                       or arr.dtype == np.bool_):
+            raise TypeError(f"{name} must hold numbers, got dtype {arr.dtype}")
+        if np.iscomplexobj(arr):
+            raise TypeError(f"{name} must be real, got dtype {arr.dtype}")
+        if not arr.dtype.isnative:  # big-endian files (some TIFF/NPY writers): torch needs native
+            arr = arr.astype(arr.dtype.newbyteorder("="))
+        t = torch.from_numpy(np.ascontiguousarray(arr))
+    if t.is_complex():
+        raise TypeError(f"{name} must be real, got dtype {t.dtype}")
+    if t.numel() == 0:
+        raise ValueError(f"{name} must not be empty, got shape {tuple(t.shape)}")
+    allowed = tuple(d + leading for d in ndim)
+    if t.dim() not in allowed:
+        what = " or ".join(f"{d}-D" for d in allowed)
+        kind = "a (T, *S) stack of 2-D or 3-D frames" if leading else "a 2-D or 3-D image"
+        raise ValueError(f"{name} must be {kind} ({what}), got shape {tuple(t.shape)}")
+    t = t.to(torch.float32) if t.dtype != torch.float64 else t.to(torch.float32)
+    if not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name} contains NaN or Inf values; replace them (e.g. "
+                         f"numpy.nan_to_num) or mask them out")
+    return t
+
+
+def robust_range(t: torch.Tensor, name: str, low: float = 0.5, high: float = 99.5):
+    """``(lo, hi)`` percentiles of ``t`` (on a subsample of at most ~200k values).
+
+    Raises a ValueError for a constant image: nothing in it can be aligned.
+    """
+    flat = t.reshape(-1)
+    step = max(1, flat.numel() // 200_000)
+    sample = flat[::step].double()
+    lo, hi = torch.quantile(sample, torch.tensor([low / 100, high / 100], dtype=torch.float64,
+                                                 device=sample.device)).tolist()
+    if not hi > lo:
+        lo, hi = float(t.min()), float(t.max())
+    if not hi > lo:
+        raise ValueError(f"{name} is constant (every value is {lo:g}); there is nothing to "
+                         "align it by")
+    return lo, hi
+
+
+def normalize(t: torch.Tensor, name: str) -> torch.Tensor:
+    """``t`` rescaled so its 0.5th and 99.5th percentiles are 0 and 1 (a new tensor)."""
+    lo, hi = robust_range(t, name)
+    return (t - lo) / (hi - lo)
+
+
+#: float32 maps alive per pixel of one pair at the finest level during forward+backward
+#: (images, warped, grid, the metric's local sums and their gradients); measured loosely
+#: with torch's allocator on CPU and rounded up.
+MAPS_PER_PIXEL = {"mse": 12, "ncc": 14, "lncc": 40, "ssim": 48}
+
+
+def estimate_bytes(n_pairs: int, shape, metric: str, dense: bool) -> int:
+    """A generous estimate of the peak memory of a run, in bytes."""
+    pixels = int(np.prod(shape))
+    maps = MAPS_PER_PIXEL.get(metric, 48) + (12 if dense else 0)
+    return int(n_pairs * pixels * 4 * maps * 4 / 3)  # the pyramid adds about a third
+
+
+def check_memory(n_pairs: int, shape, metric: str, dense: bool, device: torch.device) -> None:
+    """Raise a MemoryError with the figures when the run cannot fit on ``device``."""
+    need = estimate_bytes(n_pairs, shape, metric, dense)
+    free = available_memory(device)
+    if free is not None and need > free:
+        raise MemoryError(
+            f"registering {n_pairs} pair(s) of shape {tuple(shape)} with metric {metric!r} "
+            f"needs about {need / 2**30:.2f} GiB on {device}, but only {free / 2**30:.2f} GiB "
+            "is free; use a smaller batch (batch_size), crop or downsample the images, "
+            "choose metric='mse' or 'ncc', or another device")

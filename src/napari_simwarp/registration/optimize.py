@@ -1,0 +1,262 @@
+"""The optimization loop: coarse to fine, Adam with a plateau schedule, best-so-far kept.
+
+Written as a generator so the same loop serves a blocking call with a callback, a
+napari ``thread_worker`` (which yields snapshots and cancels at a yield) and a script
+that iterates. Each snapshot is a :class:`Progress`; sending a true value into the
+generator (``gen.send(True)``) stops it within one iteration, and the generator then
+returns the best parameters found.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..ops.losses import loss_for
+from ._names import LINEAR_MODELS
+
+
+@dataclass
+class Schedule:
+    """The knobs of one run (all have defaults that suit ordinary microscopy data).
+
+    lr : step size in pixels of the current level (Adam's step is about ``lr`` per
+        iteration at first); halved whenever the loss stops improving.
+    iterations : the most iterations per level (coarse → fine), one int or one per level.
+    tol : relative loss improvement under which an iteration counts as "no progress".
+    patience : iterations without progress before the step is halved.
+    min_lr_factor : a level ends once its step has shrunk below ``lr · min_lr_factor``.
+    refine_lr_factor : levels after the first start at ``lr · refine_lr_factor`` (they
+        start from the coarser level's answer, so big first steps would only undo it).
+    reg_weight : weight of the model's regulariser.
+    optimizer : "adam", or "lbfgs" (quasi-Newton with a strong-Wolfe line search: for the
+        few parameters of a linear model it converges in far fewer evaluations).
+    report_every : a :class:`Progress` snapshot every this many iterations.
+    metric, metric_options : the similarity loss (a name of ``ops.LOSSES``) and its
+        options (``window``, ...).
+    """
+
+    lr: float = 0.5
+    iterations: int | list[int] = 100
+    tol: float = 1e-4
+    patience: int = 5
+    min_lr_factor: float = 1 / 16
+    refine_lr_factor: float = 0.5
+    reg_weight: float = 0.0
+    report_every: int = 5
+    optimizer: str = "adam"
+    metric: str = "lncc"
+    metric_options: dict = field(default_factory=dict)
+
+    def iterations_at(self, level: int, levels: int) -> int:
+        if isinstance(self.iterations, int):
+            return self.iterations
+        its = list(self.iterations)
+        if len(its) != levels:
+            raise ValueError(f"iterations must be an int or a list of {levels} ints (one per "
+                             f"level, coarse to fine), got {self.iterations!r}")
+        return int(its[level])
+
+
+class Progress:
+    """One snapshot of a run: where it is and the best transform(s) so far.
+
+    ``transforms`` (one per image pair) and ``transform`` (the first) are computed on
+    first access, from parameters copied when the snapshot was taken.
+    """
+
+    def __init__(self, level, levels, iteration, loss, model, best_values):
+        self.level, self.levels, self.iteration, self.loss = level, levels, iteration, loss
+        self._model, self._values, self._transforms = model, best_values, None
+
+    @property
+    def transforms(self):
+        if self._transforms is None:
+            self._transforms = self._model.transforms(self._values)
+        return self._transforms
+
+    @property
+    def transform(self):
+        return self.transforms[0]
+
+    def __repr__(self) -> str:
+        return (f"Progress(level={self.level + 1}/{self.levels}, iteration={self.iteration}, "
+                f"loss={self.loss:.6g})")
+
+
+def optimize(model, fixed_levels, moving_levels, weight_levels, schedule: Schedule,
+             history: list):
+    """Run ``model`` coarse → fine; yields :class:`Progress`, returns ``(stopped, best)``.
+
+    Parameters
+    ----------
+    model : a model from :mod:`.models` (batched over ``N`` pairs)
+    fixed_levels, moving_levels : lists of tensors ``(N or 1, C, *s)``, coarse → fine
+    weight_levels : list of ``(N or 1, 1, *s)`` fixed-image masks, or ``None`` entries
+    history : list the mean loss of every iteration is appended to (coarse levels first)
+    """
+    levels = len(fixed_levels)
+    full_shape = tuple(fixed_levels[-1].shape[2:])
+    stopped = False
+    best = None
+    for level in range(levels):
+        fixed, moving, weight = fixed_levels[level], moving_levels[level], weight_levels[level]
+        shape = tuple(fixed.shape[2:])
+        # One level pixel is this many full-resolution pixels, the unit of the parameters.
+        pixel = max(f / s for f, s in zip(full_shape, shape))
+        model.set_level(shape)
+        loss_fn = level_loss(schedule, shape)
+        lr0 = schedule.lr * pixel * (1.0 if level == 0 else schedule.refine_lr_factor)
+        lr = lr0
+        state = {"best": model.snapshot(), "best_loss": None, "total": math.inf}
+
+        def evaluate(state=state, fixed=fixed, moving=moving, weight=weight, shape=shape):
+            """Loss at the current parameters, with gradients; keeps the best per pair."""
+            warped, valid = model.warp(moving, shape)
+            w = valid if weight is None else valid * weight
+            per_pair = loss_fn(fixed, warped, w)
+            if schedule.reg_weight:
+                per_pair = per_pair + schedule.reg_weight * model.regulariser()
+            values = per_pair.detach()
+            if not torch.isfinite(values).all():
+                raise FloatingPointError(
+                    "the loss became NaN or Inf; lower lr or check the inputs")
+            # The loss belongs to the parameters before the step: keep them if better.
+            if state["best_loss"] is None:
+                state["best_loss"], state["best"] = values.clone(), model.snapshot()
+            else:
+                better = values < state["best_loss"]
+                if bool(better.any()):
+                    current = model.snapshot()
+                    state["best"] = [torch.where(better.view(-1, *([1] * (c.dim() - 1))), c, b)
+                                     for c, b in zip(current, state["best"])]
+                    state["best_loss"] = torch.minimum(state["best_loss"], values)
+            total = float(values.mean())
+            history.append(total)
+            per_pair.sum().backward()
+            state["total"] = total
+            return per_pair.detach().sum()
+
+        if schedule.optimizer == "lbfgs":
+            optimiser = torch.optim.LBFGS(model.parameters(), lr=1.0, max_iter=1,
+                                          history_size=10, line_search_fn="strong_wolfe",
+                                          tolerance_grad=1e-12, tolerance_change=1e-12)
+
+            def closure():
+                optimiser.zero_grad(set_to_none=True)
+                return evaluate()
+        else:
+            optimiser = torch.optim.Adam(model.parameters(), lr=lr)
+        reference = math.inf
+        since_progress = 0
+        for iteration in range(schedule.iterations_at(level, levels)):
+            if schedule.optimizer == "lbfgs":
+                optimiser.step(closure)
+                total = min(state["total"], float(state["best_loss"].mean()))
+                # Quasi-Newton: stop once an iteration gains (almost) nothing.
+                if total > reference - schedule.tol * max(abs(reference), 1e-6):
+                    since_progress += 1
+                    if since_progress >= 2:
+                        break
+                else:
+                    since_progress = 0
+                reference = min(reference, total)
+            else:
+                optimiser.zero_grad(set_to_none=True)
+                evaluate()
+                optimiser.step()
+                total = state["total"]
+                if total < reference - schedule.tol * max(abs(reference), 1e-6) or \
+                        not math.isfinite(reference):
+                    reference, since_progress = min(total, reference), 0
+                else:
+                    since_progress += 1
+                if since_progress >= schedule.patience:
+                    lr *= 0.5
+                    since_progress = 0
+                    for group in optimiser.param_groups:
+                        group["lr"] = lr
+                    if lr < lr0 * schedule.min_lr_factor:
+                        break
+            best = state["best"]
+            if schedule.report_every and iteration % schedule.report_every == 0:
+                signal = yield Progress(level, levels, iteration, total, model,
+                                        [b.clone() for b in best])
+                if signal:
+                    stopped = True
+                    break
+        best = state["best"]
+        model.restore(best)
+        if stopped:
+            break
+    return stopped, best
+
+
+def level_loss(schedule: Schedule, shape):
+    """The schedule's loss at a level of spatial ``shape``, one value per pair (``(N,)``).
+
+    A window larger than a coarse level shrinks to the level's largest odd size that fits
+    (the finest levels keep the window asked for).
+    """
+    options = dict(schedule.metric_options)
+    if schedule.metric in ("lncc", "ssim"):
+        default = 9 if schedule.metric == "lncc" else 11
+        fits = min(n if n % 2 else n - 1 for n in shape)
+        window = options.get("window") or default
+        options["window"] = min(int(window), max(fits, 1))
+    return loss_for(schedule.metric, reduction="none", **options)
+
+
+#: per-model defaults: (lr in level pixels, iterations per level, regularizer weight)
+DEFAULTS = {
+    "translation": dict(lr=0.5, iterations=100, reg_weight=0.0),
+    "rigid": dict(lr=0.5, iterations=100, reg_weight=0.0),
+    "similarity": dict(lr=0.5, iterations=100, reg_weight=0.0),
+    "affine": dict(lr=0.5, iterations=100, reg_weight=0.0),
+    "deformable": dict(lr=0.5, iterations=60, reg_weight=0.05),
+    "diffeomorphic": dict(lr=0.5, iterations=60, reg_weight=0.05),
+}
+
+
+def level_iterations(iterations, model, shape, levels, full_resolution):
+    """Iterations per level (coarse → fine), with the finest level skipped when asked.
+
+    ``full_resolution=None`` (auto) skips the finest level of images larger than 256² (2-D)
+    or 64³ (3-D) pixels: one iteration there costs as much as all coarser levels together,
+    while the half-resolution answer is already within a few hundredths of a pixel for
+    linear models and smooth fields (measured in benchmarks/bench_register.py).
+    """
+    if iterations is None:
+        iterations = DEFAULTS[model]["iterations"]
+    if not isinstance(iterations, (int, np.integer)):
+        its = [int(n) for n in iterations]
+        if len(its) != levels:
+            raise ValueError(f"iterations must be an int or a list of {levels} ints (one per "
+                             f"level, coarse to fine), got {iterations!r}")
+        return its
+    its = [int(iterations)] * levels
+    if full_resolution is None:
+        big = 256**2 if len(shape) == 2 else 64**3
+        full_resolution = int(np.prod(shape)) <= big
+    if not full_resolution and levels > 1:
+        its[-1] = 0
+    return its
+
+
+def make_schedule(model, lr, iterations, tol, regularization, report_every, metric, window,
+                  optimizer="auto") -> Schedule:
+    """The :class:`Schedule` of a run from the user's options (None: the model's default)."""
+    d = DEFAULTS[model]
+    if optimizer == "auto":
+        optimizer = "adam"
+    if optimizer not in ("adam", "lbfgs"):
+        raise ValueError(f"optimizer must be 'auto', 'adam' or 'lbfgs', got {optimizer!r}")
+    options = {"window": window} if window is not None else {}
+    return Schedule(lr=d["lr"] if lr is None else float(lr),
+                    iterations=d["iterations"] if iterations is None else iterations,
+                    tol=tol, reg_weight=d["reg_weight"] if regularization is None
+                    else float(regularization), report_every=report_every,
+                    optimizer=optimizer, metric=metric, metric_options=options)

@@ -1,0 +1,39 @@
+"""`napari-simwarp demo`: viewer with a display, the headless pipeline without one."""
+
+from __future__ import annotations
+
+from napari_simwarp import _cli, _demo
+
+
+def _record(monkeypatch):
+    calls = []
+    monkeypatch.setattr(_demo, "run_headless_demo",
+                        lambda out, device="auto": calls.append(("headless", str(out))) or {})
+    return calls
+
+
+def test_headless_flag_writes_into_out(monkeypatch, tmp_path):
+    calls = _record(monkeypatch)
+    assert _cli.main(["demo", "--headless", "--out", str(tmp_path)]) == 0
+    assert calls == [("headless", str(tmp_path))]
+
+
+def test_no_display_falls_back_to_headless(monkeypatch, capsys):
+    calls = _record(monkeypatch)
+    monkeypatch.setattr(_cli, "_has_display", lambda: False)
+    assert _cli.main(["demo"]) == 0
+    assert calls == [("headless", "out/demo")] and "no display" in capsys.readouterr().err
+
+
+def test_display_opens_the_viewer(monkeypatch):
+    import pytest
+
+    pytest.importorskip("napari")
+    from napari_simwarp._qt import _demo as gui_demo
+
+    calls = _record(monkeypatch)
+    monkeypatch.setattr(gui_demo, "run_gui_demo",
+                        lambda device="auto": calls.append(("gui", device)))
+    monkeypatch.setattr(_cli, "_has_display", lambda: True)
+    assert _cli.main(["demo", "--device", "cpu"]) == 0
+    assert calls == [("gui", "cpu")]
