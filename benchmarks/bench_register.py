@@ -1,4 +1,4 @@
-"""The warp optimiser against known ground truth and its peers (issue 5's figures).
+"""The warp optimizer against known ground truth and its peers (issue 5's figures).
 
 Cases: drift correction (50 × 512², sub-pixel shifts of ±8 px, noise) against pystackreg
 and scikit-image's phase_cross_correlation; a 512² affine pair against itk-elastix; a 512²
@@ -38,7 +38,7 @@ def scene(rng, shape) -> np.ndarray:
     return 1000 + 400 * base + 60 * texture / texture.std() + 600 * blobs / blobs.max()
 
 
-def centred_affine(linear, shift, shape):
+def centered_affine(linear, shift, shape):
     d = len(shape)
     c = (np.asarray(shape, float) - 1) / 2
     m = np.eye(d + 1)
@@ -124,13 +124,13 @@ def affine_case(report, rng):
     lin = rot @ np.diag(rng.uniform(0.9, 1.1, 2)) @ np.array([[1, rng.uniform(-.05, .05)],
                                                                [0, 1]])
     shift = rng.uniform(-10, 10, 2)
-    m = centred_affine(lin, shift, shape)
+    m = centered_affine(lin, shift, shape)
     fixed_f = scene(rng, shape)
     moving = noisy(rng, ndi.affine_transform(fixed_f, np.linalg.inv(m), order=3,
                                              mode="nearest"))
     fixed = noisy(rng, fixed_f)
     desc = (f"rotation {np.rad2deg(th):.1f}°, linear part {np.round(lin, 3).tolist()}, "
-            f"shift of the centre {np.round(shift, 2).tolist()} px")
+            f"shift of the center {np.round(shift, 2).tolist()} px")
     report.note(SECTION, f"Affine pair: {desc}; error = mean corner displacement error.")
     for metric in ("lncc", "ncc"):
         r = register(fixed, moving, model="affine", metric=metric)
@@ -166,9 +166,9 @@ def _elastix_affine(report, group, fixed, moving, m, shape):
     # Elastix's affine, in physical (x, y) coordinates (unit spacing, zero origin):
     # y = A (x - c) + c + t, fixed -> moving; turned into an array-order matrix.
     values = [float(v) for v in tparams.GetParameter(0, "TransformParameters")]
-    centre = [float(v) for v in tparams.GetParameter(0, "CenterOfRotationPoint")]
+    center = [float(v) for v in tparams.GetParameter(0, "CenterOfRotationPoint")]
     a_xy = np.array(values[:4]).reshape(2, 2)
-    t_xy, c_xy = np.array(values[4:6]), np.array(centre)
+    t_xy, c_xy = np.array(values[4:6]), np.array(center)
     m_xy = np.eye(3)
     m_xy[:2, :2] = a_xy
     m_xy[:2, 2] = c_xy + t_xy - a_xy @ c_xy
@@ -225,7 +225,7 @@ def volume_case(report, rng):
     vol = scene(rng, shape)
     th = np.deg2rad(6)
     lin = np.array([[1, 0, 0], [0, np.cos(th), -np.sin(th)], [0, np.sin(th), np.cos(th)]])
-    m = centred_affine(lin @ np.diag([1.04, 0.97, 1.0]), [2.5, -3.0, 1.5], shape)
+    m = centered_affine(lin @ np.diag([1.04, 0.97, 1.0]), [2.5, -3.0, 1.5], shape)
     moving = noisy(rng, ndi.affine_transform(vol, np.linalg.inv(m), order=3, mode="nearest"))
     fixed = noisy(rng, vol)
     r = register(fixed, moving, model="affine")

@@ -1,7 +1,7 @@
 """Forward warping (splatting): ours against a plain-autograd version and our backward warp.
 
 Cases: one single-channel float32 image, 2048² and 128³, splatted along a smooth random
-displacement of at most 5 px (normalised: the weighted average of what lands on each pixel).
+displacement of at most 5 px (normalized: the weighted average of what lands on each pixel).
 
 - ours: ``napari_simwarp.ops.splat``: a custom autograd Function, scatter forward and a
   hand-written gather-only backward; forward and forward+backward (``out.sum()``,
@@ -29,7 +29,7 @@ def _run_case(report, label: str, shape) -> None:
     generator = torch.Generator().manual_seed(0)
     image = torch.rand((1, 1) + tuple(shape), generator=generator)
     displacement = smooth_displacement(shape, 5.0, generator)
-    group = f"splat {label} normalised"
+    group = f"splat {label} normalized"
 
     def reference(i, d):
         return _splat_reference(i, d)[0]

@@ -21,7 +21,7 @@ TORCH_LIBRARY(simwarp, m) {
   m.def("local_std_bwd(Tensor grad, Tensor out, Tensor s1, Tensor flat, Tensor xp, int[] window, bool normalize) -> Tensor");
   // Local std of an image (..., H, W) with its padding ("reflect", "mirror", "nearest", "constant":
   // SciPy's names; output (..., H, W)) or "valid", centered and padded on the fly: returns
-  // (out, S1, flat) as local_std_fwd. CPU only; elsewhere the caller pads and centres.
+  // (out, S1, flat) as local_std_fwd. CPU only; elsewhere the caller pads and centers.
   m.def("local_std_2d_fwd(Tensor x, int[] window, str padding, float eps, bool normalize, float flat_factor) -> (Tensor, Tensor, Tensor)");
   m.def("local_std_2d_bwd(Tensor grad, Tensor out, Tensor s1, Tensor flat, Tensor x, int[] window, str padding, bool normalize) -> Tensor");
 }

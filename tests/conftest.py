@@ -1,4 +1,4 @@
-"""Shared fixtures: device and dtype parametrisation (CPU always, CUDA/MPS when present)."""
+"""Shared fixtures: device and dtype parametrization (CPU always, CUDA/MPS when present)."""
 
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ void box_axis(const T* x, Out* out, int64_t B, int64_t L, int64_t R, int64_t k, 
     return;
   }
   // Inner axes: the running sum moves over whole rows of R contiguous values, so the inner
-  // loop is contiguous and vectorises; R is split in chunks to spread the work.
+  // loop is contiguous and vectorizes; R is split in chunks to spread the work.
   constexpr int64_t kChunk = 512;
   const int64_t chunks = (R + kChunk - 1) / kChunk;
   at::parallel_for(0, B * chunks, 1, [&](int64_t t0, int64_t t1) {

@@ -2,7 +2,7 @@
 // (valid mode) and its transpose, with arbitrary taps per axis.
 //
 // Why not the per-element functions of include/simwarp/correlate.h here: on CPU the
-// same sums run tap-major over whole contiguous rows, which the compiler vectorises (the
+// same sums run tap-major over whole contiguous rows, which the compiler vectorizes (the
 // CUDA kernels call the per-element form; both compute Σ_j w[j] x[i + j] in the same
 // order, and the tests hold the CPU result to the float64 reference).
 #include <ATen/ATen.h>

@@ -24,7 +24,7 @@ inline void weighted_rows(const T* const* rows, const T* w, int64_t k, int64_t n
     for (int64_t q = 0; q < k; ++q) {
       const T wq = w[q];
       const T* r = rows[q] + c;
-      // Vectorise across the block (GCC otherwise vectorises q, with gathers).
+      // Vectorize across the block (GCC otherwise vectorizes q, with gathers).
 #pragma omp simd
       for (int64_t l = 0; l < kBlock; ++l) acc[l] += wq * r[l];
     }

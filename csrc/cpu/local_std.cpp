@@ -4,7 +4,7 @@
 // first pass, then out = local_std_forward(S1, S2) per element. Backward: the per-element
 // vjp gives (∂S1, ∂S2), their full-mode window sums are the adjoint correlation, and
 // local_std_combine gives ∂x. The per-element maths is include/simwarp/local_std.h, shared
-// with the CUDA kernels. In 2D, local_std_2d.h fuses all of it, padding and centring
+// with the CUDA kernels. In 2D, local_std_2d.h fuses all of it, padding and centering
 // included (the local_std_2d_* ops); the valid-mode ops take that route too.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -77,7 +77,7 @@ Plane2d plane_of(const at::Tensor& x, at::IntArrayRef window, c10::string_view p
 }  // namespace
 
 // x (..., H, W) -> (out, S1, flat), each (..., H, W) under a padding, or valid mode
-// (..., H − kh + 1, W − kw + 1) under "valid". Centring and padding happen on the fly.
+// (..., H − kh + 1, W − kw + 1) under "valid". Centering and padding happen on the fly.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> local_std_2d_fwd(const at::Tensor& x_in,
                                                                  at::IntArrayRef window,
                                                                  c10::string_view padding,
@@ -117,7 +117,7 @@ at::Tensor local_std_2d_bwd(const at::Tensor& grad_in, const at::Tensor& out_in,
   return dx;
 }
 
-// xp (..., *P) padded and centred -> (out, S1, flat), each (..., *(P − k + 1)). The sums
+// xp (..., *P) padded and centered -> (out, S1, flat), each (..., *(P − k + 1)). The sums
 // and V = S2 − S1²/N are formed in double whatever the input dtype (SPEC §1 "Numerics").
 std::tuple<at::Tensor, at::Tensor, at::Tensor> local_std_fwd(const at::Tensor& xp_in,
                                                               at::IntArrayRef window, double eps,

@@ -1,7 +1,7 @@
-// Fused 2D local standard deviation on CPU, padding and centring included.
+// Fused 2D local standard deviation on CPU, padding and centering included.
 //
 // The image is read in place: a padded row or column is an index (include/simwarp/
-// padding.h), never a copy, and the values are centred on the fly. Forward: per band of
+// padding.h), never a copy, and the values are centered on the fly. Forward: per band of
 // output rows, running column sums of y and y² (y = x − c) slide down the rows, and a
 // running sum along each row gives S1, S2 and the output. Backward: per band of padded
 // rows, the per-element vjp of each output row is summed along the row (full mode),
@@ -51,11 +51,11 @@ struct Plane2d {
   bool interior_row(int64_t p) const { return p >= ph && p < ph + Hin; }
 };
 
-// The value an image's sums are centred on: the mean of its first row. The variance is
+// The value an image's sums are centered on: the mean of its first row. The variance is
 // shift-invariant; any value inside the data's range keeps S2 − S1²/N well conditioned
 // in double, and forward and backward recompute the same one from the same input.
 template <typename T>
-double plane_centre(const T* image, int64_t Win) {
+double plane_center(const T* image, int64_t Win) {
   double s = 0.0;
   for (int64_t j = 0; j < Win; ++j) s += static_cast<double>(image[j]);
   return s / static_cast<double>(Win);
@@ -81,7 +81,7 @@ inline void slide_row(double* a1, double* a2, const T* in, const T* out, double 
 }
 
 // Padded columns of the column sums (a1, a2: Wp entries): copies of the columns they
-// mirror, or kh zeros (centred: −c each) under zero padding.
+// mirror, or kh zeros (centered: −c each) under zero padding.
 inline void fill_border_columns(double* a1, double* a2, const Plane2d& g, double c) {
   for (int64_t q = 0; q < g.Wp; ++q) {
     if (q == g.pw) q = g.pw + g.Win;  // skip the interior
@@ -145,7 +145,7 @@ void local_std_2d_forward(const T* x, T* out, T* s1_out, bool* flat, const Plane
       const int64_t b = t / bands, r0 = (t % bands) * kBandRows;
       const int64_t r1 = std::min(g.H, r0 + kBandRows);
       const T* image = x + b * g.Hin * g.Win;
-      const double c = plane_centre(image, g.Win);
+      const double c = plane_center(image, g.Win);
       auto row = [&](int64_t p) {
         const int64_t s = g.source_row(p);
         return s >= 0 ? image + s * g.Win : zero_row.data();
@@ -236,7 +236,7 @@ void local_std_2d_backward(const T* grad, const T* out, const T* s1, const bool*
       const int64_t b = t / bands, p0 = (t % bands) * kBandRows;
       const int64_t p1 = std::min(g.Hp, p0 + kBandRows);
       const T* image = x + b * g.Hin * Win;
-      const double c = plane_centre(image, Win);
+      const double c = plane_center(image, Win);
       std::fill(ring.begin(), ring.end(), 0.0);
       std::fill(acc.begin(), acc.end(), 0.0);
       // Output row i reaches padded rows i .. i + kh − 1: padded row p sums rows
@@ -302,7 +302,7 @@ void local_std_2d_backward(const T* grad, const T* out, const T* s1, const bool*
       }
       const T* image = x + b * g.Hin * Win;
       const int64_t s = (b * g.Hin + row) * Win;
-      combine_row(total.data(), total.data() + Win, x + s, plane_centre(image, Win), Win, dx + s);
+      combine_row(total.data(), total.data() + Win, x + s, plane_center(image, Win), Win, dx + s);
     }
   });
 }

@@ -85,40 +85,40 @@ void moments_2d(const T* a, const T* b, T* out, int64_t B, int64_t Hp, int64_t W
 
 }  // namespace
 
-// centred: (2, ...lead, *P) = [a, b] padded; returns (5, ...lead, *(P − k + 1)).
-at::Tensor moments5(const at::Tensor& centred_in, at::ArrayRef<double> taps, at::IntArrayRef sizes) {
-  TORCH_CHECK(centred_in.is_floating_point(), "moments5: centred must be float32 or float64");
-  TORCH_CHECK(centred_in.size(0) == 2, "moments5: centred must stack [a, b] on dim 0");
-  const at::Tensor centred = centred_in.contiguous();
+// centered: (2, ...lead, *P) = [a, b] padded; returns (5, ...lead, *(P − k + 1)).
+at::Tensor moments5(const at::Tensor& centered_in, at::ArrayRef<double> taps, at::IntArrayRef sizes) {
+  TORCH_CHECK(centered_in.is_floating_point(), "moments5: centered must be float32 or float64");
+  TORCH_CHECK(centered_in.size(0) == 2, "moments5: centered must stack [a, b] on dim 0");
+  const at::Tensor centered = centered_in.contiguous();
   const int64_t d = static_cast<int64_t>(sizes.size());
-  const int64_t first = centred.dim() - d;
-  const int64_t L = centred.size(-1), k_last = sizes[d - 1];
+  const int64_t first = centered.dim() - d;
+  const int64_t L = centered.size(-1), k_last = sizes[d - 1];
   TORCH_CHECK(k_last <= L, "moments5: window larger than the axis");
-  const int64_t per_image = centred.numel() / 2;
+  const int64_t per_image = centered.numel() / 2;
   const int64_t lines = per_image / L;
-  auto out_sizes = centred.sizes().vec();
+  auto out_sizes = centered.sizes().vec();
   out_sizes[0] = 5;
   out_sizes.back() = L - k_last + 1;
   if (d == 2) {  // the fused route
-    const int64_t Hp = centred.size(-2), kh = sizes[0];
+    const int64_t Hp = centered.size(-2), kh = sizes[0];
     TORCH_CHECK(kh <= Hp, "moments5: window larger than the axis");
     out_sizes[out_sizes.size() - 2] = Hp - kh + 1;
-    at::Tensor out = at::empty(out_sizes, centred.options());
-    AT_DISPATCH_FLOATING_TYPES(centred.scalar_type(), "simwarp_moments5_2d", [&] {
+    at::Tensor out = at::empty(out_sizes, centered.options());
+    AT_DISPATCH_FLOATING_TYPES(centered.scalar_type(), "simwarp_moments5_2d", [&] {
       const std::vector<scalar_t> wh(taps.begin(), taps.begin() + kh);
       const std::vector<scalar_t> ww(taps.begin() + kh, taps.begin() + kh + k_last);
-      const scalar_t* base = centred.data_ptr<scalar_t>();
+      const scalar_t* base = centered.data_ptr<scalar_t>();
       moments_2d<scalar_t>(base, base + per_image, out.data_ptr<scalar_t>(), per_image / (Hp * L),
                            Hp, L, wh, ww);
     });
     return out;
   }
-  at::Tensor cur = at::empty(out_sizes, centred.options());
+  at::Tensor cur = at::empty(out_sizes, centered.options());
   int64_t offset = 0;
   for (int64_t a = 0; a < d - 1; ++a) offset += sizes[a];
-  AT_DISPATCH_FLOATING_TYPES(centred.scalar_type(), "simwarp_moments5", [&] {
+  AT_DISPATCH_FLOATING_TYPES(centered.scalar_type(), "simwarp_moments5", [&] {
     std::vector<scalar_t> w(taps.begin() + offset, taps.begin() + offset + k_last);
-    const scalar_t* base = centred.data_ptr<scalar_t>();
+    const scalar_t* base = centered.data_ptr<scalar_t>();
     moments_last_axis<scalar_t>(base, base + per_image, cur.data_ptr<scalar_t>(), lines, L, w);
   });
   offset = 0;

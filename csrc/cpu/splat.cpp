@@ -127,7 +127,7 @@ std::tuple<at::Tensor, at::Tensor> splat_bwd(const std::optional<at::Tensor>& v_
   int64_t size[3] = {1, 1, 1}, P = 1;
   for (int64_t k = 0; k < D; ++k) { size[k] = image.size(2 + k); P *= size[k]; }
   // Per destination: scaled_c = v_c/den (v_c in plain mode), 0 at holes; slope0 = v_den −
-  // Σ_c out_c · scaled_c (normalised) or v_den (plain).
+  // Σ_c out_c · scaled_c (normalized) or v_den (plain).
   at::Tensor scaled = at::zeros_like(image);
   at::Tensor slope0 = at::zeros_like(den);
   AT_DISPATCH_FLOATING_TYPES(image.scalar_type(), "simwarp_splat_bwd_prepare", [&] {

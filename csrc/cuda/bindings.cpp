@@ -218,27 +218,27 @@ at::Tensor correlate(const at::Tensor& x_in, at::ArrayRef<double> taps, at::IntA
   return cur.is_same(x_in) ? x_in.clone() : cur;
 }
 
-at::Tensor moments5(const at::Tensor& centred_in, at::ArrayRef<double> taps, at::IntArrayRef sizes) {
-  TORCH_CHECK(centred_in.is_floating_point() && centred_in.size(0) == 2,
-              "moments5: centred must be a float tensor stacking [a, b] on dim 0");
-  const c10::cuda::CUDAGuard guard(centred_in.device());
-  const at::Tensor centred = centred_in.contiguous();
+at::Tensor moments5(const at::Tensor& centered_in, at::ArrayRef<double> taps, at::IntArrayRef sizes) {
+  TORCH_CHECK(centered_in.is_floating_point() && centered_in.size(0) == 2,
+              "moments5: centered must be a float tensor stacking [a, b] on dim 0");
+  const c10::cuda::CUDAGuard guard(centered_in.device());
+  const at::Tensor centered = centered_in.contiguous();
   const int64_t d = static_cast<int64_t>(sizes.size());
-  const int64_t L = centred.size(-1), k_last = sizes[d - 1];
+  const int64_t L = centered.size(-1), k_last = sizes[d - 1];
   TORCH_CHECK(k_last <= L, "moments5: window larger than the axis");
-  const int64_t per_image = centred.numel() / 2, lines = per_image / L;
+  const int64_t per_image = centered.numel() / 2, lines = per_image / L;
   int64_t offset = 0;
   for (int64_t a = 0; a < d - 1; ++a) offset += sizes[a];
   at::Tensor all_taps = at::tensor(std::vector<double>(taps.begin(), taps.end()),
-                                   centred.options().dtype(at::kDouble).device(at::kCPU))
-                            .to(centred.options());
-  auto out_sizes = centred.sizes().vec();
+                                   centered.options().dtype(at::kDouble).device(at::kCPU))
+                            .to(centered.options());
+  auto out_sizes = centered.sizes().vec();
   out_sizes[0] = 5;
   out_sizes.back() = L - k_last + 1;
-  at::Tensor first = at::empty(out_sizes, centred.options());
+  at::Tensor first = at::empty(out_sizes, centered.options());
   auto stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES(centred.scalar_type(), "simwarp_moments5_cuda", [&] {
-    const scalar_t* base = centred.data_ptr<scalar_t>();
+  AT_DISPATCH_FLOATING_TYPES(centered.scalar_type(), "simwarp_moments5_cuda", [&] {
+    const scalar_t* base = centered.data_ptr<scalar_t>();
     check(launch_moments_last_axis<scalar_t>(base, base + per_image, first.data_ptr<scalar_t>(),
                                              all_taps.data_ptr<scalar_t>() + offset, lines, L,
                                              k_last, stream),

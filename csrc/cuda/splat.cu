@@ -46,7 +46,7 @@ __global__ void splat_scatter_kernel(const T* __restrict__ image, const T* __res
 }
 
 template <typename T>
-__global__ void splat_normalise_kernel(T* __restrict__ num, const T* __restrict__ den, int64_t N,
+__global__ void splat_normalize_kernel(T* __restrict__ num, const T* __restrict__ den, int64_t N,
                                        int64_t C, int64_t P, bool normalize, T eps) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= N * C * P) return;
@@ -122,7 +122,7 @@ cudaError_t launch_splat_forward(const T* image, const T* disp, T* out, T* den, 
     splat_scatter_kernel<T, 2><<<blocks_for(N * P), kThreads, 0, stream>>>(image, disp, out, den, N, C, sz);
   else
     splat_scatter_kernel<T, 3><<<blocks_for(N * P), kThreads, 0, stream>>>(image, disp, out, den, N, C, sz);
-  splat_normalise_kernel<T><<<blocks_for(N * C * P), kThreads, 0, stream>>>(out, den, N, C, P,
+  splat_normalize_kernel<T><<<blocks_for(N * C * P), kThreads, 0, stream>>>(out, den, N, C, P,
                                                                             normalize, eps);
   return cudaGetLastError();
 }

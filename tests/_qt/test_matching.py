@@ -24,8 +24,8 @@ def test_template_from_rectangle_found_where_cut(viewer, qtbot):
     wdg.run()
     qtbot.waitUntil(lambda: wdg.result is not None and not wdg.busy, timeout=30000)
     points = viewer.layers["matches"]
-    centre = (y0 + h // 2, x0 + w // 2)
-    np.testing.assert_array_equal(points.data[0], centre)
+    center = (y0 + h // 2, x0 + w // 2)
+    np.testing.assert_array_equal(points.data[0], center)
     assert points.features["score"][0] > 0.999
     assert (np.diff(points.features["score"]) <= 0).all() and len(points.data) <= 3
     assert viewer.layers["ZNCC map"].data.shape == image.shape

@@ -46,7 +46,7 @@ def test_deformable_pair_within_tolerance(viewer, qtbot, small_pair, tmp_path):
     np.testing.assert_array_equal(m.data, moving)
     assert w._save_btn.enabled and w._apply_btn.enabled and not w._affine_btn.enabled
 
-    # Save and load the transform; apply it to a labels layer (nearest neighbour).
+    # Save and load the transform; apply it to a labels layer (nearest neighbor).
     path = w.save_transform(tmp_path / "t.npz")[0]
     np.testing.assert_allclose(load_transform(path).to_displacement(fixed.shape), est)
     labels = viewer.add_labels((moving > 0.5).astype(np.int32) * 7, name="mask")
@@ -151,7 +151,7 @@ def test_affine_display_with_scaled_and_translated_layers(viewer, qtbot, camera_
 def test_apply_refuses_rgb_layers_with_a_notification(viewer, qtbot, camera_crop, errors):
     w, f, m = _setup(viewer, camera_crop, camera_crop, model="translation", iterations=5)
     _run(qtbot, w)
-    rgb = viewer.add_image(np.stack([camera_crop] * 3, -1), name="colour", rgb=True)
+    rgb = viewer.add_image(np.stack([camera_crop] * 3, -1), name="color", rgb=True)
     n_layers = len(viewer.layers)
     assert w.apply_to_layer(rgb) is None
     assert len(viewer.layers) == n_layers

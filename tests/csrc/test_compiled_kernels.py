@@ -120,7 +120,7 @@ def test_correlate_matches_scipy(compiled, shape, sizes, dtype, rng):
         kernel = np.multiply.outer(kernel, t)
     full = ndi.correlate(x, kernel[None, None], mode="constant",
                          origin=[0, 0] + [-(k // 2) for k in sizes])
-    # origin shifts SciPy's centred window to start at i: the valid part is the prefix.
+    # origin shifts SciPy's centered window to start at i: the valid part is the prefix.
     ref = full[(..., *[slice(0, n - k + 1) for n, k in zip(shape[2:], sizes)])]
     tol = 1e-12 if dtype == torch.float64 else 1e-5
     np.testing.assert_allclose(out.double().numpy(), ref, rtol=tol, atol=tol * np.abs(ref).max())
@@ -140,7 +140,7 @@ def test_correlate_transpose_is_the_adjoint(compiled, rng):
                           (x, [v for t in taps for v in t], [5, 4], False))
 
 
-# --- local_std_2d: padding and centring inside the kernel ------------------------------
+# --- local_std_2d: padding and centering inside the kernel ------------------------------
 
 SCIPY_MODES = {"reflect": "reflect", "mirror": "mirror", "constant": "constant", "nearest": "nearest"}
 NUMPY_PAD = {"reflect": "symmetric", "mirror": "reflect", "constant": "constant", "nearest": "edge"}

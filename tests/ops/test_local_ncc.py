@@ -272,7 +272,7 @@ class TestLocalNCC:
 
 @pytest.mark.parametrize("metric", ["local_ncc", "ssim"])
 def test_float32_where_local_means_are_far_from_the_image_mean(metric):
-    # Two halves ±450 apart with unit noise: centring on the image mean leaves Σa² huge
+    # Two halves ±450 apart with unit noise: centering on the image mean leaves Σa² huge
     # against the windows' variance; float32 sums cancelled to "flat" (0) here before.
     from napari_simwarp import ops
 

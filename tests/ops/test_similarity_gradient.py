@@ -22,7 +22,7 @@ def _grid_sample_warp(image: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     n, _, *spatial = image.shape
     grids = torch.meshgrid(*[torch.arange(s, dtype=d.dtype, device=d.device) for s in spatial],
                            indexing="ij")
-    # grid_sample wants (x, y[, z]) normalised to [-1, 1] with corners at the pixel centres.
+    # grid_sample wants (x, y[, z]) normalized to [-1, 1] with corners at the pixel centers.
     coords = [(d[:, k] + grids[k]) * 2 / (s - 1) - 1 for k, s in enumerate(spatial)]
     grid = torch.stack(coords[::-1], dim=-1).expand(n, *spatial, len(spatial))
     return F.grid_sample(image, grid, mode="bilinear", padding_mode="border", align_corners=True)
@@ -105,10 +105,10 @@ def _textured_pair(shape, device, seed=0):
     return both[0], 0.7 * both[0] + 0.3 * both[1]
 
 
-def _blob(spatial, centre, sigma, device):
+def _blob(spatial, center, sigma, device):
     grids = torch.meshgrid(*[torch.arange(s, dtype=torch.float64, device=device) for s in spatial],
                            indexing="ij")
-    r2 = sum((g - c) ** 2 for g, c in zip(grids, centre))
+    r2 = sum((g - c) ** 2 for g, c in zip(grids, center))
     return torch.exp(-r2 / (2 * sigma**2))[None, None]
 
 
@@ -144,15 +144,15 @@ class TestSimilarityGradient:
         # moving is fixed's blob moved by +2 px along the last axis, so fixed(x) = moving(x + d)
         # with d = +2 there: at the blob, the field must point along +last axis.
         spatial = (40, 40) if dims == 2 else (24, 24, 24)
-        centre = [s / 2 for s in spatial]
-        moved = list(centre)
+        center = [s / 2 for s in spatial]
+        moved = list(center)
         moved[-1] += 2
-        fixed = _blob(spatial, centre, 3.0, device) + 0.1
+        fixed = _blob(spatial, center, 3.0, device) + 0.1
         moving = _blob(spatial, moved, 3.0, device) + 0.1
         d = torch.zeros(1, dims, *spatial, dtype=torch.float64, device=device)
         field = similarity_gradient(fixed, moving, d, metric=metric, window=7) if metric in (
             "lncc", "ssim") else similarity_gradient(fixed, moving, d, metric=metric)
-        weight = _blob(spatial, centre, 5.0, device)[0, 0]
+        weight = _blob(spatial, center, 5.0, device)[0, 0]
         mean_vector = (field[0] * weight).sum(tuple(range(1, dims + 1)))
         along = mean_vector[-1]
         assert along > 0

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("backend")
 
 
 def _splat_loops(image: np.ndarray, displacement: np.ndarray, normalize: bool, eps: float = 1e-6):
-    """Independent oracle: explicit loops over source pixels and their 2ᴰ neighbours.
+    """Independent oracle: explicit loops over source pixels and their 2ᴰ neighbors.
 
     image ``(N, C, *S)``, displacement ``(N, D, *S)`` float64 arrays; returns
     ``(out (N, C, *S), den (N, *S))``.

@@ -124,7 +124,7 @@ class TestSSIM:
         torch.testing.assert_close(ssim(a, b, reduction="mean"), full.mean())
 
     def test_batch_and_channels_are_independent(self, device, rng):
-        """Every (N, C) slice is its own image (each gets its own centring offset)."""
+        """Every (N, C) slice is its own image (each gets its own centering offset)."""
         a = torch.as_tensor(np.stack([images.microscopy(rng, (48, 40)) * s for s in (1, 3)]))
         b = torch.as_tensor(np.stack([images.microscopy(rng, (48, 40)) * s for s in (1, 3)]))
         a, b = a.reshape(1, 2, 48, 40).to(device), b.reshape(1, 2, 48, 40).to(device)
@@ -160,7 +160,7 @@ class TestSSIM:
         assert torch.autograd.gradcheck(fn, (a, b), fast_mode=ndim == 3)
 
     def test_gradcheck_offset_data(self, device):
-        """Large offsets exercise the centring and its conversion back to plain moments."""
+        """Large offsets exercise the centering and its conversion back to plain moments."""
         gen = torch.Generator().manual_seed(4)
         a = (50 + torch.rand(1, 1, 9, 10, generator=gen, dtype=torch.float64)).to(device)
         b = (20 + 2 * torch.rand(1, 1, 9, 10, generator=gen, dtype=torch.float64)).to(device)

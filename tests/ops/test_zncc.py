@@ -280,7 +280,7 @@ class TestNcc:
 
 
 def test_one_pixel_template_with_pad_input_leaves_the_image_untouched():
-    # Nothing is padded for a 1-pixel template: the centring must not happen in place on
+    # Nothing is padded for a 1-pixel template: the centering must not happen in place on
     # the caller's tensor (it did, and raised for leaves that require grad).
     image = torch.rand(1, 1, 12, 13, dtype=torch.float64) + 5.0
     before = image.clone()

@@ -15,8 +15,8 @@ def textured(rng, shape) -> np.ndarray:
     return 0.5 * random_smooth(rng, shape, 1.5) + 0.5 * random_smooth(rng, shape, 4.0)
 
 
-def centred_affine(linear, shift, shape) -> np.ndarray:
-    """Homogeneous matrix of ``y = L (x - c) + c + t`` (array order, c the centre)."""
+def centered_affine(linear, shift, shape) -> np.ndarray:
+    """Homogeneous matrix of ``y = L (x - c) + c + t`` (array order, c the center)."""
     d = len(shape)
     c = (np.asarray(shape, float) - 1) / 2
     m = np.eye(d + 1)

@@ -6,7 +6,7 @@ import numpy as np
 import tifffile
 
 from napari_simwarp.registration import cli, load_transform
-from tests.registration.cases import affine_pair, centred_affine, corner_error
+from tests.registration.cases import affine_pair, centered_affine, corner_error
 
 
 def _parse(argv):
@@ -17,7 +17,7 @@ def _parse(argv):
 
 def test_cli_register_files(tmp_path, rng):
     shape = (96, 96)
-    m = centred_affine(np.eye(2), [2.5, -1.25], shape)
+    m = centered_affine(np.eye(2), [2.5, -1.25], shape)
     fixed, moving = affine_pair(rng, shape, m)
     tifffile.imwrite(tmp_path / "fixed.tif", (fixed * 1000).astype(np.uint16))
     np.save(tmp_path / "moving.npy", moving)

@@ -7,7 +7,7 @@ import torch
 
 from napari_simwarp.registration import register, register_iter
 from napari_simwarp.ops import jacobian_determinant
-from tests.registration.cases import affine_pair, centred_affine, corner_error, deformed_pair
+from tests.registration.cases import affine_pair, centered_affine, corner_error, deformed_pair
 
 
 def _rotation(deg, scale=1.0, shear=0.0):
@@ -20,7 +20,7 @@ def _rotation(deg, scale=1.0, shear=0.0):
 def affine_case():
     rng = np.random.default_rng(7)
     shape = (128, 128)
-    m = centred_affine(_rotation(6, 1.05, 0.03), [4.0, -3.0], shape)
+    m = centered_affine(_rotation(6, 1.05, 0.03), [4.0, -3.0], shape)
     fixed, moving = affine_pair(rng, shape, m)
     return fixed, moving, m
 
@@ -47,7 +47,7 @@ def test_other_metrics_converge(affine_case, metric):
 def test_constrained_models(model, lin):
     rng = np.random.default_rng(3)
     shape = (96, 96)
-    m = centred_affine(lin, [3.2, -2.7], shape)
+    m = centered_affine(lin, [3.2, -2.7], shape)
     fixed, moving = affine_pair(rng, shape, m)
     result = register(fixed, moving, model=model)
     assert result.transform.kind == model
@@ -100,7 +100,7 @@ def test_3d_affine():
     shape = (32, 32, 32)
     th = np.deg2rad(4)
     lin = np.array([[1, 0, 0], [0, np.cos(th), -np.sin(th)], [0, np.sin(th), np.cos(th)]])
-    m = centred_affine(lin * 1.02, [1.5, -1.0, 2.0], shape)
+    m = centered_affine(lin * 1.02, [1.5, -1.0, 2.0], shape)
     fixed, moving = affine_pair(rng, shape, m)
     result = register(fixed, moving, model="affine", metric="lncc", window=7)
     assert corner_error(result.transform.matrix, m, shape) < 0.3

@@ -10,13 +10,13 @@ from napari_simwarp.registration import (
     VelocityTransform,
     load_transform,
 )
-from tests.registration.cases import centred_affine, smooth_field, textured
+from tests.registration.cases import centered_affine, smooth_field, textured
 
 
 def _matrix(shape):
     th = np.deg2rad(5)
     lin = np.array([[np.cos(th), -np.sin(th)], [np.sin(th), np.cos(th)]]) * 1.03
-    return centred_affine(lin, [2.5, -1.5], shape)
+    return centered_affine(lin, [2.5, -1.5], shape)
 
 
 def test_affine_apply_matches_scipy(rng):

@@ -23,7 +23,7 @@ def test_find_peaks_topk_nms():
 def test_match_finds_the_cut_template():
     image = data.camera()[:128, :128]
     res = match(image, image[40:60, 70:86], k=2, threshold=0.2, device="cpu")
-    np.testing.assert_array_equal(res.centres[0], (50, 78))
+    np.testing.assert_array_equal(res.centers[0], (50, 78))
     np.testing.assert_array_equal(res.corners[0], (40, 70))
     assert res.scores[0] > 0.999 and res.boxes().shape[1:] == (4, 2)
 

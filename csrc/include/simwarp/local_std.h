@@ -27,7 +27,7 @@ SIMWARP_HD void local_std_vjp(T g, T out, T s1, T inv_n, bool normalized, bool f
                               T* d_s2) {
   // out = sqrt(V / N) or sqrt(V + eps): ∂out/∂V = 1 / (2 N out) or 1 / (2 out). Both
   // selects come before the division (whose denominator is never 0), so the CPU loops
-  // vectorise without a branch.
+  // vectorize without a branch.
   const T den = flat ? T(1) : T(2) * (normalized ? out / inv_n : out);
   const T d_v = (flat ? T(0) : g) / den;
   *d_s2 = d_v;

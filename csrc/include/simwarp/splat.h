@@ -1,11 +1,11 @@
 // Splatting (SPEC §4): where one source pixel lands and its share of each of the 2ᴰ
-// neighbours, for host and device.
+// neighbors, for host and device.
 //
-// A source pixel at q moved by d lands at p = q + d. Along each axis the lower neighbour
+// A source pixel at q moved by d lands at p = q + d. Along each axis the lower neighbor
 // is floor(p) with weight 1 − f and the upper one floor(p) + 1 with weight f, f = p −
-// floor(p). Neighbours outside [0, n − 1] receive nothing (their share leaves the image);
+// floor(p). Neighbors outside [0, n − 1] receive nothing (their share leaves the image);
 // a non-finite p lands nowhere. The weight of a corner is the product of its axes' hats,
-// and ∂weight/∂d_k = ±Π_{m≠k} hat_m (+ for the upper neighbour along k).
+// and ∂weight/∂d_k = ±Π_{m≠k} hat_m (+ for the upper neighbor along k).
 #pragma once
 
 #include "macros.h"
@@ -34,7 +34,7 @@ struct SplatCell {
     for (int k = 0; k < D; ++k) valid = valid && splat_axis(position[k], size[k], lower + k, frac + k);
   }
 
-  // Corner `bits` (bit k set: upper neighbour along axis k): flat index in an array of
+  // Corner `bits` (bit k set: upper neighbor along axis k): flat index in an array of
   // `size`, or −1 when outside; its weight; and ∂weight/∂position_k in grad[k].
   SIMWARP_HD int64_t corner(int bits, const int64_t* size, T* weight, T* grad) const {
     T hat[D];
@@ -62,7 +62,7 @@ struct SplatCell {
   }
 };
 
-// Per destination j, what the backward gathers (normalised mode): v_c(j)/den(j) and the
+// Per destination j, what the backward gathers (normalized mode): v_c(j)/den(j) and the
 // value-independent part of the displacement slope, v_den(j) − Σ_c out_c(j) v_c(j)/den(j).
 // Holes (den <= eps) pass nothing.
 template <typename T>

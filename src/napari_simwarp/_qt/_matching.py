@@ -35,7 +35,7 @@ class TemplateMatchingWidget(Container):
 
     The template is the rectangle selected in a Shapes layer (else its last shape), cut
     from the image, or a whole image layer. Results: the ``"ZNCC map"`` image (value at a
-    pixel: the template centred there), the ``"matches"`` points (the top k local maxima
+    pixel: the template centered there), the ``"matches"`` points (the top k local maxima
     above the threshold, with their ``score`` as a feature) and, in 2-D, the
     ``"match boxes"`` rectangles.
     """
@@ -123,7 +123,7 @@ class TemplateMatchingWidget(Container):
         features = {"score": result.scores.astype(np.float32)}
         ndim = result.zncc.ndim
         put_layer(self._viewer, "points", POINTS_LAYER,
-                  result.centres.astype(np.float32).reshape(-1, ndim), like=image,
+                  result.centers.astype(np.float32).reshape(-1, ndim), like=image,
                   features=features, size=max(4, min(result.template_shape) // 4),
                   face_color="yellow", text={"string": "{score:.2f}", "color": "yellow",
                                              "anchor": "upper_left", "size": 9})
@@ -134,7 +134,7 @@ class TemplateMatchingWidget(Container):
         else:  # no boxes in 3D: an earlier 2D run's boxes would no longer match the points
             remove_layer(self._viewer, BOXES_LAYER)
         n = len(result.scores)
-        best = f", best {result.scores[0]:.3f} at {tuple(int(c) for c in result.centres[0])}" \
+        best = f", best {result.scores[0]:.3f} at {tuple(int(c) for c in result.centers[0])}" \
             if n else ""
         self._status.value = f"{n} match(es){best} in {result.seconds:.2f} s"
 

@@ -42,7 +42,7 @@ class RegisterWidget(Container):
     and ``"similarity gradient"`` Vectors layers (subsampled). Cancel stops the run within
     one iteration and keeps the best result so far. Afterwards the transform can be saved
     (``.npz``, read back by :func:`napari_simwarp.load_transform`), applied to
-    other layers (labels with nearest neighbour) and, for linear models, shown through the
+    other layers (labels with nearest neighbor) and, for linear models, shown through the
     moving layer's ``affine`` without resampling.
     """
 

@@ -92,7 +92,7 @@ class MomentMetric:
         moments : five Tensors, shape ``(N, C, *S)`` each: ``(W⋆a, W⋆b, W⋆a², W⋆b², W⋆ab)``
             of the centered images. They are scratch buffers the metric may overwrite.
         shifts : two Tensors, shape ``(N, C, 1, ...)``: the means ``(m_a, m_b)`` that were
-            subtracted (the plain local mean is ``W⋆a + m_a`` for a normalised window).
+            subtracted (the plain local mean is ``W⋆a + m_a`` for a normalized window).
         total : float
             Sum of the window weights (the box's element count, 1 for a Gaussian).
         need_partials : bool
@@ -102,7 +102,7 @@ class MomentMetric:
         -------
         map : Tensor, shape ``(N, C, *S)``
         partials : Tensor, shape ``(P, N, C, *S)``, or None when not needed; partials with
-            respect to the centred moments, laid out as :attr:`slots` says.
+            respect to the centered moments, laid out as :attr:`slots` says.
         """
         raise NotImplementedError
 

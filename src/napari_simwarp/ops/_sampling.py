@@ -88,7 +88,7 @@ def pixel_to_grid(coords: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     Returns
     -------
     Tensor, shape ``(N, *S_out, D)``
-        Normalised to ``[-1, 1]`` inside the input, last axis in ``(x, y[, z])`` order, for
+        Normalized to ``[-1, 1]`` inside the input, last axis in ``(x, y[, z])`` order, for
         ``grid_sample(..., align_corners=True)``. Differentiable with respect to ``coords``.
     """
     d = coords.shape[1]

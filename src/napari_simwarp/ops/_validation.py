@@ -70,7 +70,7 @@ def check_same_device(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str
 def check_window(
     window, spatial_shape: Sequence[int], name: str = "window", *, allow_larger: bool = False
 ) -> tuple[int, ...]:
-    """Normalise a window size to one odd positive int per spatial axis.
+    """Normalize a window size to one odd positive int per spatial axis.
 
     Parameters
     ----------

@@ -38,7 +38,7 @@ def fft_cc(x: torch.Tensor, kernel: torch.Tensor, mode: str = "same") -> torch.T
         One kernel shared by the whole stack, or one per image/channel (broadcast).
         ``len(K) == len(S)``.
     mode : {"same", "valid"}
-        "same": output shape ``S``, the kernel centred at ``c = K // 2`` (SciPy's centre,
+        "same": output shape ``S``, the kernel centered at ``c = K // 2`` (SciPy's center,
         also for even sizes), zeros outside ``x``. "valid": output shape ``S - K + 1``,
         only positions where the kernel lies inside ``x`` (needs ``K <= S``).
 
@@ -78,7 +78,7 @@ def fft_cc(x: torch.Tensor, kernel: torch.Tensor, mode: str = "same") -> torch.T
         out_shape = [n - k + 1 for n, k in zip(spatial, ksize)]
         shifts = [0] * d
     else:
-        # The kernel sits with its centre at index 0 (wrapped), and L >= S + K - 1 keeps
+        # The kernel sits with its center at index 0 (wrapped), and L >= S + K - 1 keeps
         # the zero padding from wrapping into the output.
         sizes = [next_fast_len(n + k - 1) for n, k in zip(spatial, ksize)]
         out_shape = list(spatial)

@@ -27,7 +27,7 @@ def invert(d: torch.Tensor, *, iterations: int = 20, tolerance: float = 1e-4) ->
         Most fixed-point steps.
     tolerance : float
         Stop once no component changes by more than this many pixels in a step
-        (checking it synchronises with the device once per step); 0 runs every step.
+        (checking it synchronizes with the device once per step); 0 runs every step.
 
     Returns
     -------

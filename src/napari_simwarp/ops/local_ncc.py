@@ -32,7 +32,7 @@ class _LocalNCCMetric(MomentMetric):
     coefficients = (-1.0, 1.0)
 
     def pointwise(self, moments, shifts, total, need_partials):
-        # Shift-invariant: the centred moments are all it needs.
+        # Shift-invariant: the centered moments are all it needs.
         sa, sb, saa, sbb, sab = moments
         inv_n = 1.0 / total
         va = torch.addcmul(saa, sa, sa, value=-inv_n)
@@ -68,9 +68,9 @@ def local_ncc(
     sigma: float | Sequence[float] | None = None,
     reduction: str = "none",
 ) -> torch.Tensor:
-    """Local (windowed) zero-normalised cross-correlation of two images, in [-1, 1].
+    """Local (windowed) zero-normalized cross-correlation of two images, in [-1, 1].
 
-    Per pixel, over the window ``w`` centred on it (SPEC §2):
+    Per pixel, over the window ``w`` centered on it (SPEC §2):
 
         ρ = Σ w (a - ā)(b - b̄) / sqrt(Σ w (a - ā)² · Σ w (b - b̄)²)
 
@@ -87,7 +87,7 @@ def local_ncc(
     window : int or tuple of int
         Odd window size, one for all axes or one per spatial axis; at most the image size.
     kernel : {"box", "gaussian"}
-        Uniform weights, or a normalised Gaussian truncated to the window.
+        Uniform weights, or a normalized Gaussian truncated to the window.
     sigma : float or tuple of float, optional
         The Gaussian's standard deviation (``kernel="gaussian"`` only); default
         ``(window - 1) / 6`` per axis, so the window spans ±3σ.

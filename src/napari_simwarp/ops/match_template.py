@@ -76,7 +76,7 @@ def match_template(
     dims = tuple(range(2, img.dim()))
     tshape = tuple(template.shape[2:])
 
-    # Centre the image on its own mean (detached; ZNCC is shift-invariant): keeps the
+    # Center the image on its own mean (detached; ZNCC is shift-invariant): keeps the
     # float32 FFT and the sums accurate on data with a large offset. scikit-image pads
     # the *original* image with zeros, i.e. the centered one with -mean.
     mean = img.detach().mean(dims, keepdim=True)

@@ -3,7 +3,7 @@
 The registration loss of docs/maths.md §6 compares ``fixed`` with ``warp(moving, d)``; its gradient
 with respect to the dense displacement ``d`` is one vector per pixel, which looks at the
 image content around each sample (docs/maths.md §3). Drawn as a vector field it shows the direction
-the optimiser would move each pixel in its next step.
+the optimizer would move each pixel in its next step.
 """
 
 from __future__ import annotations

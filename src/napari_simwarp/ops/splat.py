@@ -1,7 +1,7 @@
 """Differentiable forward warping (splatting), docs/maths.md §4.
 
 Each source pixel ``i`` at grid position ``q_i`` moves to ``p_i = q_i + d_i`` and spreads
-its value to the 2ᴰ integer neighbours ``j`` of ``p_i`` with bilinear (trilinear in 3D)
+its value to the 2ᴰ integer neighbors ``j`` of ``p_i`` with bilinear (trilinear in 3D)
 weights ``g(p_i, j)``:
 
     num(j) = Σ_i g(p_i, j) · f(i)        den(j) = Σ_i g(p_i, j)

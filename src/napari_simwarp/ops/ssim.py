@@ -24,7 +24,7 @@ class _SSIMMetric(MomentMetric):
         ∂S/∂(G⋆xy) = ∂S/∂σxy = 2 A1 r                     (slot 3)
         ∂S/∂μx (total) = 2 r [μy (A2 - A1) + μx S (B1 - B2)]    (slot 0; swapped: slot 1)
 
-    and slots 0, 1 are then converted to the centred moments the engine uses (see
+    and slots 0, 1 are then converted to the centered moments the engine uses (see
     ``_moments``): ``∂S/∂M_x = ∂S/∂μx + 2 m_x ∂S/∂σ² + m_y ∂S/∂σxy``. Slot 2 stores
     ``+S/B2``, so its coefficient is ``-2``. Sharing the σ² map saves one of five adjoint
     passes.
@@ -38,12 +38,12 @@ class _SSIMMetric(MomentMetric):
         self.c1, self.c2 = c1, c2
 
     def pointwise(self, moments, shifts, total, need_partials):
-        mx, my, mxx, myy, mxy = moments  # centred: mx = G⋆(x - m_x), ...
+        mx, my, mxx, myy, mxy = moments  # centered: mx = G⋆(x - m_x), ...
         shift_x, shift_y = shifts
         # 0-dim constants let addcmul/add start from a constant in one pass.
         c1 = mx.new_tensor(self.c1)
         c2 = mx.new_tensor(self.c2)
-        # Contrast-structure terms from the centred moments (accurate in float32).
+        # Contrast-structure terms from the centered moments (accurate in float32).
         a2 = torch.add(c2, mxy, alpha=2.0).addcmul_(mx, my, value=-2.0)  # 2 σxy + C2
         squares = torch.addcmul(-c2, mx, mx).addcmul_(my, my)
         b2 = mxx.add_(myy).sub_(squares)  # σx² + σy² + C2
@@ -65,7 +65,7 @@ class _SSIMMetric(MomentMetric):
         e = b1.sub_(b2).mul_(ssim_map)  # S (B1 - B2)
         torch.mul(muy, d, out=p_mux).addcmul_(mux, e).mul_(r2)
         torch.mul(mux, d, out=p_muy).addcmul_(muy, e).mul_(r2)
-        # To centred moments (p_var holds -∂S/∂σ², hence -2).
+        # To centered moments (p_var holds -∂S/∂σ², hence -2).
         p_mux.addcmul_(shift_x, p_var, value=-2.0).addcmul_(shift_y, p_cov)
         p_muy.addcmul_(shift_y, p_var, value=-2.0).addcmul_(shift_x, p_cov)
         return ssim_map, partials
@@ -84,7 +84,7 @@ def ssim(
 ) -> torch.Tensor:
     """Structural similarity with a Gaussian window (Wang et al. 2004), differentiable.
 
-    Per pixel, with ``G`` the normalised Gaussian window (``window`` taps of standard
+    Per pixel, with ``G`` the normalized Gaussian window (``window`` taps of standard
     deviation ``sigma`` per axis), ``C1 = (k1·data_range)²``, ``C2 = (k2·data_range)²``:
 
         S = (2 μa μb + C1)(2 σab + C2) / ((μa² + μb² + C1)(σa² + σb² + C2))
@@ -109,7 +109,7 @@ def ssim(
     data_range : float
         Range of the data (1 for images in [0, 1], 255 for 8-bit), sets ``C1`` and ``C2``.
     k1, k2 : float
-        Positive stabilising constants (positive, so constant images give finite values).
+        Positive stabilizing constants (positive, so constant images give finite values).
     reduction : {"none", "mean"}
         "none" (default): the per-pixel map. "mean": one scalar, the mean of the map over
         every pixel of every image and channel (borders included, unlike

@@ -1,4 +1,4 @@
-"""The names the optimiser accepts, in a module without torch (the CLI's parser uses them)."""
+"""The names the optimizer accepts, in a module without torch (the CLI's parser uses them)."""
 
 MODELS = ("translation", "rigid", "similarity", "affine", "deformable", "diffeomorphic")
 LINEAR_MODELS = MODELS[:4]

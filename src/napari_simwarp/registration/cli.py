@@ -36,7 +36,7 @@ def read_image(path) -> np.ndarray:
     from skimage import io
 
     image = io.imread(path)
-    if image.ndim == 3 and image.shape[-1] in (3, 4):  # colour PNG: register on luminance
+    if image.ndim == 3 and image.shape[-1] in (3, 4):  # color PNG: register on luminance
         from skimage.color import rgb2gray
 
         image = rgb2gray(image[..., :3])

@@ -83,8 +83,8 @@ def phase_correlation(reference: torch.Tensor, moving: torch.Tensor) -> torch.Te
             p = peak.clone()
             p[:, axis] = (p[:, axis] + offset) % size
             return corr[(idx, *p.unbind(1))]
-        left, centre, right = value(-1), value(0), value(1)
-        denom = left - 2 * centre + right
+        left, center, right = value(-1), value(0), value(1)
+        denom = left - 2 * center + right
         frac = torch.where(denom.abs() > 1e-12, 0.5 * (left - right) / denom,
                            torch.zeros_like(denom))
         shifts[:, axis] = shifts[:, axis] + frac.clamp(-0.5, 0.5)
@@ -156,7 +156,7 @@ def _overlap_loss(fs: torch.Tensor, rs: torch.Tensor, shifts: torch.Tensor) -> t
     """Per frame, the refinement's loss at ``shifts`` over the overlap (batched).
 
     ``Σ (F̃(x + d) − R̃(x))²`` averaged over the pixels ``x`` with ``x + d`` inside the
-    frame, ``F̃, R̃`` normalised to zero mean and unit variance over that overlap.
+    frame, ``F̃, R̃`` normalized to zero mean and unit variance over that overlap.
     """
     d = fs.dim() - 2
     shape = tuple(fs.shape[2:])
@@ -215,7 +215,7 @@ def select_shifts(frames, references, candidates, *, sigma: float = 1.0) -> torc
     """Per frame, whichever of ``candidates`` (each ``(N, D)``) fits best over the overlap.
 
     The check :func:`refine_translation` applies to its ``alternatives``, for callers that
-    start another optimiser from a phase-correlation guess: a spurious peak (from outliers,
+    start another optimizer from a phase-correlation guess: a spurious peak (from outliers,
     or a periodic pattern) is dropped where a zero shift matches better.
     """
     return _select(gaussian_blur(frames, sigma), gaussian_blur(references, sigma),
@@ -259,10 +259,10 @@ def refine_translation_iter(frames, references, shifts, *, iterations: int = 10,
                             tol: float = 1e-3, sigma: float = 1.0, alternatives=None):
     """Gauss–Newton (inverse compositional) refinement of per-frame shifts.
 
-    Minimises ``Σ_x (F̃(x + d) − R̃(x))²`` over the pixels ``x`` of an inner box that every
+    Minimizes ``Σ_x (F̃(x + d) − R̃(x))²`` over the pixels ``x`` of an inner box that every
     shift keeps inside the frame, with ``F̃, R̃`` the frame and reference blurred by
     ``sigma`` (this takes noise off the gradient, and bilinear interpolation is far more
-    accurate on a smooth image) and normalised to zero mean and unit variance over the box
+    accurate on a smooth image) and normalized to zero mean and unit variance over the box
     (so slow intensity changes, e.g. bleaching, do not bias the shift). A generator: it
     yields a :class:`TranslationStep` per iteration, stops when sent a true value, and
     returns ``(shifts, loss per frame, stopped)``.

@@ -19,11 +19,11 @@ from .transforms import AffineTransform, DisplacementTransform, VelocityTransfor
 
 
 class LinearModel:
-    """Translation, rigid, similarity or affine, about the fixed image's centre.
+    """Translation, rigid, similarity or affine, about the fixed image's center.
 
     ``y = L (x − c) + c + t`` in full-resolution pixels of the fixed image, composed after
-    an optional initial matrix: ``M = M0 @ M(θ)``. Centring decouples rotation from
-    translation, which is what lets the optimiser move them independently.
+    an optional initial matrix: ``M = M0 @ M(θ)``. Centering decouples rotation from
+    translation, which is what lets the optimizer move them independently.
     """
 
     def __init__(self, kind: str, fixed_shape, moving_shape, batch: int, *, init=None,
@@ -46,7 +46,7 @@ class LinearModel:
             m0 = torch.as_tensor(init, dtype=wide, device=device)
             m0 = m0.reshape(-1, d + 1, d + 1).expand(batch, -1, -1)
         self.init = m0.clone()
-        self.centre = torch.tensor([(n - 1) / 2 for n in self.fixed_shape], dtype=dtype,
+        self.center = torch.tensor([(n - 1) / 2 for n in self.fixed_shape], dtype=dtype,
                                    device=device)
 
     def parameters(self) -> list[torch.Tensor]:
@@ -80,7 +80,7 @@ class LinearModel:
         """Homogeneous fixed → moving matrices ``(N, D+1, D+1)`` in full-res pixels."""
         n, d = self.shift.shape
         lin = self._linear_part()
-        t = self.centre + self.shift - (lin @ self.centre.view(d, 1)).squeeze(-1)
+        t = self.center + self.shift - (lin @ self.center.view(d, 1)).squeeze(-1)
         top = torch.cat([lin, t.unsqueeze(-1)], dim=-1)
         bottom = torch.zeros(n, 1, d + 1, dtype=lin.dtype, device=lin.device)
         bottom[..., -1] = 1
@@ -102,7 +102,7 @@ class LinearModel:
         warped = grid_sample(moving, grid, "linear", "nearest")
         return warped, grid_inside(grid.detach(), moving_level)
 
-    def regulariser(self) -> torch.Tensor:
+    def regularizer(self) -> torch.Tensor:
         return self.shift.new_zeros(self.shift.shape[0])
 
     def snapshot(self) -> list[torch.Tensor]:
@@ -199,7 +199,7 @@ class DenseModel:
                 inside = inside * ((p >= -0.5) & (p <= s - 0.5)).unsqueeze(1).to(d.dtype)
         return warped, inside
 
-    def regulariser(self) -> torch.Tensor:
+    def regularizer(self) -> torch.Tensor:
         f = self.field
         total = f.new_zeros(f.shape[0])
         for axis in range(self.ndim):

@@ -31,7 +31,7 @@ class Schedule:
     min_lr_factor : a level ends once its step has shrunk below ``lr · min_lr_factor``.
     refine_lr_factor : levels after the first start at ``lr · refine_lr_factor`` (they
         start from the coarser level's answer, so big first steps would only undo it).
-    reg_weight : weight of the model's regulariser.
+    reg_weight : weight of the model's regularizer.
     optimizer : "adam", or "lbfgs" (quasi-Newton with a strong-Wolfe line search: for the
         few parameters of a linear model it converges in far fewer evaluations).
     report_every : a :class:`Progress` snapshot every this many iterations.
@@ -119,7 +119,7 @@ def optimize(model, fixed_levels, moving_levels, weight_levels, schedule: Schedu
             w = valid if weight is None else valid * weight
             per_pair = loss_fn(fixed, warped, w)
             if schedule.reg_weight:
-                per_pair = per_pair + schedule.reg_weight * model.regulariser()
+                per_pair = per_pair + schedule.reg_weight * model.regularizer()
             values = per_pair.detach()
             if not torch.isfinite(values).all():
                 raise FloatingPointError(
@@ -141,20 +141,20 @@ def optimize(model, fixed_levels, moving_levels, weight_levels, schedule: Schedu
             return per_pair.detach().sum()
 
         if schedule.optimizer == "lbfgs":
-            optimiser = torch.optim.LBFGS(model.parameters(), lr=1.0, max_iter=1,
+            optimizer = torch.optim.LBFGS(model.parameters(), lr=1.0, max_iter=1,
                                           history_size=10, line_search_fn="strong_wolfe",
                                           tolerance_grad=1e-12, tolerance_change=1e-12)
 
             def closure():
-                optimiser.zero_grad(set_to_none=True)
+                optimizer.zero_grad(set_to_none=True)
                 return evaluate()
         else:
-            optimiser = torch.optim.Adam(model.parameters(), lr=lr)
+            optimizer = torch.optim.Adam(model.parameters(), lr=lr)
         reference = math.inf
         since_progress = 0
         for iteration in range(schedule.iterations_at(level, levels)):
             if schedule.optimizer == "lbfgs":
-                optimiser.step(closure)
+                optimizer.step(closure)
                 total = min(state["total"], float(state["best_loss"].mean()))
                 # Quasi-Newton: stop once an iteration gains (almost) nothing.
                 if total > reference - schedule.tol * max(abs(reference), 1e-6):
@@ -165,9 +165,9 @@ def optimize(model, fixed_levels, moving_levels, weight_levels, schedule: Schedu
                     since_progress = 0
                 reference = min(reference, total)
             else:
-                optimiser.zero_grad(set_to_none=True)
+                optimizer.zero_grad(set_to_none=True)
                 evaluate()
-                optimiser.step()
+                optimizer.step()
                 total = state["total"]
                 if total < reference - schedule.tol * max(abs(reference), 1e-6) or \
                         not math.isfinite(reference):
@@ -177,7 +177,7 @@ def optimize(model, fixed_levels, moving_levels, weight_levels, schedule: Schedu
                 if since_progress >= schedule.patience:
                     lr *= 0.5
                     since_progress = 0
-                    for group in optimiser.param_groups:
+                    for group in optimizer.param_groups:
                         group["lr"] = lr
                     if lr < lr0 * schedule.min_lr_factor:
                         break

@@ -69,7 +69,7 @@ def _prepare_mask(mask, shape, device):
 
 
 def prepare_pair(fixed, moving, model, metric, mask, levels, device, smooth=1.0):
-    """Validate, normalise and build pyramids; returns a dict of what a run needs."""
+    """Validate, normalize and build pyramids; returns a dict of what a run needs."""
     check_choice(model, "model", MODELS)
     check_choice(metric, "metric", METRICS)
     f = _inputs.to_tensor(fixed, "fixed")
@@ -145,7 +145,7 @@ def initial_shift_matrix(prep, model, metric, schedule):
 
 
 def warp_moving(model, moving_raw: torch.Tensor, shape) -> torch.Tensor:
-    """The original (un-normalised) moving images ``(N, 1, *S)`` on the fixed grid."""
+    """The original (un-normalized) moving images ``(N, 1, *S)`` on the fixed grid."""
     with torch.no_grad():
         if isinstance(model, LinearModel):
             mat = model.matrix().to(moving_raw.dtype)
@@ -160,7 +160,7 @@ def register_iter(fixed, moving, *, model="affine", metric="lncc", mask=None, le
                   iterations=None, lr=None, tol=1e-4, window=None, grid_spacing=8.0,
                   regularization=None, steps=7, init=None, device="auto", report_every=5,
                   optimizer="auto", full_resolution=None):
-    """Generator form of :func:`register`: yields :class:`~.optimise.Progress` snapshots.
+    """Generator form of :func:`register`: yields :class:`~.optimize.Progress` snapshots.
 
     Send a true value (``gen.send(True)``) to stop within one iteration; the generator then
     returns (``StopIteration.value``) the :class:`RegistrationResult` with the best
@@ -216,15 +216,15 @@ def register(fixed, moving, *, model="affine", metric="lncc", mask=None, levels=
         Window of "lncc" (default 9) or "ssim" (default 11).
     grid_spacing : float
         Dense models: control-grid spacing in level pixels (larger is smoother).
-    regularisation : float, optional
-        Dense models: weight of the diffusion regulariser (default 0.05).
+    regularization : float, optional
+        Dense models: weight of the diffusion regularizer (default 0.05).
     steps : int
         Diffeomorphic: scaling-and-squaring steps.
     init : Transform or array, optional
         Starting transform (a matrix for linear models, a displacement for dense ones).
     device : "auto", "cpu", "cuda", "mps" or a torch.device
     full_resolution : bool, optional
-        Optimise on the full-resolution level too. Default (None): only for images up to
+        Optimize on the full-resolution level too. Default (None): only for images up to
         256² (2-D) or 64³ (3-D) pixels; larger ones stop at half resolution, several
         times faster for a loss of a few hundredths of a pixel.
     optimizer : {"auto", "adam", "lbfgs"}

@@ -159,7 +159,7 @@ class AffineTransform(Transform):
 
 def _resize_field(field: np.ndarray, shape) -> np.ndarray:
     """Resample a pixel displacement ``(D, *S)`` to ``(D, *shape)`` over the same field of
-    view (pixel-centre convention), rescaling each component to the new pixel size."""
+    view (pixel-center convention), rescaling each component to the new pixel size."""
     shape = tuple(int(n) for n in shape)
     src = field.shape[1:]
     if len(shape) != len(src):

@@ -11,7 +11,7 @@ def apply_transforms(transforms, data, labels: bool = False, output_shape=None) 
     """Resample another layer's ``data`` with a run's transform(s).
 
     One transform: ``data`` is ``(*C, *S)`` (leading axes resampled alike). One per
-    frame: ``data`` is ``(T, *S)`` with T frames. Labels use nearest-neighbour (order 0)
+    frame: ``data`` is ``(T, *S)`` with T frames. Labels use nearest-neighbor (order 0)
     and keep their dtype.
     """
     arr = np.asarray(data)

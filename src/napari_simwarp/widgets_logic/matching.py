@@ -59,11 +59,11 @@ def find_peaks(score_map: np.ndarray, k: int = 5, threshold: float = 0.5,
 
 @dataclass
 class MatchResult:
-    """ZNCC map (image shape; value at ``i``: the template centred on ``i``), the matches'
-    centres ``(n, D)``, their scores, and their boxes as rectangles ``(n, 4, 2)`` (2-D)."""
+    """ZNCC map (image shape; value at ``i``: the template centered on ``i``), the matches'
+    centers ``(n, D)``, their scores, and their boxes as rectangles ``(n, 4, 2)`` (2-D)."""
 
     zncc: np.ndarray
-    centres: np.ndarray
+    centers: np.ndarray
     scores: np.ndarray
     corners: np.ndarray
     template_shape: tuple
@@ -80,7 +80,7 @@ class MatchResult:
 
 def match(image, template, *, k: int = 5, threshold: float = 0.5,
           min_distance: int | None = None, device: str = "auto") -> MatchResult:
-    """ZNCC of ``template`` over ``image`` and its ``k`` best matches (centres).
+    """ZNCC of ``template`` over ``image`` and its ``k`` best matches (centers).
 
     ``min_distance`` defaults to half the template's smallest side, so one object gives
     one match.
@@ -109,6 +109,6 @@ def match(image, template, *, k: int = 5, threshold: float = 0.5,
                                   pad_input=True)
     zmap = zncc[0, 0].float().cpu().numpy()
     md = max(1, min(tpl.shape) // 2) if min_distance is None else int(min_distance)
-    centres, scores = find_peaks(zmap, k=k, threshold=threshold, min_distance=md)
-    corners = centres - np.asarray([t // 2 for t in tpl.shape], int)
-    return MatchResult(zmap, centres, scores, corners, tpl.shape, time.perf_counter() - start)
+    centers, scores = find_peaks(zmap, k=k, threshold=threshold, min_distance=md)
+    corners = centers - np.asarray([t // 2 for t in tpl.shape], int)
+    return MatchResult(zmap, centers, scores, corners, tpl.shape, time.perf_counter() - start)

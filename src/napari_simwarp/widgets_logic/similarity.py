@@ -118,7 +118,7 @@ class SimilarityModel:
         """The map for ``params``; ``image`` and ``second`` are array-likes (2-D or 3-D).
 
         The map has ``image``'s shape (ZNCC is zero-padded so that position ``i`` is the
-        template centred on ``i``, as ``skimage.feature.match_template(pad_input=True)``).
+        template centered on ``i``, as ``skimage.feature.match_template(pad_input=True)``).
         """
         import torch
 

@@ -14,7 +14,7 @@ def field_to_vectors(field: np.ndarray, spacing: int = 16, scale: float = 1.0,
                      offset: np.ndarray | None = None) -> np.ndarray:
     """A ``(D, *S)`` field sampled every ``spacing`` pixels → ``(n, 2, D)`` float32.
 
-    Positions are the grid points (centred in their cell); projections are
+    Positions are the grid points (centered in their cell); projections are
     ``scale · field`` there. ``offset`` (length D) is added to every position.
     """
     field = np.asarray(field)
@@ -44,15 +44,15 @@ def normalized_scale(field: np.ndarray, length: float) -> float:
 
 
 def shifts_to_vectors(shifts: np.ndarray, shape) -> np.ndarray:
-    """Per-frame translations ``(T, D)`` → one arrow per frame at the frame centre.
+    """Per-frame translations ``(T, D)`` → one arrow per frame at the frame center.
 
-    Returns ``(T, 2, D + 1)``: position ``(t, *centre)``, projection ``(0, *shift)``, so
+    Returns ``(T, 2, D + 1)``: position ``(t, *center)``, projection ``(0, *shift)``, so
     each frame of a time-lapse shows its own drift arrow.
     """
     shifts = np.asarray(shifts, np.float32)
     t = shifts.shape[0]
-    centre = (np.asarray(shape, np.float32) - 1) / 2
+    center = (np.asarray(shape, np.float32) - 1) / 2
     pos = np.concatenate([np.arange(t, dtype=np.float32)[:, None],
-                          np.broadcast_to(centre, (t, len(centre)))], axis=1)
+                          np.broadcast_to(center, (t, len(center)))], axis=1)
     vec = np.concatenate([np.zeros((t, 1), np.float32), shifts], axis=1)
     return np.stack([pos, vec], axis=1)

@@ -60,10 +60,10 @@ def register_fakes_and_autograd() -> None:
     )
 
     @torch.library.register_fake("simwarp::moments5")
-    def _moments5_fake(centred, taps, sizes):
-        shape = _window_shape(centred.shape, sizes, False)
+    def _moments5_fake(centered, taps, sizes):
+        shape = _window_shape(centered.shape, sizes, False)
         shape[0] = 5
-        return centred.new_empty(shape)
+        return centered.new_empty(shape)
 
     @torch.library.register_fake("simwarp::splat_fwd")
     def _splat_fwd_fake(image, displacement, normalize, eps):

@@ -148,7 +148,7 @@ class _LocalEnergy(torch.autograd.Function):
     def backward(ctx, grad_out):
         y, s1, out, flat = ctx.saved_tensors
         count = ctx.count
-        # ∂E/∂V = 1 / (2 N E) normalised, 1 / (2 E) otherwise; 0 where V was clamped
+        # ∂E/∂V = 1 / (2 N E) normalized, 1 / (2 E) otherwise; 0 where V was clamped
         # (E may be 0 there: the inf/nan of the division is overwritten).
         denominator = out * count if ctx.normalize else out
         grad_v = torch.div(grad_out, denominator).mul_(0.5).masked_fill_(flat, 0.0)

@@ -44,7 +44,7 @@ class _Landing:
 
     ``base`` is the int64 flat index, in the buffer padded by ``MARGIN``, of each landing
     cell's lowest corner; ``hats[k]`` the 1-D weights ``(1 − frac_k, frac_k)`` of the lower
-    and upper neighbour along axis ``k``; ``padded`` the padded spatial shape.
+    and upper neighbor along axis ``k``; ``padded`` the padded spatial shape.
     """
 
     base: torch.Tensor  # (N, P) int64
@@ -86,7 +86,7 @@ def _strides(shape) -> list[int]:
 
 
 def _corners(landing: _Landing, weight_out: torch.Tensor):
-    """Yield, for each of the 2ᴰ neighbours, how far and how much each share goes.
+    """Yield, for each of the 2ᴰ neighbors, how far and how much each share goes.
 
     Yields ``(bits, offset, weight)``: ``bits`` the corner's 0/1 offset per axis,
     ``offset`` its flat offset from ``landing.base`` in the padded buffer (an int: the
@@ -194,7 +194,7 @@ class _Splat(torch.autograd.Function):
             else:
                 torch.sum(seen[:, :c] * values, 1, keepdim=True, out=slope).add_(seen[:, c:])
             for k in range(len(spatial)):
-                # ∂g/∂d_k = ±Π_{m≠k} hat_m: + for the upper neighbour, − for the lower.
+                # ∂g/∂d_k = ±Π_{m≠k} hat_m: + for the upper neighbor, − for the lower.
                 others = [hat[b] for m, (hat, b) in enumerate(zip(landing.hats, bits)) if m != k]
                 product = others[0] if len(others) == 1 else _product(others, scratch)
                 grad_disp[:, k].addcmul_(slope[:, 0], product, value=1.0 if bits[k] else -1.0)
