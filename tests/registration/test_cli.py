@@ -5,6 +5,7 @@ import argparse
 import numpy as np
 import tifffile
 
+from napari_simwarp import _cli
 from napari_simwarp.registration import cli, load_transform
 from tests.registration.cases import affine_pair, centered_affine, corner_error
 
@@ -31,7 +32,8 @@ def test_cli_register_files(tmp_path, rng):
 
 
 def test_cli_missing_file_is_a_clear_error(tmp_path, capsys):
-    code = cli.main(["register", str(tmp_path / "nope.tif"), str(tmp_path / "b.npy"),
-                     "-o", str(tmp_path / "o.tif")])
+    code = _cli.main(["register", str(tmp_path / "nope.tif"), str(tmp_path / "b.npy"),
+                      "-o", str(tmp_path / "o.tif")])
     assert code == 2
-    assert "does not exist" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "napari-simwarp register: error:" in err and "does not exist" in err

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from magicgui.widgets import Label
+from magicgui.widgets import Container, Label
 from napari.utils.notifications import show_error, show_info
 
 
@@ -138,3 +138,33 @@ def on_destroyed(widget, stop=None):
             wait_for(w._worker)
 
     return close
+
+
+class WorkerWidget(Container):
+    """A widget that runs one background worker at a time and reports its errors.
+
+    Subclasses set :attr:`task` (named in error messages) and create ``self._status``
+    (a Label) and ``self._backend`` (a :class:`BackendLabel`).
+    """
+
+    #: what the widget does, for messages ("template matching failed: ...")
+    task = "computation"
+
+    def __init__(self):
+        super().__init__()
+        self._worker = None
+        self._closed = False
+
+    def _on_error(self, exc):
+        self._status.value = "error (see notification)"
+        notify_error(self.task, exc)
+
+    def _on_finished(self):
+        self._worker = None
+        if not self._closed:
+            self._backend.refresh()
+
+    @property
+    def busy(self) -> bool:
+        """Whether a worker is running."""
+        return self._worker is not None

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import napari.layers
 import numpy as np
 from magicgui.widgets import (
-    ComboBox, Container, FloatSpinBox, Label, PushButton, SpinBox, create_widget,
+    ComboBox, FloatSpinBox, Label, PushButton, SpinBox, create_widget,
 )
 from napari.qt.threading import create_worker
 
@@ -15,6 +15,7 @@ from ..widgets_logic.matching import (
     BOXES_LAYER, MAP_LAYER, POINTS_LAYER, match, rectangle_slices,
 )
 from ._common import (
+    WorkerWidget,
     BackendLabel,
     device_choices,
     layer_image,
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 SOURCES = ("rectangle in a Shapes layer", "image layer")
 
 
-class TemplateMatchingWidget(Container):
+class TemplateMatchingWidget(WorkerWidget):
     """Find a template in an image by ZNCC.
 
     The template is the rectangle selected in a Shapes layer (else its last shape), cut
@@ -39,6 +40,9 @@ class TemplateMatchingWidget(Container):
     above the threshold, with their ``score`` as a feature) and, in 2-D, the
     ``"match boxes"`` rectangles.
     """
+
+    task = "template matching"
+
 
     def __init__(self, napari_viewer: napari.viewer.Viewer):
         super().__init__()
@@ -63,8 +67,6 @@ class TemplateMatchingWidget(Container):
         self._source.changed.connect(self._update_visibility)
         self._device.changed.connect(self._backend.refresh)
         self._run.changed.connect(self.run)
-        self._worker = None
-        self._closed = False
         self.result = None
         self.native.destroyed.connect(on_destroyed(self))
         self._update_visibility()
@@ -137,16 +139,3 @@ class TemplateMatchingWidget(Container):
         best = f", best {result.scores[0]:.3f} at {tuple(int(c) for c in result.centers[0])}" \
             if n else ""
         self._status.value = f"{n} match(es){best} in {result.seconds:.2f} s"
-
-    def _on_error(self, exc):
-        self._status.value = "error (see notification)"
-        notify_error("template matching", exc)
-
-    def _on_finished(self):
-        self._worker = None
-        if not self._closed:
-            self._backend.refresh()
-
-    @property
-    def busy(self) -> bool:
-        return self._worker is not None

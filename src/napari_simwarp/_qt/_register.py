@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import napari.layers
 import numpy as np
 from magicgui.widgets import (
-    CheckBox, ComboBox, Container, Label, PushButton, SpinBox, create_widget,
+    CheckBox, ComboBox, Label, PushButton, SpinBox, create_widget,
 )
 from napari.qt.threading import create_worker
 
@@ -17,6 +17,7 @@ from ..widgets_logic.registration import (
 )
 from ..widgets_logic.geometry import apply_transforms, layer_affine
 from ._common import (
+    WorkerWidget,
     BackendLabel,
     device_choices,
     layer_image,
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 MODES = {"pair (2D / 3D)": "pair", "time-lapse (drift)": "stack"}
 
 
-class RegisterWidget(Container):
+class RegisterWidget(WorkerWidget):
     """Register a moving layer to a fixed layer, or every frame of a time-lapse.
 
     The run happens in a ``thread_worker`` with napari's progress bar; every snapshot
@@ -45,6 +46,9 @@ class RegisterWidget(Container):
     other layers (labels with nearest neighbor) and, for linear models, shown through the
     moving layer's ``affine`` without resampling.
     """
+
+    task = "registration"
+
 
     def __init__(self, napari_viewer: napari.viewer.Viewer):
         from ..registration import METRICS, MODELS
@@ -87,9 +91,7 @@ class RegisterWidget(Container):
         self._save_btn.changed.connect(self._ask_save)
         self._apply_btn.changed.connect(lambda *_: self.apply_to_layer(self._apply_to.value))
         self._affine_btn.changed.connect(self.show_affine)
-        self._worker = None
         self._run = None
-        self._closed = False
         self._moving_layer = self._fixed_layer = None
         self.snapshots_shown = 0
         self.native.destroyed.connect(on_destroyed(self, _stop_run))
@@ -188,14 +190,8 @@ class RegisterWidget(Container):
         self.snapshots_shown += 1
         self._status.value = snap.describe()
 
-    def _on_error(self, exc):
-        self._status.value = "error (see notification)"
-        notify_error("registration", exc)
-
     def _on_finished(self):
-        self._worker = None
-        if not self._closed:
-            self._backend.refresh()
+        super()._on_finished()
         if self._closed:
             return
         self._set_running(False)
@@ -203,10 +199,6 @@ class RegisterWidget(Container):
             res = self._run.result
             word = "stopped early" if res.stopped else "done"
             self._status.value = f"{word} in {res.seconds:.1f} s on {res.device}"
-
-    @property
-    def busy(self) -> bool:
-        return self._worker is not None
 
     @property
     def result(self):

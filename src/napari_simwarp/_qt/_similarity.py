@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import napari.layers
 from magicgui.widgets import (
-    CheckBox, ComboBox, Container, FloatSpinBox, Label, PushButton, SpinBox, create_widget,
+    CheckBox, ComboBox, FloatSpinBox, Label, PushButton, SpinBox, create_widget,
 )
 from napari.qt.threading import create_worker
 from qtpy.QtCore import QTimer
@@ -15,6 +15,7 @@ from ..widgets_logic.similarity import (
     METRICS, RESULT_LAYER, SimilarityModel, SimilarityParams, needs_second,
 )
 from ._common import (
+    WorkerWidget,
     BackendLabel,
     device_choices,
     layer_image,
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 DEBOUNCE_MS = 150
 
 
-class SimilarityMapWidget(Container):
+class SimilarityMapWidget(WorkerWidget):
     """Local std, local NCC, SSIM or ZNCC against a template, recomputed live.
 
     Changes of a parameter or of a layer's data restart a debounce timer; when it fires,
@@ -38,6 +39,9 @@ class SimilarityMapWidget(Container):
     to the ``"similarity map"`` layer, reused, with a colormap and contrast limits that
     suit the metric.
     """
+
+    task = "similarity map"
+
 
     def __init__(self, napari_viewer: napari.viewer.Viewer):
         super().__init__()
@@ -63,9 +67,7 @@ class SimilarityMapWidget(Container):
         self._timer.setSingleShot(True)
         self._timer.setInterval(DEBOUNCE_MS)
         self._timer.timeout.connect(self.compute)
-        self._worker = None
         self._pending = False
-        self._closed = False
         self._watched: list = []
         self.results_shown = 0  # how many maps reached the layer (tests, benchmarks)
 
@@ -168,14 +170,8 @@ class SimilarityMapWidget(Container):
         self._status.value = (f"{result.params.metric}, window {result.params.window}: "
                               f"{result.seconds * 1000:.0f} ms on {result.device}")
 
-    def _on_error(self, exc):
-        self._status.value = "error (see notification)"
-        notify_error("similarity map", exc)
-
     def _on_finished(self):
-        self._worker = None
-        if not self._closed:
-            self._backend.refresh()
+        super()._on_finished()
         if self._pending and not self._closed:
             self._pending = False
             self.compute()

@@ -49,9 +49,9 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _kernels
-from ._numerics import accumulate_dtype
+from ._numerics import accumulate_dtype, compute_dtype
 from ._padding import centered_pads
-from ._validation import check_choice
+from ._validation import check_choice, check_pair, check_window
 from ._windows import Window
 
 #: reductions every moment metric accepts.
@@ -271,6 +271,13 @@ class _MomentMap(torch.autograd.Function):
         return grad_a, grad_b, None, None, None, None
 
 
+def check_moment_inputs(a, b, window, reduction: str) -> tuple[int, ...]:
+    """Validate what every moment metric takes; returns the window's odd sizes per axis."""
+    check_pair(a, b)
+    check_choice(reduction, "reduction", REDUCTIONS)
+    return check_window(window, a.shape[2:])
+
+
 def moment_map(
     a: torch.Tensor, b: torch.Tensor, window: Window, metric: MomentMetric, reduction: str
 ) -> torch.Tensor:
@@ -278,21 +285,22 @@ def moment_map(
 
     Parameters
     ----------
-    a, b : Tensor, shape ``(N, C, *S)``, already validated, in the compute dtype.
+    a, b : Tensor, shape ``(N, C, *S)``, validated (:func:`check_moment_inputs`).
     window : Window with ``len(S)`` axes of odd sizes, each no longer than the image.
     metric : MomentMetric
     reduction : {"none", "mean"}
 
     Returns
     -------
-    Tensor, shape ``(N, C, *S)`` ("none") or ``()`` ("mean"), in the compute dtype.
+    Tensor, shape ``(N, C, *S)`` ("none") or ``()`` ("mean"), in the promoted dtype of
+    ``a`` and ``b``.
     """
-    check_choice(reduction, "reduction", REDUCTIONS)
+    out_dtype = torch.promote_types(a.dtype, b.dtype)
     impl = _kernels.implementation(metric.name, a)
     # Centering on the image mean is not enough where a window's mean sits far from it
     # (microscopy: bright blobs, smooth backgrounds): Σa² - (Σa)²/n then cancels in
     # float32 (docs/maths.md §1.3). The moments and the metric run in float64 wherever
-    # the device has it, as local_std's sums do; the result returns in a's dtype.
-    acc = accumulate_dtype(a.dtype, a.device)
+    # the device has it, as local_std's sums do (float32 for half types on MPS).
+    acc = accumulate_dtype(compute_dtype(out_dtype), a.device)
     out = _MomentMap.apply(a.to(acc), b.to(acc), window, metric, reduction, impl)
-    return out.to(a.dtype)
+    return out.to(out_dtype)

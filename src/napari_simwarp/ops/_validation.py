@@ -170,6 +170,27 @@ def check_pair(a, b, name_a: str = "a", name_b: str = "b") -> tuple[torch.dtype,
     return out_dtype, compute_dtype(out_dtype)
 
 
+def check_kernel_like(kernel: torch.Tensor, x: torch.Tensor, name: str, x_name: str,
+                      *, fits: bool = True) -> None:
+    """Check a kernel/template ``(N or 1, C or 1, *K)`` for images ``x`` ``(N, C, *S)``.
+
+    Its batch and channel counts must be 1 (broadcast) or match ``x``'s; with ``fits``,
+    ``K <= S`` on every spatial axis.
+    """
+    for axis, label in ((0, "N"), (1, "C")):
+        if kernel.shape[axis] not in (1, x.shape[axis]):
+            raise ValueError(
+                f"{name}'s {label} ({kernel.shape[axis]}) must be 1 or match {x_name}'s "
+                f"({x.shape[axis]}); {name} shape {tuple(kernel.shape)}, {x_name} shape "
+                f"{tuple(x.shape)}"
+            )
+    if fits and any(k > n for k, n in zip(kernel.shape[2:], x.shape[2:])):
+        raise ValueError(
+            f"{name} spatial shape {tuple(kernel.shape[2:])} is larger than {x_name}'s "
+            f"{tuple(x.shape[2:])}"
+        )
+
+
 def check_batches(n_first: int, n_second: int, name_first: str, name_second: str) -> None:
     """Raise unless two batch sizes match or one of them is 1 (and is broadcast)."""
     if n_first != n_second and 1 not in (n_first, n_second):

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ._numerics import compute_dtype
-from ._validation import check_choice, check_image, check_same_device
+from ._validation import check_choice, check_image, check_kernel_like, check_same_device
 
 FFT_MODES = ("same", "valid")
 
@@ -57,13 +57,7 @@ def fft_cc(x: torch.Tensor, kernel: torch.Tensor, mode: str = "same") -> torch.T
     spatial = tuple(x.shape[2:])
     ksize = tuple(kernel.shape[-d:])
     if kernel.dim() == x.dim():
-        for axis, name in ((0, "N"), (1, "C")):
-            if kernel.shape[axis] not in (1, x.shape[axis]):
-                raise ValueError(
-                    f"kernel's {name} ({kernel.shape[axis]}) must be 1 or match x's "
-                    f"({x.shape[axis]}); kernel shape {tuple(kernel.shape)}, x shape "
-                    f"{tuple(x.shape)}"
-                )
+        check_kernel_like(kernel, x, "kernel", "x", fits=False)
     if mode == "valid" and any(k > n for k, n in zip(ksize, spatial)):
         raise ValueError(
             f"kernel spatial shape {ksize} is larger than x's {spatial}; mode='valid' needs "

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 import torch
 
-from ._moments import REDUCTIONS, MomentMetric, moment_map
+from ._moments import MomentMetric, check_moment_inputs, moment_map
 from ._numerics import flat_threshold_factor
-from ._validation import check_choice, check_pair, check_sigma, check_window
+from ._validation import check_choice, check_sigma
 from ._windows import KERNELS, make_window
 
 class _LocalNCCMetric(MomentMetric):
@@ -99,19 +99,14 @@ def local_ncc(
     -------
     Tensor, shape ``(N, C, *S)`` ("none") or ``()`` ("mean"), in the (promoted) input dtype.
     """
-    out_dtype, dtype = check_pair(a, b)
-    ndim = a.dim() - 2
-    sizes = check_window(window, a.shape[2:])
+    sizes = check_moment_inputs(a, b, window, reduction)
     check_choice(kernel, "kernel", KERNELS)
-    check_choice(reduction, "reduction", REDUCTIONS)
     if kernel == "gaussian":
-        sigmas = check_sigma(sigma, ndim) if sigma is not None else tuple(
+        sigmas = check_sigma(sigma, len(sizes)) if sigma is not None else tuple(
             max(k - 1, 1) / 6.0 for k in sizes
         )
     elif sigma is not None:
         raise ValueError(f"sigma is only used with kernel='gaussian', got kernel={kernel!r}")
     else:
         sigmas = None
-    win = make_window(kernel, sizes, sigmas)
-    out = moment_map(a.to(dtype), b.to(dtype), win, _LocalNCCMetric(), reduction)
-    return out.to(out_dtype)
+    return moment_map(a, b, make_window(kernel, sizes, sigmas), _LocalNCCMetric(), reduction)

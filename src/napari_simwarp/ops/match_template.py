@@ -14,7 +14,7 @@ import torch
 from . import _kernels
 from ._numerics import accumulate_dtype, compute_dtype
 from ._padding import pad_spatial
-from ._validation import check_bool, check_image, check_same_device
+from ._validation import check_bool, check_image, check_kernel_like, check_same_device
 from .fft_cc import fft_cc
 from .ncc import centered_energy
 
@@ -26,18 +26,7 @@ def _check_template(image: torch.Tensor, template: torch.Tensor) -> None:
             f"*spatial)), got shape {tuple(template.shape)} for image shape "
             f"{tuple(image.shape)}"
         )
-    for axis, name in ((0, "N"), (1, "C")):
-        if template.shape[axis] not in (1, image.shape[axis]):
-            raise ValueError(
-                f"template's {name} ({template.shape[axis]}) must be 1 or match image's "
-                f"({image.shape[axis]}); template shape {tuple(template.shape)}, image shape "
-                f"{tuple(image.shape)}"
-            )
-    if any(t > s for t, s in zip(template.shape[2:], image.shape[2:])):
-        raise ValueError(
-            f"template spatial shape {tuple(template.shape[2:])} is larger than image's "
-            f"{tuple(image.shape[2:])}"
-        )
+    check_kernel_like(template, image, "template", "image")
 
 
 def match_template(

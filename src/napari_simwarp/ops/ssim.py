@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ._moments import REDUCTIONS, MomentMetric, moment_map
-from ._validation import check_choice, check_pair, check_positive, check_sigma, check_window
+from ._moments import MomentMetric, check_moment_inputs, moment_map
+from ._validation import check_positive, check_sigma
 from ._windows import make_window
 
 
@@ -120,15 +120,10 @@ def ssim(
     -------
     Tensor, shape ``(N, C, *S)`` ("none") or ``()`` ("mean"), in the (promoted) input dtype.
     """
-    out_dtype, dtype = check_pair(a, b)
-    ndim = a.dim() - 2
-    sizes = check_window(window, a.shape[2:])
-    sigmas = check_sigma(sigma, ndim)
+    sizes = check_moment_inputs(a, b, window, reduction)
+    sigmas = check_sigma(sigma, len(sizes))
     data_range = check_positive(data_range, "data_range")
     k1 = check_positive(k1, "k1")
     k2 = check_positive(k2, "k2")
-    check_choice(reduction, "reduction", REDUCTIONS)
     metric = _SSIMMetric((k1 * data_range) ** 2, (k2 * data_range) ** 2)
-    win = make_window("gaussian", sizes, sigmas)
-    out = moment_map(a.to(dtype), b.to(dtype), win, metric, reduction)
-    return out.to(out_dtype)
+    return moment_map(a, b, make_window("gaussian", sizes, sigmas), metric, reduction)

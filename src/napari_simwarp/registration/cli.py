@@ -4,7 +4,7 @@ Reads TIFF, PNG (any format scikit-image reads) or NPY; writes the warped moving
 (``OUT``, format from its suffix; ``.tif`` when it has none) and the transform
 (``OUT`` with ``.transform.npz``). A progress line is drawn on a terminal.
 
-The package's command wires this in as a subcommand::
+The package's command (``napari_simwarp._cli``) wires this in as a subcommand::
 
     from napari_simwarp.registration import cli
     cli.add_parser(subparsers)          # adds "register", sets func=cli.run
@@ -150,19 +150,3 @@ def run(args) -> int:
         print(f"wrote {out}")
         print(f"wrote {tpath}")
     return 0
-
-
-def main(argv=None) -> int:
-    """Stand-alone entry (``python -m napari_simwarp.registration.cli``)."""
-    parser = argparse.ArgumentParser(prog="napari-simwarp")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except (ValueError, TypeError, FileNotFoundError, MemoryError) as exc:
-        print(f"napari-simwarp register: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -65,17 +65,18 @@ class Progress:
     """One snapshot of a run: where it is and the best transform(s) so far.
 
     ``transforms`` (one per image pair) and ``transform`` (the first) are computed on
-    first access, from parameters copied when the snapshot was taken.
+    first access by ``make_transforms``, from parameters copied when the snapshot was
+    taken.
     """
 
-    def __init__(self, level, levels, iteration, loss, model, best_values):
+    def __init__(self, level, levels, iteration, loss, make_transforms):
         self.level, self.levels, self.iteration, self.loss = level, levels, iteration, loss
-        self._model, self._values, self._transforms = model, best_values, None
+        self._make, self._transforms = make_transforms, None
 
     @property
-    def transforms(self):
+    def transforms(self) -> list:
         if self._transforms is None:
-            self._transforms = self._model.transforms(self._values)
+            self._transforms = self._make()
         return self._transforms
 
     @property
@@ -83,8 +84,25 @@ class Progress:
         return self.transforms[0]
 
     def __repr__(self) -> str:
-        return (f"Progress(level={self.level + 1}/{self.levels}, iteration={self.iteration}, "
-                f"loss={self.loss:.6g})")
+        return (f"{type(self).__name__}(level={self.level + 1}/{self.levels}, "
+                f"iteration={self.iteration}, loss={self.loss:.6g})")
+
+
+@dataclass(kw_only=True)
+class RunResult:
+    """What every registration run reports besides its transforms.
+
+    loss_history : mean loss of every iteration (coarse levels first; all batches)
+    stopped : True when a callback (or ``send``) ended the run early
+    model, device : what ran, where
+    seconds : wall time of the run
+    """
+
+    loss_history: list = field(default_factory=list)
+    stopped: bool = False
+    model: str = ""
+    device: str = "cpu"
+    seconds: float = 0.0
 
 
 def optimize(model, fixed_levels, moving_levels, weight_levels, schedule: Schedule,
@@ -183,8 +201,9 @@ def optimize(model, fixed_levels, moving_levels, weight_levels, schedule: Schedu
                         break
             best = state["best"]
             if schedule.report_every and iteration % schedule.report_every == 0:
-                signal = yield Progress(level, levels, iteration, total, model,
-                                        [b.clone() for b in best])
+                values = [b.clone() for b in best]
+                signal = yield Progress(level, levels, iteration, total,
+                                        lambda values=values: model.transforms(values))
                 if signal:
                     stopped = True
                     break

@@ -14,7 +14,7 @@ The same run as a generator, for live display and cancellation::
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -27,30 +27,25 @@ from ._driver import drive
 from ._names import LINEAR_MODELS, METRICS, MODELS
 from .drift import phase_correlation
 from .models import DenseModel, LinearModel
-from .optimize import level_iterations, level_loss, make_schedule, optimize
+from .optimize import RunResult, level_iterations, level_loss, make_schedule, optimize
 from .pyramid import auto_levels, build_pyramid, gaussian_blur, level_shapes
 from .transforms import AffineTransform, Transform
 
 
-@dataclass
-class RegistrationResult:
+@dataclass(kw_only=True)
+class RegistrationResult(RunResult):
     """What :func:`register` returns.
 
     transform : the best transform found (``.matrix`` for linear models)
     warped : ``moving`` resampled onto the fixed grid, float32 NumPy, shape of ``fixed``
-    loss_history : mean loss of every iteration, coarse levels first
-    stopped : True when a callback (or ``send``) ended the run early
+    metric, levels : the similarity metric and the pyramid levels used
+    (and the fields of :class:`~.optimize.RunResult`)
     """
 
     transform: Transform
     warped: np.ndarray
-    loss_history: list = field(default_factory=list)
-    stopped: bool = False
-    model: str = ""
     metric: str = ""
     levels: int = 0
-    device: str = "cpu"
-    seconds: float = 0.0
 
 
 def _prepare_mask(mask, shape, device):

@@ -17,7 +17,7 @@ the result returned); :func:`register_stack` drives it with an optional callback
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -30,30 +30,26 @@ from ._driver import drive, relay
 from ._names import LINEAR_MODELS, METRICS, MODELS
 from .drift import clip_unit, phase_correlation, refine_translation_iter, select_shifts
 from .models import DenseModel, LinearModel
-from .optimize import level_iterations, make_schedule, optimize
+from .optimize import Progress, RunResult, level_iterations, make_schedule, optimize
 from .pyramid import auto_levels, build_pyramid, gaussian_blur, level_shapes
 from .transforms import AffineTransform, DisplacementTransform
 
 REFERENCES = ("first", "previous", "mean")
 
 
-@dataclass
-class StackRegistrationResult:
+@dataclass(kw_only=True)
+class StackRegistrationResult(RunResult):
     """What :func:`register_stack` returns.
 
     transforms : one transform per frame, mapping reference coordinates to the frame's
     warped : the aligned stack, float32 NumPy ``(T, *S)``
-    loss_history : mean loss per iteration (all batches)
+    reference : the reference asked for
+    (and the fields of :class:`~.optimize.RunResult`)
     """
 
     transforms: list
     warped: np.ndarray
-    loss_history: list = field(default_factory=list)
-    stopped: bool = False
     reference: object = "first"
-    model: str = "translation"
-    device: str = "cpu"
-    seconds: float = 0.0
 
     @property
     def shifts(self) -> np.ndarray:
@@ -61,34 +57,20 @@ class StackRegistrationResult:
         return np.stack([t.translation for t in self.transforms])
 
 
-class StackProgress:
-    """One snapshot of a stack run.
+class StackProgress(Progress):
+    """One snapshot of a stack run: a :class:`~.optimize.Progress` of one batch of frames.
 
-    ``level``, ``levels``, ``iteration`` and ``loss`` as :class:`~.optimize.Progress`;
-    ``frames`` is the slice of the batch being aligned (indices of the moving frames:
-    with ``reference="previous"`` moving frame ``i`` is stack frame ``i + 1``), and
-    ``transforms`` that batch's best transforms so far (computed on first access).
+    ``frames`` is the slice of the batch being aligned (indices of the moving frames: with
+    ``reference="previous"`` moving frame ``i`` is stack frame ``i + 1``), and
+    ``transforms`` that batch's best transforms so far.
     """
 
     def __init__(self, level, levels, iteration, loss, frames: slice, make_transforms):
-        self.level, self.levels, self.iteration, self.loss = level, levels, iteration, loss
+        super().__init__(level, levels, iteration, loss, make_transforms)
         self.frames = frames
-        self._make, self._transforms = make_transforms, None
-
-    @property
-    def transforms(self) -> list:
-        if self._transforms is None:
-            self._transforms = self._make()
-        return self._transforms
-
-    @property
-    def transform(self):
-        return self.transforms[0]
 
     def __repr__(self) -> str:
-        return (f"StackProgress(frames={self.frames.start}:{self.frames.stop}, "
-                f"level={self.level + 1}/{self.levels}, iteration={self.iteration}, "
-                f"loss={self.loss:.6g})")
+        return f"{super().__repr__()[:-1]}, frames={self.frames.start}:{self.frames.stop})"
 
 
 def register_stack(stack, *, reference="first", model="translation", metric="lncc",

@@ -27,14 +27,11 @@ FORMAT_VERSION = 1
 LINEAR_KINDS = ("translation", "rigid", "similarity", "affine")
 
 
-def _as_tensor(array, dtype=torch.float32) -> torch.Tensor:
-    if isinstance(array, torch.Tensor):
-        return array.detach().to("cpu", dtype)
-    return torch.as_tensor(np.asarray(array), dtype=dtype)
-
-
 def _split_channels(array, ndim: int, name: str):
-    """``array`` (``(*C, *S)``) → tensor ``(1, prod(C), *S)`` and the leading shape ``C``."""
+    """The leading shape ``C`` and the spatial shape ``S`` of ``array`` ``(*C, *S)``.
+
+    Raises a ValueError naming ``name`` when ``array`` has fewer than ``ndim`` axes.
+    """
     shape = tuple(array.shape)
     if len(shape) < ndim:
         raise ValueError(
@@ -173,25 +170,40 @@ def _resize_field(field: np.ndarray, shape) -> np.ndarray:
     return (out * scale.view(-1, *([1] * len(shape)))).numpy()
 
 
-class DisplacementTransform(Transform):
-    """A dense displacement field ``d`` (``(D, *S)``, pixels) with fixed(x) ≈ moving(x + d(x))."""
+class _FieldTransform(Transform):
+    """A transform held as one dense field ``(D, *S)`` in pixels, stored under
+    :attr:`field_name` (``displacement`` or ``velocity``)."""
 
-    kind = "displacement"
+    field_name = "field"
 
-    def __init__(self, displacement):
-        d = np.array(displacement, dtype=np.float32)
-        if d.ndim not in (3, 4) or d.shape[0] != d.ndim - 1:
+    def __init__(self, field):
+        f = np.array(field, dtype=np.float32)
+        if f.ndim not in (3, 4) or f.shape[0] != f.ndim - 1:
             raise ValueError(
-                f"displacement must be (2, H, W) or (3, D, H, W), got shape {d.shape}")
-        self.displacement = d
+                f"{self.field_name} must be (2, H, W) or (3, D, H, W), got shape {f.shape}")
+        setattr(self, self.field_name, f)
+
+    @property
+    def field(self) -> np.ndarray:
+        return getattr(self, self.field_name)
 
     @property
     def ndim(self) -> int:
-        return self.displacement.shape[0]
+        return self.field.shape[0]
 
     @property
     def shape(self) -> tuple:
-        return tuple(self.displacement.shape[1:])
+        return tuple(self.field.shape[1:])
+
+    def _arrays(self) -> dict:
+        return {self.field_name: self.field}
+
+
+class DisplacementTransform(_FieldTransform):
+    """A dense displacement field ``d`` (``(D, *S)``, pixels) with fixed(x) ≈ moving(x + d(x))."""
+
+    kind = "displacement"
+    field_name = "displacement"
 
     def to_displacement(self, shape=None) -> np.ndarray:
         return _resize_field(self.displacement, self.shape if shape is None else shape)
@@ -209,30 +221,17 @@ class DisplacementTransform(Transform):
 
         return _resample_apply(array, self.ndim, order, warp_fn)
 
-    def _arrays(self) -> dict:
-        return {"displacement": self.displacement}
 
-
-class VelocityTransform(Transform):
+class VelocityTransform(_FieldTransform):
     """A stationary velocity field ``v`` (``(D, *S)``, pixels); the displacement is
     ``exp(v)`` by scaling and squaring (``steps`` squarings), a diffeomorphism."""
 
     kind = "velocity"
+    field_name = "velocity"
 
     def __init__(self, velocity, steps: int = 7):
-        v = np.array(velocity, dtype=np.float32)
-        if v.ndim not in (3, 4) or v.shape[0] != v.ndim - 1:
-            raise ValueError(f"velocity must be (2, H, W) or (3, D, H, W), got shape {v.shape}")
-        self.velocity = v
+        super().__init__(velocity)
         self.steps = int(steps)
-
-    @property
-    def ndim(self) -> int:
-        return self.velocity.shape[0]
-
-    @property
-    def shape(self) -> tuple:
-        return tuple(self.velocity.shape[1:])
 
     def to_displacement(self, shape=None) -> np.ndarray:
         shape = self.shape if shape is None else tuple(int(n) for n in shape)
@@ -245,9 +244,6 @@ class VelocityTransform(Transform):
             self.to_displacement(np.asarray(array).shape[-self.ndim :] if output_shape is None
                                  else output_shape)
         ).apply(array, order, output_shape)
-
-    def _arrays(self) -> dict:
-        return {"velocity": self.velocity}
 
     def _meta(self) -> dict:
         return {"steps": self.steps}
