@@ -1,4 +1,4 @@
-"""Tests of ops/splat.py: forward warping by differentiable bilinear splatting (SPEC §4)."""
+"""Tests of ops/splat.py: forward warping by differentiable splatting (docs/maths.md §4)."""
 
 from __future__ import annotations
 

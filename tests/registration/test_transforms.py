@@ -1,4 +1,4 @@
-"""Transforms: the conventions of SPEC §6, apply/to_displacement agreement, save/load."""
+"""Transforms: the conventions of docs/maths.md §6.1, apply/to_displacement agreement, save/load."""
 
 import numpy as np
 import pytest

@@ -70,7 +70,7 @@ def local_ncc(
 ) -> torch.Tensor:
     """Local (windowed) zero-normalized cross-correlation of two images, in [-1, 1].
 
-    Per pixel, over the window ``w`` centered on it (SPEC §2):
+    Per pixel, over the window ``w`` centered on it (docs/maths.md §2.2):
 
         ρ = Σ w (a - ā)(b - b̄) / sqrt(Σ w (a - ā)² · Σ w (b - b̄)²)
 

@@ -16,7 +16,7 @@ from ._windows import make_window
 
 
 class _SSIMMetric(MomentMetric):
-    """SSIM of the Gaussian moments, SPEC §5 notation, ``r = 1/(B1 B2)``.
+    """SSIM of the Gaussian moments, docs/maths.md §5.1 notation, ``r = 1/(B1 B2)``.
 
     With the plain moments ``U = (μx, μy, G⋆x², G⋆y², G⋆xy)`` the partials are
 
@@ -94,7 +94,7 @@ def ssim(
     gaussian_weights=True, use_sample_covariance=False, full=True)`` does, so the map
     matches scikit-image's everywhere, borders included.
 
-    The backward is analytical (SPEC §5): the forward saves the partial maps and the
+    The backward is analytical (docs/maths.md §5.2): the forward saves the partial maps and the
     gradient costs one more separable Gaussian pass; no autograd through the filters.
 
     Parameters

@@ -117,7 +117,7 @@ def _rows_per_chunk(y: torch.Tensor, window: Sequence[int]) -> int:
 
 
 class _LocalEnergy(torch.autograd.Function):
-    """``y (N, C, *P) -> E (N, C, *(P - k + 1))``, valid mode, SPEC §1.
+    """``y (N, C, *P) -> E (N, C, *(P - k + 1))``, valid mode, docs/maths.md §1.1.
 
     ``E = sqrt(V / N)`` when ``normalize`` else ``sqrt(V + eps)``, with
     ``V = max(S2 - S1²/N, 0)`` and ``V`` set to 0 (zero gradient) where it is at or below

@@ -119,7 +119,7 @@ def _interior(padded: torch.Tensor, dims: int) -> torch.Tensor:
 
 
 class _Splat(torch.autograd.Function):
-    """Splatting with the hand-written, gather-only backward of SPEC §4.
+    """Splatting with the hand-written, gather-only backward of docs/maths.md §4.
 
     Values and weights travel together: channel ``C`` of the ``(N, C + 1, ·)`` buffers is
     the weight (forward: ``den``; backward: the per-destination part of the displacement
