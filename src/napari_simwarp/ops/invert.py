@@ -14,8 +14,10 @@ def invert(d: torch.Tensor, *, iterations: int = 20, tolerance: float = 1e-4) ->
 
     ``φ_d(φ_e(x)) = x`` means ``e(x) = -d(x + e(x))``; iterating
     ``e ← -d(x + e(x))`` from ``e = -d`` converges when the map ``e ↦ -d(x + e)`` is a
-    contraction, i.e. when ``d``'s Jacobian ``∇d`` has norm below 1 (a field whose
-    ``det(I + ∇d)`` stays well inside ``(0, 2)``; folding fields have no inverse).
+    contraction, i.e. when ``d``'s Jacobian ``∇d`` has norm below 1 everywhere. A positive
+    ``det(I + ∇d)`` is not enough: a rotation by θ has determinant 1 but ``‖∇d‖ =
+    2 sin(θ/2)``, above 1 past 60°, where the iteration does not converge (docs/maths.md
+    §8.2); folding fields have no inverse at all.
     The result satisfies ``compose(d, e) ≈ 0`` (``warp(warp(image, d), e) ≈ image``) and,
     up to interpolation error, ``compose(e, d) ≈ 0``.
 
