@@ -108,8 +108,15 @@ def _run_info(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad argument reported on one line (exit status 2)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="napari-simwarp",
         description="Compare and align images: similarity maps, template matching, warps.",
     )
@@ -124,14 +131,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Run the command; returns its exit status (2 for a problem the user can fix)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, TypeError, FileNotFoundError, MemoryError) as exc:
+    except (ValueError, TypeError, OSError, MemoryError) as exc:
         # Input problems are the user's to fix: one clear line, no traceback.
-        print(f"napari-simwarp {args.command}: error: {exc}", file=sys.stderr)
+        print(f"napari-simwarp {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"napari-simwarp {args.command}: interrupted; no output was written",
+              file=sys.stderr)
+        return 130
+
+
+def _one_line(exc: BaseException) -> str:
+    """The exception's message on one line (OSError: its strerror and file name)."""
+    if isinstance(exc, OSError) and exc.strerror and exc.filename:
+        return f"{exc.strerror}: {exc.filename!r}"
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
 
 
 if __name__ == "__main__":

@@ -23,11 +23,11 @@ def test_cli_register_files(tmp_path, rng):
     tifffile.imwrite(tmp_path / "fixed.tif", (fixed * 1000).astype(np.uint16))
     np.save(tmp_path / "moving.npy", moving)
     args = _parse([str(tmp_path / "fixed.tif"), str(tmp_path / "moving.npy"), "-o",
-                   str(tmp_path / "out" / "warped"), "--model", "translation", "--quiet"])
+                   str(tmp_path / "out" / "warped.tif"), "--model", "translation", "--quiet"])
     assert args.func(args) == 0
     warped = tifffile.imread(tmp_path / "out" / "warped.tif")
-    assert warped.shape == shape
-    t = load_transform(tmp_path / "out" / "warped.transform.npz")
+    assert warped.shape == shape and warped.dtype == moving.dtype  # the moving file's dtype
+    t = load_transform(tmp_path / "out" / "warped.tif.transform.npz")
     assert corner_error(t.matrix, m, shape) < 0.1
 
 

@@ -26,7 +26,7 @@ def test_affine_apply_matches_scipy(rng):
     ref = ndi.affine_transform(img, m, order=1, mode="grid-constant")
     inner = (slice(6, -6), slice(6, -6))
     np.testing.assert_allclose(out[inner], ref[inner], atol=1e-4)
-    assert out.dtype == np.float32 and img.dtype == np.float64
+    assert out.dtype == np.float64 and img.dtype == np.float64  # float dtypes are kept
 
 
 def test_affine_displacement_convention(rng):

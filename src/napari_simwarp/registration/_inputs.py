@@ -12,10 +12,12 @@ from .._devices import available_memory
 
 
 def to_tensor(x, name: str, *, ndim=(2, 3), leading: int = 0) -> torch.Tensor:
-    """``x`` (NumPy array, torch tensor or nested list) as a float32 CPU/any-device tensor.
+    """``x`` (NumPy array, torch tensor or nested list) as a float tensor (same device).
 
-    ``leading`` extra axes (a time axis for stacks) come before the 2 or 3 spatial ones.
-    Raises a clear error for empty, non-numeric, wrongly-shaped, NaN or Inf input.
+    float64 stays float64 (values beyond float32's range are kept), everything else
+    becomes float32. ``leading`` extra axes (a time axis for stacks) come before the 2 or
+    3 spatial ones. Raises a clear error for empty, non-numeric, wrongly-shaped, NaN or
+    Inf input.
     """
     if isinstance(x, torch.Tensor):
         t = x.detach()
@@ -41,7 +43,7 @@ def to_tensor(x, name: str, *, ndim=(2, 3), leading: int = 0) -> torch.Tensor:
         what = " or ".join(f"{d}-D" for d in allowed)
         kind = "a (T, *S) stack of 2-D or 3-D frames" if leading else "a 2-D or 3-D image"
         raise ValueError(f"{name} must be {kind} ({what}), got shape {tuple(t.shape)}")
-    t = t.to(torch.float32) if t.dtype != torch.float64 else t.to(torch.float32)
+    t = t if t.dtype == torch.float64 else t.to(torch.float32)
     if not bool(torch.isfinite(t).all()):
         raise ValueError(f"{name} contains NaN or Inf values; replace them (e.g. "
                          f"numpy.nan_to_num) or mask them out")
@@ -67,9 +69,10 @@ def robust_range(t: torch.Tensor, name: str, low: float = 0.5, high: float = 99.
 
 
 def normalize(t: torch.Tensor, name: str) -> torch.Tensor:
-    """``t`` rescaled so its 0.5th and 99.5th percentiles are 0 and 1 (a new tensor)."""
+    """``t`` rescaled so its 0.5th and 99.5th percentiles are 0 and 1: a new float32 tensor
+    (the rescaling runs in ``t``'s dtype, so float64 data beyond float32's range is fine)."""
     lo, hi = robust_range(t, name)
-    return (t - lo) / (hi - lo)
+    return ((t - lo) / (hi - lo)).to(torch.float32)
 
 
 #: float32 maps alive per pixel of one pair at the finest level during forward+backward
@@ -85,13 +88,16 @@ def estimate_bytes(n_pairs: int, shape, metric: str, dense: bool) -> int:
     return int(n_pairs * pixels * 4 * maps * 4 / 3)  # the pyramid adds about a third
 
 
-def check_memory(n_pairs: int, shape, metric: str, dense: bool, device: torch.device) -> None:
-    """Raise a MemoryError with the figures when the run cannot fit on ``device``."""
+def check_memory(n_pairs: int, shape, metric: str, dense: bool, device: torch.device, *,
+                 advice: str) -> None:
+    """Raise a MemoryError with the figures when the run cannot fit on ``device``.
+
+    ``advice`` says what the caller's user can change (only options that caller takes).
+    """
     need = estimate_bytes(n_pairs, shape, metric, dense)
     free = available_memory(device)
     if free is not None and need > free:
         raise MemoryError(
             f"registering {n_pairs} pair(s) of shape {tuple(shape)} with metric {metric!r} "
             f"needs about {need / 2**30:.2f} GiB on {device}, but only {free / 2**30:.2f} GiB "
-            "is free; use a smaller batch (batch_size), crop or downsample the images, "
-            "choose metric='mse' or 'ncc', or another device")
+            f"is free; {advice}")

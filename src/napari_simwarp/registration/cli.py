@@ -1,8 +1,12 @@
 """``napari-simwarp register FIXED MOVING -o OUT``: register two image files.
 
-Reads TIFF, PNG (any format scikit-image reads) or NPY; writes the warped moving image
-(``OUT``, format from its suffix; ``.tif`` when it has none) and the transform
-(``OUT`` with ``.transform.npz``). A progress line is drawn on a terminal.
+Reads TIFF, PNG, JPEG or NPY (2-D or 3-D grey; color is converted to luminance with a
+note); writes the warped moving image to ``OUT`` (TIFF, PNG or NPY, by its suffix, in the
+moving image's dtype unless ``--dtype`` says otherwise) and the transform to
+``OUT.transform.npz`` (``registered.tif`` → ``registered.tif.transform.npz``). Nothing is
+ever written over an input; an existing output is replaced only with ``--overwrite``, and
+every check is made before the registration starts. Progress is drawn on a terminal, and
+printed every few seconds when the output is redirected.
 
 The package's command (``napari_simwarp._cli``) wires this in as a subcommand::
 
@@ -15,79 +19,59 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
+import time
 
 import numpy as np
 
-_SUFFIXES = (".npy", ".tif", ".tiff", ".png")
+#: ``--dtype`` choices besides "same" (the moving file's dtype)
+OUTPUT_DTYPES = ("float32", "float64", "uint8", "uint16", "int16", "int32")
 
 
-def read_image(path) -> np.ndarray:
-    """Read an image file (NPY, TIFF, PNG, ...) as a NumPy array."""
-    path = pathlib.Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"input file {str(path)!r} does not exist")
-    suffix = path.suffix.lower()
-    if suffix == ".npy":
-        return np.load(path, allow_pickle=False)
-    if suffix in (".tif", ".tiff"):
-        import tifffile
-
-        return tifffile.imread(path)
-    from skimage import io
-
-    image = io.imread(path)
-    if image.ndim == 3 and image.shape[-1] in (3, 4):  # color PNG: register on luminance
-        from skimage.color import rgb2gray
-
-        image = rgb2gray(image[..., :3])
-    return image
+def transform_path(out) -> pathlib.Path:
+    """Where the transform of output image ``out`` is written: ``OUT.transform.npz``."""
+    out = pathlib.Path(out)
+    return out.with_name(out.name + ".transform.npz")
 
 
-def write_image(path, image: np.ndarray, like_dtype) -> pathlib.Path:
-    """Write ``image`` to ``path``; integer outputs are rounded and clipped to ``like_dtype``."""
-    path = pathlib.Path(path)
-    if path.suffix.lower() not in _SUFFIXES:
-        path = path.with_name(path.name + ".tif")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    out = image
-    if np.issubdtype(like_dtype, np.integer):
-        info = np.iinfo(like_dtype)
-        out = np.clip(np.rint(image), info.min, info.max).astype(like_dtype)
-    suffix = path.suffix.lower()
-    if suffix == ".npy":
-        np.save(path, out)
-    elif suffix in (".tif", ".tiff"):
-        import tifffile
-
-        tifffile.imwrite(path, out)
-    else:
-        from skimage import io
-
-        if not np.issubdtype(out.dtype, np.integer):
-            lo, hi = float(out.min()), float(out.max())
-            out = ((out - lo) / (hi - lo if hi > lo else 1) * 255).round().astype(np.uint8)
-        io.imsave(path, out, check_contrast=False)
-    return path
+def levels_option(text: str):
+    """``--levels``: "auto" or a positive int (argparse reports anything else)."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive int, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive int, got {text!r}")
+    return value
 
 
-class _ProgressLine:
-    """A one-line progress display on a terminal (nothing when output is redirected)."""
+class ProgressReport:
+    """Progress of a run on ``stream``: one redrawn line on a terminal, else one printed
+    line every ``every`` seconds (so a long run in a log or a pipe still shows it moves)."""
 
-    def __init__(self, stream=sys.stderr):
+    def __init__(self, stream=sys.stderr, every: float = 5.0):
         self.stream = stream
-        self.active = stream.isatty()
+        self.terminal = stream.isatty()
+        self.every = every
+        self._last = time.monotonic()
 
     def __call__(self, progress) -> bool:
-        if self.active:
-            levels = progress.levels
+        levels = progress.levels
+        text = (f"level {progress.level + 1}/{levels}  iteration {progress.iteration:4d}  "
+                f"loss {progress.loss:.5f}")
+        if self.terminal:
             bar = "#" * (progress.level + 1) + "." * (levels - progress.level - 1)
-            self.stream.write(f"\r  level [{bar}] {progress.level + 1}/{levels}  iteration "
-                              f"{progress.iteration:4d}  loss {progress.loss:.5f}   ")
+            self.stream.write(f"\r  [{bar}] {text}   ")
+            self.stream.flush()
+        elif time.monotonic() - self._last >= self.every:
+            self._last = time.monotonic()
+            self.stream.write(f"  {text}\n")
             self.stream.flush()
         return False
 
     def close(self):
-        if self.active:
+        if self.terminal:
             self.stream.write("\n")
             self.stream.flush()
 
@@ -98,17 +82,25 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
     p = subparsers.add_parser(
         "register",
-        help="align MOVING to FIXED (files: TIFF, PNG, NPY)",
+        help="align MOVING to FIXED (files: TIFF, PNG, JPEG, NPY)",
         description="Find the transform that makes MOVING look like FIXED; write the warped "
-        "image to OUT and the transform beside it (OUT.transform.npz).",
+        "moving image to OUT and the transform beside it, to OUT.transform.npz "
+        "(registered.tif -> registered.tif.transform.npz). Input files are never written "
+        "over; existing outputs are replaced only with --overwrite.",
     )
-    p.add_argument("fixed", help="fixed (reference) image file")
-    p.add_argument("moving", help="moving image file")
+    p.add_argument("fixed", help="fixed (reference) image file: .tif, .png, .jpg or .npy")
+    p.add_argument("moving", help="moving image file: .tif, .png, .jpg or .npy")
     p.add_argument("-o", "--out", required=True,
-                   help="output image file (.tif, .npy or .png; .tif added when missing)")
+                   help="output image file: .tif, .tiff, .png or .npy")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT and OUT.transform.npz if they exist (never an input)")
+    p.add_argument("--dtype", default="same", choices=("same", *OUTPUT_DTYPES),
+                   help="dtype of OUT (default: the moving file's; integers are rounded "
+                   "and clipped, never rescaled)")
     p.add_argument("--model", default="affine", choices=MODELS)
     p.add_argument("--metric", default="lncc", choices=METRICS)
-    p.add_argument("--levels", default="auto", help="pyramid levels (default: auto)")
+    p.add_argument("--levels", default="auto", type=levels_option,
+                   help="pyramid levels: auto or a positive int (default: auto)")
     p.add_argument("--iterations", type=int, default=None, help="most iterations per level")
     p.add_argument("--lr", type=float, default=None, help="initial step, pixels per level")
     p.add_argument("--window", type=int, default=None, help="lncc/ssim window (odd)")
@@ -124,29 +116,42 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    """Run the ``register`` subcommand from parsed ``args``; returns the exit status."""
+    """Run the ``register`` subcommand from parsed ``args``; returns the exit status.
+
+    Every file check (inputs readable, outputs writable and not inputs) happens before
+    the registration starts, so a mistake costs no computation and writes nothing.
+    """
+    from ..io import check_output_path, check_target, read_image, write_image
     from .register import register
 
-    fixed = read_image(args.fixed)
-    moving = read_image(args.moving)
-    mask = read_image(args.mask) if args.mask else None
-    levels = args.levels if args.levels == "auto" else int(args.levels)
-    progress = _ProgressLine() if not args.quiet else None
+    notes: list[str] = []
+    fixed = read_image(args.fixed, what="fixed", notes=notes)
+    moving = read_image(args.moving, what="moving", notes=notes)
+    mask = read_image(args.mask, what="--mask", notes=notes) if args.mask else None
+    dtype = moving.dtype if args.dtype == "same" else np.dtype(args.dtype)
+    inputs = {"fixed": args.fixed, "moving": args.moving, "--mask": args.mask}
+    out = check_output_path(args.out, what="-o", inputs=inputs, overwrite=args.overwrite,
+                            dtype=dtype)
+    transform_out = check_target(transform_path(out), what="the transform file", inputs=inputs,
+                                 overwrite=args.overwrite)
+    for note in notes:
+        print(f"napari-simwarp register: note: {note}", file=sys.stderr)
+    progress = ProgressReport() if not args.quiet else None
     try:
         result = register(fixed, moving, model=args.model, metric=args.metric, mask=mask,
-                          levels=levels, iterations=args.iterations, lr=args.lr,
+                          levels=args.levels, iterations=args.iterations, lr=args.lr,
                           window=args.window, grid_spacing=args.grid_spacing,
                           regularization=args.regularization, device=args.device,
                           callback=progress)
     finally:
         if progress is not None:
             progress.close()
-    out = write_image(args.out, result.warped, moving.dtype)
-    tpath = result.transform.save(out.with_name(out.stem + ".transform.npz"))
+    write_image(out, result.warped, dtype=dtype)
+    result.transform.save(transform_out)
     if not args.quiet:
         print(f"{args.model}/{args.metric}: final loss {result.loss_history[-1]:.5f} after "
               f"{len(result.loss_history)} evaluations in {result.seconds:.2f} s on "
               f"{result.device}")
         print(f"wrote {out}")
-        print(f"wrote {tpath}")
+        print(f"wrote {transform_out}")
     return 0

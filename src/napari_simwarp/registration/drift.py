@@ -47,24 +47,29 @@ def phase_correlation(reference: torch.Tensor, moving: torch.Tensor) -> torch.Te
     package is ``d = -s``. A Hann window stops the image borders from dominating; the peak
     is refined by a three-point parabola per axis.
 
+    The two may differ in spatial shape (a crop against its whole): each is centered and
+    windowed on its own extent, then both are zero-padded to the larger shape per axis,
+    with their first pixels at the same position.
+
     Parameters
     ----------
-    reference : Tensor, shape ``(N or 1, 1, *S)``
-    moving : Tensor, shape ``(N, 1, *S)``
+    reference : Tensor, shape ``(N or 1, 1, *S_ref)``
+    moving : Tensor, shape ``(N, 1, *S_mov)``
 
     Returns
     -------
-    Tensor, shape ``(N, D)``, ``moving``'s dtype; each component in ``(-n/2, n/2]``.
+    Tensor, shape ``(N, D)``, ``moving``'s dtype; each component in ``(-n/2, n/2]`` with
+    ``n`` the larger of the two sizes of that axis.
     """
     frames, references = moving, reference
     d = frames.dim() - 2
-    shape = tuple(frames.shape[2:])
+    shape = tuple(max(a, b) for a, b in zip(frames.shape[2:], references.shape[2:]))
     dims = tuple(range(-d, 0))
-    win = _hann(shape, frames.dtype, frames.device)
 
     def spectrum(x):
         x = x - x.mean(dim=dims, keepdim=True)
-        return torch.fft.rfftn(x * win, dim=dims)
+        win = _hann(tuple(x.shape[2:]), x.dtype, x.device)
+        return torch.fft.rfftn(x * win, s=shape, dim=dims)
 
     cross = spectrum(frames) * spectrum(references).conj()
     cross = cross / (cross.abs() + 1e-12)
@@ -89,7 +94,9 @@ def phase_correlation(reference: torch.Tensor, moving: torch.Tensor) -> torch.Te
                            torch.zeros_like(denom))
         shifts[:, axis] = shifts[:, axis] + frac.clamp(-0.5, 0.5)
     sizes = torch.tensor(shape, dtype=frames.dtype, device=frames.device)
-    return -torch.where(shifts > sizes / 2, shifts - sizes, shifts)
+    # Wrapped into [-n/2, n/2) before the sign flip, so the result is in (-n/2, n/2] as
+    # scikit-image's.
+    return -torch.where(shifts >= sizes / 2, shifts - sizes, shifts)
 
 
 def _sample_inner(frames: torch.Tensor, shifts: torch.Tensor, starts, sizes, *,

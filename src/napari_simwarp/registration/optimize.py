@@ -96,6 +96,12 @@ class RunResult:
     stopped : True when a callback (or ``send``) ended the run early
     model, device : what ran, where
     seconds : wall time of the run
+    similarity, initial_similarity : ZNCC of the fixed and the warped moving image over
+        the pixels they share, after and before registration (for a stack: the lowest
+        over the frames; per frame in ``frame_similarity``)
+    overlap : fraction of the fixed image the warped moving image covers (stack: lowest)
+    warnings : why the result looks implausible, if it does (also emitted as
+        :class:`~.quality.RegistrationWarning`)
     """
 
     loss_history: list = field(default_factory=list)
@@ -103,6 +109,10 @@ class RunResult:
     model: str = ""
     device: str = "cpu"
     seconds: float = 0.0
+    similarity: float = float("nan")
+    initial_similarity: float = float("nan")
+    overlap: float = float("nan")
+    warnings: list = field(default_factory=list)
 
 
 def optimize(model, fixed_levels, moving_levels, weight_levels, schedule: Schedule,

@@ -27,9 +27,11 @@ from ._driver import drive
 from ._names import LINEAR_MODELS, METRICS, MODELS
 from .drift import phase_correlation
 from .models import DenseModel, LinearModel
+from . import _options
 from .optimize import RunResult, level_iterations, level_loss, make_schedule, optimize
+from .quality import assess, masked_zncc
 from .pyramid import auto_levels, build_pyramid, gaussian_blur, level_shapes
-from .transforms import AffineTransform, Transform
+from .transforms import Transform
 
 
 @dataclass(kw_only=True)
@@ -37,7 +39,8 @@ class RegistrationResult(RunResult):
     """What :func:`register` returns.
 
     transform : the best transform found (``.matrix`` for linear models)
-    warped : ``moving`` resampled onto the fixed grid, float32 NumPy, shape of ``fixed``
+    warped : ``moving`` resampled onto the fixed grid, NumPy, shape of ``fixed``; float64
+        when ``moving`` is float64 (values beyond float32's range survive), else float32
     metric, levels : the similarity metric and the pyramid levels used
     (and the fields of :class:`~.optimize.RunResult`)
     """
@@ -55,11 +58,17 @@ def _prepare_mask(mask, shape, device):
     if tuple(m.shape) != tuple(shape):
         raise ValueError(f"mask must have the fixed image's shape {tuple(shape)}, got "
                          f"{tuple(m.shape)}")
+    if m.is_complex() or not (m.is_floating_point() or m.dtype == torch.bool
+                              or not m.dtype.is_complex):
+        raise TypeError(f"mask must hold real numbers or booleans, got {m.dtype}")
+    if m.is_floating_point() and not bool(torch.isfinite(m).all()):
+        raise ValueError("mask contains NaN or infinite values; expected non-zero where the "
+                         "fixed image should be matched and 0 elsewhere")
     # "Non-zero where the fixed image should be matched", whatever the dtype: a float mask
     # of 0.3 (a PNG read as grey levels) must select, not silently fall under a threshold.
     m = (m != 0).to(torch.float32)
-    if not bool(torch.isfinite(m).all()) or float(m.sum()) <= 0:
-        raise ValueError("mask must be finite and select at least one pixel")
+    if float(m.sum()) <= 0:
+        raise ValueError("mask selects no pixel (it is 0 everywhere)")
     return m.to(device)[None, None]
 
 
@@ -76,14 +85,14 @@ def prepare_pair(fixed, moving, model, metric, mask, levels, device, smooth=1.0)
         raise ValueError(f"model {model!r} needs fixed and moving of the same shape, got "
                          f"{tuple(f.shape)} and {tuple(m.shape)}")
     dev = resolve_device(device)
-    _inputs.check_memory(1, f.shape, metric, model not in LINEAR_MODELS, dev)
+    _inputs.check_memory(1, f.shape, metric, model not in LINEAR_MODELS, dev,
+                         advice="crop or downsample the images, choose metric='mse' or "
+                         "'ncc', or another device")
     fn = _inputs.normalize(f.to(dev), "fixed")[None, None]
     mn = _inputs.normalize(m.to(dev), "moving")[None, None]
     shape = tuple(f.shape)
-    if levels == "auto" or levels is None:
+    if levels == "auto":
         levels = auto_levels(shape)
-    if not isinstance(levels, int) or levels < 1:
-        raise ValueError(f"levels must be 'auto' or a positive int, got {levels!r}")
     fshapes = level_shapes(shape, levels)
     mshapes = level_shapes(tuple(m.shape), levels)
     wmask = _prepare_mask(mask, shape, dev)
@@ -93,18 +102,18 @@ def prepare_pair(fixed, moving, model, metric, mask, levels, device, smooth=1.0)
     # interpolation (exact only for piecewise-linear images) far less biased.
     fn, mn = gaussian_blur(fn, smooth), gaussian_blur(mn, smooth)
     return dict(fixed=build_pyramid(fn, fshapes), moving=build_pyramid(mn, mshapes),
-                weights=weights, moving_raw=m.to(dev), shape=shape, device=dev, levels=levels)
+                weights=weights, moving_raw=m.to(dev), shape=shape,
+                moving_shape=tuple(m.shape), device=dev, levels=levels)
 
 
 def make_model(model, shape, moving_shape, batch, device, init, grid_spacing, steps):
+    """The model of a run, started from ``init`` (checked: a finite matrix for linear models,
+    a finite displacement of the fixed image's shape, or a Transform, for dense ones)."""
     if model in LINEAR_MODELS:
-        if isinstance(init, AffineTransform):
-            init = init.matrix
-        return LinearModel(model, shape, moving_shape, batch, init=init, device=device)
-    if isinstance(init, Transform):
-        init = init.to_displacement(shape)
+        return LinearModel(model, shape, moving_shape, batch,
+                           init=_options.init_matrix(init, len(shape)), device=device)
     return DenseModel(model, shape, batch, grid_spacing=grid_spacing, steps=steps,
-                      init=init, device=device)
+                      init=_options.init_field(init, shape), device=device)
 
 
 def initial_shift_matrix(prep, model, metric, schedule):
@@ -112,11 +121,10 @@ def initial_shift_matrix(prep, model, metric, schedule):
 
     Gradient descent from the identity can lock onto a wrong local minimum when the shift
     is a sizeable part of the image; the phase-correlation peak finds large shifts
-    outright. Computed on the finest pyramid level at most 256 pixels a side (cheap), and
-    checked against the identity on the coarsest level with the run's own metric.
+    outright, also between images of different shapes (a crop and its whole). Computed on
+    the finest pyramid level at most 256 pixels a side (cheap), and checked against the
+    identity on the coarsest level with the run's own metric.
     """
-    if prep["fixed"][-1].shape != prep["moving"][-1].shape:
-        return None
     level = next(i for i in reversed(range(len(prep["fixed"])))
                  if max(prep["fixed"][i].shape[2:]) <= 256 or i == 0)
     f, m = prep["fixed"][level], prep["moving"][level]
@@ -130,7 +138,7 @@ def initial_shift_matrix(prep, model, metric, schedule):
     loss_fn = level_loss(schedule, tuple(coarse_f.shape[2:]))
     losses = []
     for mat in (None, guess):
-        mdl = LinearModel(model, prep["shape"], prep["shape"], 1, init=mat,
+        mdl = LinearModel(model, prep["shape"], prep["moving_shape"], 1, init=mat,
                           device=prep["device"])
         with torch.no_grad():
             warped, valid = mdl.warp(coarse_m, tuple(coarse_f.shape[2:]))
@@ -163,25 +171,56 @@ def register_iter(fixed, moving, *, model="affine", metric="lncc", mask=None, le
     ``transform`` is then the best so far.
     """
     start = time.perf_counter()
+    levels = _options.levels(levels)
+    grid_spacing = _options.positive(grid_spacing, "grid_spacing")
+    steps = _options.steps(steps)
     prep = prepare_pair(fixed, moving, model, metric, mask, levels, device)
     iterations = level_iterations(iterations, model, prep["shape"], prep["levels"],
                                   full_resolution)
     schedule = make_schedule(model, lr, iterations, tol, regularization, report_every,
                              metric, window, optimizer)
+    mdl = make_model(model, prep["shape"], prep["moving_shape"], 1, prep["device"], init,
+                     grid_spacing, steps)
     if init is None and model in LINEAR_MODELS:
-        init = initial_shift_matrix(prep, model, metric, schedule)
-    mdl = make_model(model, prep["shape"], tuple(prep["moving_raw"].shape), 1, prep["device"],
-                     init, grid_spacing, steps)
+        guess = initial_shift_matrix(prep, model, metric, schedule)
+        if guess is not None:
+            mdl = make_model(model, prep["shape"], prep["moving_shape"], 1, prep["device"],
+                             guess, grid_spacing, steps)
     history: list[float] = []
     loop = optimize(mdl, prep["fixed"], prep["moving"], prep["weights"], schedule, history)
     # ``yield from`` passes each Progress out and each ``send`` (the stop signal) back in.
     stopped = (yield from loop)[0]
     warped = warp_moving(mdl, prep["moving_raw"][None, None], prep["shape"])
+    similarity, initial, overlap = _similarities(prep, model, mdl)
     return RegistrationResult(
         transform=mdl.transforms()[0], warped=warped[0, 0].cpu().numpy(),
         loss_history=history, stopped=stopped, model=model, metric=metric,
         levels=prep["levels"], device=str(prep["device"]),
+        similarity=similarity, initial_similarity=initial, overlap=overlap,
+        warnings=assess(similarity, initial, overlap),
         seconds=time.perf_counter() - start)
+
+
+def _similarities(prep, model, mdl) -> tuple[float, float, float]:
+    """Final and initial ZNCC of the normalized images over their overlap, and the overlap
+    (fraction of the fixed image covered), at the finest level."""
+    fixed, moving = prep["fixed"][-1], prep["moving"][-1]
+    shape = tuple(fixed.shape[2:])
+    if model in LINEAR_MODELS:
+        start = LinearModel(model, prep["shape"], prep["moving_shape"], 1, device=fixed.device)
+    else:
+        start = DenseModel(model, prep["shape"], 1, device=fixed.device)
+        start.set_level(shape)
+    with torch.no_grad():
+        warped, valid = mdl.warp(moving, shape)
+        initial_warped, initial_valid = start.warp(moving, shape)
+        weight = prep["weights"][-1]
+        if weight is not None:
+            valid, initial_valid = valid * weight, initial_valid * weight
+        final = float(masked_zncc(fixed, warped, valid)[0])
+        initial = float(masked_zncc(fixed, initial_warped, initial_valid)[0])
+        overlap = float(valid.mean() / (weight.mean() if weight is not None else 1.0))
+    return final, initial, overlap
 
 
 def register(fixed, moving, *, model="affine", metric="lncc", mask=None, levels="auto",

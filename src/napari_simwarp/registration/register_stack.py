@@ -30,7 +30,9 @@ from ._driver import drive, relay
 from ._names import LINEAR_MODELS, METRICS, MODELS
 from .drift import clip_unit, phase_correlation, refine_translation_iter, select_shifts
 from .models import DenseModel, LinearModel
+from . import _options
 from .optimize import Progress, RunResult, level_iterations, make_schedule, optimize
+from .quality import emit, masked_zncc, problems
 from .pyramid import auto_levels, build_pyramid, gaussian_blur, level_shapes
 from .transforms import AffineTransform, DisplacementTransform
 
@@ -42,14 +44,17 @@ class StackRegistrationResult(RunResult):
     """What :func:`register_stack` returns.
 
     transforms : one transform per frame, mapping reference coordinates to the frame's
-    warped : the aligned stack, float32 NumPy ``(T, *S)``
+    warped : the aligned stack, NumPy ``(T, *S)`` (float64 for float64 input, else float32)
     reference : the reference asked for
+    frame_similarity : ``(T,)`` ZNCC of each aligned frame with the aligned reference over
+        the pixels they share
     (and the fields of :class:`~.optimize.RunResult`)
     """
 
     transforms: list
     warped: np.ndarray
     reference: object = "first"
+    frame_similarity: np.ndarray | None = None
 
     @property
     def shifts(self) -> np.ndarray:
@@ -120,12 +125,16 @@ def register_stack_iter(stack, *, reference="first", model="translation", metric
     start = time.perf_counter()
     check_choice(model, "model", MODELS)
     check_choice(metric, "metric", METRICS)
+    levels = _options.levels(levels)
+    grid_spacing = _options.positive(grid_spacing, "grid_spacing")
+    steps = _options.steps(steps)
     raw = _inputs.to_tensor(stack, "stack", leading=1)
     ref_index = _reference_index(reference, raw.shape[0])
     dev = resolve_device(device)
     shape = tuple(raw.shape[1:])
     batch = _batch_size(batch_size, shape, metric, model not in LINEAR_MODELS, dev,
                         raw.shape[0])
+    _check_stack_memory(raw, batch, metric, model not in LINEAR_MODELS, dev)
     raw_dev = raw.to(dev)
     frames = _inputs.normalize(raw_dev, "stack")[:, None]  # one range for the whole stack
     _check_frames_vary(frames)
@@ -143,10 +152,17 @@ def register_stack_iter(stack, *, reference="first", model="translation", metric
             metric=metric, levels=levels, iterations=iterations, lr=lr, tol=tol,
             window=window, grid_spacing=grid_spacing, regularization=regularization,
             steps=steps, report_every=report_every, full_resolution=full_resolution)
-    warped = _warp_stack(raw_dev, transforms, batch)
-    return StackRegistrationResult(transforms=transforms, warped=warped, loss_history=history,
-                                   stopped=state["stopped"], reference=reference, model=model,
-                                   device=str(dev), seconds=time.perf_counter() - start)
+    warped, coverage = _warp_stack(raw_dev, transforms, batch)
+    final, initial, overlap = _frame_similarities(raw_dev, warped, coverage, reference,
+                                                  ref_index, batch,
+                                                  _inputs.robust_range(raw_dev, "stack"))
+    found = _assess_frames(final, initial, overlap)
+    return StackRegistrationResult(
+        transforms=transforms, warped=warped, loss_history=history, stopped=state["stopped"],
+        reference=reference, model=model, device=str(dev),
+        similarity=float(final.min()), initial_similarity=float(initial.min()),
+        overlap=float(overlap.min()), frame_similarity=final, warnings=found,
+        seconds=time.perf_counter() - start)
 
 
 # -- arguments ----------------------------------------------------------------------------
@@ -204,8 +220,32 @@ def _auto_batch(shape, metric, dense, device, total) -> int:
         return min(total, 64)
     fit = int(0.5 * free // max(per, 1))
     if fit < 1:
-        _inputs.check_memory(1, shape, metric, dense, device)  # raises with the figures
+        _inputs.check_memory(1, shape, metric, dense, device, advice=_MEMORY_ADVICE)
     return max(1, min(total, fit))
+
+
+_MEMORY_ADVICE = ("use a smaller batch_size, crop or downsample the frames, choose metric "
+                  "'mse' or 'ncc', or another device")
+
+#: float32 copies of the whole stack alive at once: the frames as given, normalized,
+#: clipped to the robust range, and the aligned output.
+STACK_COPIES = 4
+
+
+def _check_stack_memory(raw: torch.Tensor, batch: int, metric, dense, device) -> None:
+    """Refuse, with the figures, a stack that cannot be aligned in the free memory."""
+    free = available_memory(device)
+    if free is None:
+        return
+    frame = raw[0].numel() * 4
+    need = STACK_COPIES * raw.shape[0] * frame + _inputs.estimate_bytes(
+        batch, tuple(raw.shape[1:]), metric, dense)
+    if need > free:
+        raise MemoryError(
+            f"aligning {raw.shape[0]} frames of shape {tuple(raw.shape[1:])} needs about "
+            f"{need / 2**30:.2f} GiB on {device} ({STACK_COPIES} copies of the stack and a "
+            f"batch of {batch}), but only {free / 2**30:.2f} GiB is free; {_MEMORY_ADVICE}, "
+            "or align the stack in parts")
 
 
 def _halve(x: torch.Tensor) -> torch.Tensor:
@@ -239,21 +279,77 @@ def _identity(model, shape):
     return DisplacementTransform(np.zeros((d, *shape), np.float32))
 
 
-def _warp_stack(raw, transforms, batch) -> np.ndarray:
-    """Resample every raw frame with its transform, in batches on the device."""
-    frames = raw[:, None]
-    outs = []
-    for sl in _batches(frames.shape[0], batch):
-        ts = transforms[sl]
-        if isinstance(ts[0], AffineTransform):
-            mats = torch.as_tensor(np.stack([t.matrix for t in ts])).to(frames)
-            outs.append(warp_affine(frames[sl], mats, padding="grid-constant"))
-        else:
-            shape = tuple(frames.shape[2:])
-            disp = torch.as_tensor(np.stack([t.to_displacement(shape) for t in ts])).to(frames)
-            outs.append(warp(frames[sl], disp, padding="grid-constant"))
-    return torch.cat(outs)[:, 0].cpu().numpy()
+def _warp_stack(raw, transforms, batch) -> tuple[np.ndarray, torch.Tensor]:
+    """Resample every raw frame with its transform, in batches on the device.
 
+    Returns the aligned stack (NumPy ``(T, *S)``, written batch by batch into one array)
+    and each frame's coverage ``(T, *S)`` (1 where its pixels landed, on the device): the
+    frame and a plane of ones are warped together, so coverage costs no extra pass.
+    """
+    out = np.empty(tuple(raw.shape), dtype=np.float64 if raw.dtype == torch.float64
+                   else np.float32)
+    coverage = torch.empty(raw.shape, dtype=torch.bool, device=raw.device)
+    shape = tuple(raw.shape[1:])
+    for sl in _batches(raw.shape[0], batch):
+        ts = transforms[sl]
+        pair = torch.stack([raw[sl], torch.ones_like(raw[sl])], dim=1)
+        if isinstance(ts[0], AffineTransform):
+            mats = torch.as_tensor(np.stack([t.matrix for t in ts])).to(pair)
+            moved = warp_affine(pair, mats, padding="grid-constant")
+        else:
+            disp = torch.as_tensor(np.stack([t.to_displacement(shape) for t in ts])).to(pair)
+            moved = warp(pair, disp, padding="grid-constant")
+        out[sl] = moved[:, 0].cpu().numpy()
+        coverage[sl] = moved[:, 1] > 0.999
+    return out, coverage
+
+
+def _frame_similarities(raw, warped, coverage, reference, ref_index, batch, value_range):
+    """Per frame: final ZNCC with the aligned reference over shared pixels, the initial
+    ZNCC of the raw frames, and the overlap (fraction of pixels covered).
+
+    Values are clipped to the stack's robust ``value_range`` first (as the shift
+    estimates see them), so hot or saturated pixels cannot dominate the score.
+    """
+    lo, hi = value_range
+
+    def clip(x):
+        return torch.as_tensor(x).to(raw).clamp(lo, hi)
+
+    if reference == "mean":
+        # The mean is a real image only where every frame landed.
+        target = clip(warped).mean(dim=0)[None, None]
+        target_cover = coverage.all(dim=0)[None, None]
+        start = clip(raw).mean(dim=0)[None, None]
+    else:
+        index = 0 if reference == "previous" else ref_index
+        target = clip(warped[index])[None, None]
+        target_cover = coverage[index: index + 1, None]
+        start = clip(raw[index])[None, None]
+    final, initial = [], []
+    for sl in _batches(raw.shape[0], batch):
+        shared = (coverage[sl, None] & target_cover).to(raw.dtype)
+        final.append(masked_zncc(target, clip(warped[sl])[:, None], shared))
+        initial.append(masked_zncc(start, clip(raw[sl])[:, None], torch.ones_like(shared)))
+    overlap = coverage.flatten(1).double().mean(1)
+    return (torch.cat(final).cpu().numpy(), torch.cat(initial).cpu().numpy(),
+            overlap.cpu().numpy())
+
+
+def _assess_frames(final, initial, overlap) -> list[str]:
+    """The warnings a stack earns: one per kind of problem, naming the frames that have it
+    and quoting the worst of them (not one warning per frame); also emitted."""
+    by_kind: dict[str, list[int]] = {}
+    for t in range(len(final)):
+        for kind in problems(final[t], initial[t], overlap[t]):
+            by_kind.setdefault(kind, []).append(t)
+    messages = []
+    for kind, frames in by_kind.items():
+        worst = min(frames, key=lambda t: overlap[t] if kind == "overlap" else final[t])
+        listed = ", ".join(map(str, frames[:10])) + (", ..." if len(frames) > 10 else "")
+        detail = problems(final[worst], initial[worst], overlap[worst])[kind]
+        messages.append(f"frame(s) {listed}: {detail}")
+    return emit(messages)
 
 
 # -- the translation route ----------------------------------------------------------------

@@ -16,6 +16,7 @@ Transforms save to ``.npz`` files holding the arrays and a JSON header with a ``
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 import numpy as np
@@ -27,38 +28,60 @@ FORMAT_VERSION = 1
 LINEAR_KINDS = ("translation", "rigid", "similarity", "affine")
 
 
-def _split_channels(array, ndim: int, name: str):
-    """The leading shape ``C`` and the spatial shape ``S`` of ``array`` ``(*C, *S)``.
-
-    Raises a ValueError naming ``name`` when ``array`` has fewer than ``ndim`` axes.
-    """
-    shape = tuple(array.shape)
-    if len(shape) < ndim:
-        raise ValueError(
-            f"{name} must have at least {ndim} dimensions (the transform is {ndim}-D), "
-            f"got shape {shape}"
-        )
-    lead = shape[: len(shape) - ndim]
-    return lead, shape[len(shape) - ndim :]
-
-
-def _resample_apply(array, ndim: int, order: int, warp_fn):
-    """Shared body of ``apply``: cast, fold leading axes into channels, warp, restore."""
-    if order not in (0, 1):
-        raise ValueError(f"order must be 0 (nearest, for labels) or 1 (linear), got {order!r}")
+def _source(array, ndim: int) -> tuple[np.ndarray, tuple, tuple]:
+    """``array`` as NumPy, with its leading shape ``C`` and spatial shape ``S`` (checked)."""
     src = array.detach().cpu().numpy() if isinstance(array, torch.Tensor) else np.asarray(array)
+    if np.iscomplexobj(src):
+        raise TypeError(f"array must be real, got {src.dtype}")
+    if src.dtype == object or not (np.issubdtype(src.dtype, np.number) or src.dtype == np.bool_):
+        raise TypeError(f"array must hold numbers, got {src.dtype}")
     if src.size == 0:
         raise ValueError(f"array must not be empty, got shape {src.shape}")
-    lead, spatial = _split_channels(src, ndim, "array")
-    # Labels must survive exactly: float64 holds every int32 label; images use float32.
-    dtype = torch.float64 if order == 0 else torch.float32
-    t = torch.as_tensor(src.astype(np.float64 if order == 0 else np.float32, copy=False))
-    t = t.reshape(1, int(np.prod(lead)) if lead else 1, *spatial).to(dtype)
-    out = warp_fn(t, "nearest" if order == 0 else "linear")
+    if src.ndim < ndim:
+        raise ValueError(f"array must have at least {ndim} dimensions (the transform is "
+                         f"{ndim}-D), got shape {src.shape}")
+    return src, src.shape[: src.ndim - ndim], src.shape[src.ndim - ndim:]
+
+
+#: output voxels whose source positions are computed at once by the exact nearest path
+_NEAREST_CHUNK = 1 << 20
+
+
+def _nearest_exact(src: np.ndarray, lead, spatial, out_shape, positions) -> np.ndarray:
+    """Nearest-neighbour resampling that never passes values through floating point.
+
+    ``positions(rows)`` gives the source positions ``(D, len(rows), *out_shape[1:])``
+    (pixels, float64) of the output rows ``rows`` (a slice of the first output axis);
+    each output voxel takes the value at the nearest source pixel (``rint``, ties to
+    even, as ``grid_sample``'s nearest), or 0 where that pixel is outside the array. Labels
+    of any integer type (int64 and uint64 above 2^53 included) come back exactly.
+    """
+    flat = src.reshape(-1, int(np.prod(spatial)))
+    out = np.zeros((flat.shape[0], *out_shape), dtype=src.dtype)
+    per_row = int(np.prod(out_shape[1:]))
+    step = max(1, _NEAREST_CHUNK // max(per_row, 1))
+    sizes = np.asarray(spatial).reshape(-1, *([1] * len(out_shape)))
+    for r0 in range(0, out_shape[0], step):
+        rows = slice(r0, min(out_shape[0], r0 + step))
+        index = np.rint(positions(rows)).astype(np.int64)
+        inside = ((index >= 0) & (index < sizes)).all(axis=0)
+        linear = np.ravel_multi_index(tuple(np.clip(index, 0, sizes - 1)), spatial)
+        values = flat[:, linear]
+        values[:, ~inside] = 0
+        out[:, rows] = values
+    return out.reshape(*lead, *out_shape)
+
+
+def _linear(src: np.ndarray, lead, spatial, warp_fn) -> np.ndarray:
+    """Linear resampling through ``warp_fn((1, C, *S) tensor) -> (1, C, *S_out)``; float64
+    is computed and returned in float64, other floats keep their dtype (computed in
+    float32), integer and bool arrays come back float32."""
+    work = np.float64 if src.dtype == np.float64 else np.float32
+    t = torch.as_tensor(src.astype(work, copy=False))
+    t = t.reshape(1, int(np.prod(lead)) if lead else 1, *spatial)
+    out = warp_fn(t)
     out = out.reshape(*lead, *out.shape[2:]).numpy()
-    if order == 0:
-        return out.astype(src.dtype, copy=False)
-    return out if np.issubdtype(src.dtype, np.floating) else out.astype(np.float32)
+    return out.astype(src.dtype, copy=False) if np.issubdtype(src.dtype, np.floating) else out
 
 
 class Transform:
@@ -75,7 +98,44 @@ class Transform:
         raise NotImplementedError
 
     def apply(self, array, order: int = 1, output_shape=None) -> np.ndarray:
-        """Resample ``array`` (``(*C, *S)``, any leading axes) onto the fixed grid."""
+        """Resample ``array`` (``(*C, *S)``, any leading axes) onto the fixed grid.
+
+        Parameters
+        ----------
+        array : array-like or tensor, real numbers, shape ``(*C, *S)``
+            Never modified.
+        order : {0, 1}
+            0: nearest neighbour, exact for labels of any integer type (values never
+            pass through floating point; 0 outside); 1: linear (zeros outside), float
+            arrays keep their dtype (float64 is computed in float64), others come back
+            float32.
+        output_shape : sequence of int, optional
+            The spatial shape of the result (default ``S``).
+        """
+        if order not in (0, 1):
+            raise ValueError(f"order must be 0 (nearest, for labels) or 1 (linear), got {order!r}")
+        src, lead, spatial = _source(array, self.ndim)
+        out_shape = self._output_shape(spatial, output_shape)
+        if order == 0:
+            return _nearest_exact(src, lead, spatial, out_shape,
+                                  lambda rows: self._positions(rows, out_shape))
+        return _linear(src, lead, spatial, lambda t: self._warp_linear(t, out_shape))
+
+    def _output_shape(self, spatial, output_shape) -> tuple:
+        if output_shape is None:
+            return tuple(spatial)
+        shape = tuple(int(n) for n in output_shape)
+        if len(shape) != self.ndim or any(n < 1 for n in shape):
+            raise ValueError(f"output_shape must be {self.ndim} positive ints, got "
+                             f"{output_shape!r}")
+        return shape
+
+    def _positions(self, rows: slice, out_shape) -> np.ndarray:
+        """Source positions ``(D, len(rows), *out_shape[1:])`` of output rows ``rows``."""
+        raise NotImplementedError
+
+    def _warp_linear(self, t: torch.Tensor, out_shape) -> torch.Tensor:
+        """``t`` ``(1, C, *S)`` (float32 or float64) linearly resampled onto ``out_shape``."""
         raise NotImplementedError
 
     def _arrays(self) -> dict:
@@ -85,12 +145,21 @@ class Transform:
         return {}
 
     def save(self, path) -> pathlib.Path:
-        """Write the transform to ``path`` (``.npz`` added when missing); return the path."""
+        """Write the transform to ``path`` (``.npz`` added when missing); return the path.
+
+        The file is written whole or not at all (a temporary file, then a rename).
+        """
         path = pathlib.Path(path)
         if path.suffix != ".npz":
             path = path.with_name(path.name + ".npz")
         header = {"kind": self.kind, "format_version": FORMAT_VERSION, **self._meta()}
-        np.savez(path, header=np.array(json.dumps(header)), **self._arrays())
+        partial = path.with_name(f".{path.name}.partial-{os.getpid()}.npz")
+        try:
+            np.savez(partial, header=np.array(json.dumps(header)), **self._arrays())
+            os.replace(partial, path)
+        finally:
+            if partial.exists():
+                partial.unlink()
         return path
 
     def __repr__(self) -> str:
@@ -136,15 +205,16 @@ class AffineTransform(Transform):
         d = affine_to_displacement(torch.as_tensor(self.matrix), shape)
         return d[0].to(torch.float32).numpy()
 
-    def apply(self, array, order: int = 1, output_shape=None) -> np.ndarray:
-        m = torch.as_tensor(self.matrix)
+    def _positions(self, rows: slice, out_shape) -> np.ndarray:
+        axes = [np.arange(rows.start, rows.stop), *[np.arange(n) for n in out_shape[1:]]]
+        grid = np.stack(np.meshgrid(*axes, indexing="ij")).astype(np.float64)
+        d = self.ndim
+        linear, shift = self.matrix[:d, :d], self.matrix[:d, d]
+        return np.tensordot(linear, grid, axes=1) + shift.reshape(-1, *([1] * d))
 
-        def warp_fn(t, mode):
-            shape = output_shape if output_shape is not None else t.shape[2:]
-            return warp_affine(t, m.to(t.dtype), output_shape=tuple(shape),
-                               interpolation=mode, padding="grid-constant")
-
-        return _resample_apply(array, self.ndim, order, warp_fn)
+    def _warp_linear(self, t: torch.Tensor, out_shape) -> torch.Tensor:
+        return warp_affine(t, torch.as_tensor(self.matrix).to(t.dtype), output_shape=out_shape,
+                           padding="grid-constant")
 
     def _arrays(self) -> dict:
         return {"matrix": self.matrix}
@@ -208,18 +278,21 @@ class DisplacementTransform(_FieldTransform):
     def to_displacement(self, shape=None) -> np.ndarray:
         return _resize_field(self.displacement, self.shape if shape is None else shape)
 
-    def apply(self, array, order: int = 1, output_shape=None) -> np.ndarray:
-        def warp_fn(t, mode):
-            shape = tuple(output_shape) if output_shape is not None else tuple(t.shape[2:])
-            if shape != tuple(t.shape[2:]):
-                raise ValueError(
-                    f"output_shape {shape} must equal the array's spatial shape "
-                    f"{tuple(t.shape[2:])} for a dense field")
-            d = torch.as_tensor(self.to_displacement(shape)).unsqueeze(0).to(t.dtype)
-            return warp(t, d.expand(t.shape[0], -1, *shape), interpolation=mode,
-                        padding="grid-constant")
+    def _output_shape(self, spatial, output_shape) -> tuple:
+        shape = super()._output_shape(spatial, output_shape)
+        if shape != tuple(spatial):
+            raise ValueError(f"output_shape {shape} must equal the array's spatial shape "
+                             f"{tuple(spatial)} for a dense field")
+        return shape
 
-        return _resample_apply(array, self.ndim, order, warp_fn)
+    def _positions(self, rows: slice, out_shape) -> np.ndarray:
+        d = self.to_displacement(out_shape)[:, rows].astype(np.float64)
+        axes = [np.arange(rows.start, rows.stop), *[np.arange(n) for n in out_shape[1:]]]
+        return d + np.stack(np.meshgrid(*axes, indexing="ij"))
+
+    def _warp_linear(self, t: torch.Tensor, out_shape) -> torch.Tensor:
+        d = torch.as_tensor(self.to_displacement(out_shape)).unsqueeze(0).to(t.dtype)
+        return warp(t, d, padding="grid-constant")
 
 
 class VelocityTransform(_FieldTransform):
@@ -240,31 +313,61 @@ class VelocityTransform(_FieldTransform):
         return integrate_velocity(v, self.steps)[0].numpy()
 
     def apply(self, array, order: int = 1, output_shape=None) -> np.ndarray:
-        return DisplacementTransform(
-            self.to_displacement(np.asarray(array).shape[-self.ndim :] if output_shape is None
-                                 else output_shape)
-        ).apply(array, order, output_shape)
+        _, _, spatial = _source(array, self.ndim)
+        shape = spatial if output_shape is None else output_shape
+        return DisplacementTransform(self.to_displacement(shape)).apply(array, order,
+                                                                        output_shape)
 
     def _meta(self) -> dict:
         return {"steps": self.steps}
 
 
 def load_transform(path) -> Transform:
-    """Read a transform written by ``Transform.save``."""
+    """Read a transform written by ``Transform.save``.
+
+    Raises FileNotFoundError for a missing file and a ValueError that names the path for
+    anything else that is not a complete napari-simwarp transform: an empty or truncated
+    file, another kind of file, a missing array or an unknown kind.
+    """
     path = pathlib.Path(path)
     if not path.exists() and path.with_name(path.name + ".npz").exists():
         path = path.with_name(path.name + ".npz")
     if not path.exists():
-        raise FileNotFoundError(f"path {str(path)!r} does not exist")
-    with np.load(path, allow_pickle=False) as data:
-        if "header" not in data:
-            raise ValueError(f"{str(path)!r} is not a napari-simwarp transform (no header)")
-        header = json.loads(str(data["header"]))
-        kind = header.get("kind")
+        raise FileNotFoundError(f"transform file {str(path)!r} does not exist")
+    if path.is_dir():
+        raise ValueError(f"{str(path)!r} is a directory, expected a transform file (.npz)")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"PK\x03\x04":  # every .npz is a zip archive
+        what = "empty" if not magic else "not a .npz (zip) archive"
+        raise ValueError(f"{str(path)!r} is not a napari-simwarp transform file: it is {what}")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {name: data[name] for name in data.files}
+    except Exception as exc:  # empty, truncated, foreign (not a .npz), pickled objects...
+        reason = " ".join(str(exc).split())[:120] or type(exc).__name__
+        raise ValueError(f"{str(path)!r} is not a napari-simwarp transform file: it cannot "
+                         f"be read as .npz ({type(exc).__name__}: {reason})") from exc
+    if not isinstance(arrays, dict) or "header" not in arrays:
+        raise ValueError(f"{str(path)!r} is not a napari-simwarp transform file (no header)")
+    try:
+        header = json.loads(str(arrays["header"]))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{str(path)!r} has a header that is not JSON: {exc}") from exc
+    kind = header.get("kind") if isinstance(header, dict) else None
+    needed = {**dict.fromkeys(LINEAR_KINDS, "matrix"), "displacement": "displacement",
+              "velocity": "velocity"}
+    if kind not in needed:
+        raise ValueError(f"{str(path)!r} holds an unknown transform kind {kind!r}; expected "
+                         f"one of {', '.join(needed)}")
+    if needed[kind] not in arrays:
+        raise ValueError(f"{str(path)!r} is incomplete: a {kind!r} transform needs a "
+                         f"{needed[kind]!r} array, the file has {sorted(arrays)}")
+    try:
         if kind in LINEAR_KINDS:
-            return AffineTransform(data["matrix"], kind)
+            return AffineTransform(arrays["matrix"], kind)
         if kind == "displacement":
-            return DisplacementTransform(data["displacement"])
-        if kind == "velocity":
-            return VelocityTransform(data["velocity"], header.get("steps", 7))
-    raise ValueError(f"{str(path)!r} holds an unknown transform kind {kind!r}")
+            return DisplacementTransform(arrays["displacement"])
+        return VelocityTransform(arrays["velocity"], header.get("steps", 7))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{str(path)!r}: {exc}") from exc

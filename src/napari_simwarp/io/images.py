@@ -1,0 +1,233 @@
+"""Reading and writing image files for the command line.
+
+Reading returns a 2-D or 3-D grey image as NumPy, in the file's own dtype. Color images
+(RGB, RGBA) are converted to luminance ``0.2125 R + 0.7154 G + 0.0721 B`` in the file's
+value scale, grey+alpha images keep their grey channel; each conversion appends a note for
+the user. Files the package cannot read, empty arrays, non-numeric data and images with
+several channels are refused with an :class:`ImageFileError` that names the argument and
+the path.
+
+Writing is atomic (a temporary file in the same folder, then a rename), refuses to write
+over any input file (whatever the spelling of the path) and replaces an existing file only
+when asked. Output dtypes are never changed silently: a PNG holds 8- or 16-bit integers,
+so float data must be written as TIFF or NPY, or converted by an explicit dtype.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import tempfile
+
+import numpy as np
+
+READ_SUFFIXES = (".tif", ".tiff", ".png", ".jpg", ".jpeg", ".npy")
+WRITE_SUFFIXES = (".tif", ".tiff", ".png", ".npy")
+#: luminance weights of R, G, B (ITU-R BT.709, scikit-image's rgb2gray)
+LUMINANCE = (0.2125, 0.7154, 0.0721)
+
+
+class ImageFileError(ValueError):
+    """A file that cannot be read or written as asked; the message names it."""
+
+
+def _describe(what: str, path: pathlib.Path) -> str:
+    return f"{what}: {str(path)!r}"
+
+
+def read_image(path, *, what: str = "image", notes: list | None = None) -> np.ndarray:
+    """Read a 2-D or 3-D grey image from a TIFF, PNG, JPEG or NPY file.
+
+    Parameters
+    ----------
+    path : str or path-like
+    what : str
+        The argument's name, for messages ("fixed", "moving", "--mask").
+    notes : list, optional
+        Conversions made (color to luminance, alpha dropped) are appended as sentences.
+
+    Returns
+    -------
+    ndarray, 2-D or 3-D, in the file's dtype (luminance of an integer color image is
+    rounded back to that integer type).
+    """
+    path = pathlib.Path(path)
+    where = _describe(what, path)
+    if not path.exists():
+        raise ImageFileError(f"{where} does not exist")
+    if path.is_dir():
+        raise ImageFileError(f"{where} is a directory, expected an image file "
+                             f"({', '.join(READ_SUFFIXES)})")
+    suffix = path.suffix.lower()
+    if suffix not in READ_SUFFIXES:
+        raise ImageFileError(f"{where} has an unsupported type {suffix or '(no suffix)'!r}; "
+                             f"expected one of {', '.join(READ_SUFFIXES)}")
+    try:
+        if suffix == ".npy":
+            image, samples = np.load(path, allow_pickle=False), False
+        elif suffix in (".tif", ".tiff"):
+            image, samples = _read_tiff(path, where)
+        else:
+            from skimage import io
+
+            image = np.asarray(io.imread(path))
+            samples = image.ndim == 3 and image.shape[-1] in (2, 3, 4)
+    except ImageFileError:
+        raise
+    except Exception as exc:  # a corrupt or foreign file: say which, not a traceback
+        reason = " ".join(str(exc).split()).split(". ")[0][:160]
+        raise ImageFileError(f"{where} could not be read as {suffix[1:].upper()} "
+                             f"({type(exc).__name__}: {reason})") from exc
+    if samples:
+        image = _to_grey(image, where, notes)
+    return _check_grey(image, where)
+
+
+def _read_tiff(path: pathlib.Path, where: str):
+    """``(array, has_samples)``: the first series of a TIFF, and whether its last axis holds
+    the samples of a color (or grey+alpha) pixel."""
+    import tifffile
+
+    with tifffile.TiffFile(path) as tif:
+        if not tif.series:
+            raise ImageFileError(f"{where} holds no image")
+        series = tif.series[0]
+        axes = series.axes
+        image = series.asarray()
+    if "C" in axes and image.shape[axes.index("C")] > 1:
+        raise ImageFileError(f"{where} has {image.shape[axes.index('C')]} channels (axes "
+                             f"{axes!r}); register one channel at a time (save it as its "
+                             "own file)")
+    return image, axes.endswith("S") and image.shape[-1] in (2, 3, 4)
+
+
+def _to_grey(image: np.ndarray, where: str, notes: list | None) -> np.ndarray:
+    """Luminance of ``(..., 3|4)`` color or the grey channel of ``(..., 2)`` grey+alpha."""
+    channels = image.shape[-1]
+    if channels == 2:
+        grey = image[..., 0]
+        message = f"{where} is grey+alpha: the alpha channel was dropped"
+    else:
+        values = image[..., :3].astype(np.float64) @ np.asarray(LUMINANCE)
+        if np.issubdtype(image.dtype, np.integer):
+            info = np.iinfo(image.dtype)
+            grey = np.clip(np.rint(values), info.min, info.max).astype(image.dtype)
+        else:
+            grey = values.astype(image.dtype)
+        kind = "RGBA (alpha dropped)" if channels == 4 else "RGB"
+        message = (f"{where} is {kind}: converted to luminance "
+                   f"{LUMINANCE[0]} R + {LUMINANCE[1]} G + {LUMINANCE[2]} B")
+    if notes is not None:
+        notes.append(message)
+    return grey
+
+
+def _check_grey(image: np.ndarray, where: str) -> np.ndarray:
+    if image.dtype == object or not (np.issubdtype(image.dtype, np.number)
+                                     or image.dtype == np.bool_):
+        raise ImageFileError(f"{where} holds {image.dtype} data, expected numbers")
+    if np.iscomplexobj(image):
+        raise ImageFileError(f"{where} holds complex numbers, expected real ones")
+    if image.size == 0:
+        raise ImageFileError(f"{where} is empty (shape {image.shape})")
+    squeezed = image.squeeze() if image.ndim > 3 else image
+    if squeezed.ndim not in (2, 3):
+        raise ImageFileError(f"{where} has shape {image.shape}; expected a 2-D or 3-D grey "
+                             "image")
+    return squeezed
+
+
+def _same_file(a: pathlib.Path, b: pathlib.Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_target(path, *, what: str, inputs: dict, overwrite: bool = False) -> pathlib.Path:
+    """Check, before any work, that a file may be written at ``path``; return it.
+
+    Parameters
+    ----------
+    what : the argument's name ("-o"), for messages.
+    inputs : ``{name: path}`` of the input files: the target may be none of them, through
+        whatever spelling of the path (links, relative paths), even with ``overwrite``.
+    overwrite : whether an existing file (never an input) may be replaced.
+    """
+    path = pathlib.Path(path)
+    where = _describe(what, path)
+    for name, source in inputs.items():
+        if source is not None and (_same_file(path, pathlib.Path(source))
+                                   or path.resolve() == pathlib.Path(source).resolve()):
+            raise ImageFileError(f"{where} is the {name} input file; input files are never "
+                                 "written over: choose another output")
+    if path.is_dir():
+        raise ImageFileError(f"{where} is a directory; give a file name")
+    if path.exists() and not overwrite:
+        raise ImageFileError(f"{where} exists; pass --overwrite to replace it")
+    existing = path.parent
+    while not existing.exists():
+        existing = existing.parent
+    try:  # the only sure test of a folder (permissions, read-only mounts, /proc): write in it
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        raise ImageFileError(f"{where} cannot be written: {str(existing)!r} is not a writable "
+                             f"folder ({exc.strerror or exc})") from exc
+    return path
+
+
+def check_output_path(path, *, what: str, inputs: dict, overwrite: bool = False,
+                      dtype=None) -> pathlib.Path:
+    """:func:`check_target` for an image file, and its type against ``dtype``.
+
+    The suffix must be one of :data:`WRITE_SUFFIXES`; a PNG holds 8- or 16-bit integers
+    only, so ``dtype`` (the dtype that will be written) must be one of those for a PNG.
+    """
+    path = pathlib.Path(path)
+    where = _describe(what, path)
+    suffix = path.suffix.lower()
+    if suffix not in WRITE_SUFFIXES:
+        raise ImageFileError(f"{where} has an unsupported output type "
+                             f"{suffix or '(no suffix)'!r}; use one of "
+                             f"{', '.join(WRITE_SUFFIXES)}")
+    if dtype is not None and suffix == ".png" and np.dtype(dtype) not in (np.uint8, np.uint16):
+        raise ImageFileError(f"{where}: PNG holds 8- or 16-bit integers, not {np.dtype(dtype)}; "
+                             "write .tif or .npy to keep the data as it is, or choose "
+                             "--dtype uint8 or uint16 (values are rounded and clipped)")
+    return check_target(path, what=what, inputs=inputs, overwrite=overwrite)
+
+
+def write_image(path, image: np.ndarray, *, dtype=None) -> pathlib.Path:
+    """Write ``image`` to ``path`` atomically, as ``dtype`` (default: its own).
+
+    Integer dtypes are reached by rounding and clipping to the type's range; nothing is
+    rescaled. Call :func:`check_output_path` first: this function does not re-check.
+    """
+    path = pathlib.Path(path)
+    out = np.asarray(image)
+    if dtype is not None and np.dtype(dtype) != out.dtype:
+        target = np.dtype(dtype)
+        if np.issubdtype(target, np.integer):
+            info = np.iinfo(target)
+            out = np.clip(np.rint(out), info.min, info.max)
+        out = out.astype(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    suffix = path.suffix.lower()
+    partial = path.with_name(f".{path.stem}.partial-{os.getpid()}{suffix}")
+    try:
+        if suffix == ".npy":
+            np.save(partial, out)
+        elif suffix in (".tif", ".tiff"):
+            import tifffile
+
+            tifffile.imwrite(partial, out)
+        else:
+            from skimage import io
+
+            io.imsave(partial, out, check_contrast=False)
+        os.replace(partial, path)
+    finally:
+        if partial.exists():
+            partial.unlink()
+    return path
