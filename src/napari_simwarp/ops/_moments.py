@@ -49,6 +49,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _kernels
+from ._nonfinite import fill_nonfinite, nonfinite_mask, windows_seeing
 from ._numerics import accumulate_dtype, compute_dtype
 from ._padding import centered_pads
 from ._validation import check_choice, check_pair, check_window
@@ -293,14 +294,26 @@ def moment_map(
     Returns
     -------
     Tensor, shape ``(N, C, *S)`` ("none") or ``()`` ("mean"), in the promoted dtype of
-    ``a`` and ``b``.
+    ``a`` and ``b``; NaN exactly where a window holds a non-finite pixel of either image
+    (and a NaN mean then).
     """
     out_dtype = torch.promote_types(a.dtype, b.dtype)
+    invalid_a, invalid_b = nonfinite_mask(a), nonfinite_mask(b)
+    if invalid_a is not None:
+        a = fill_nonfinite(a, invalid_a)
+    if invalid_b is not None:
+        b = fill_nonfinite(b, invalid_b)
     impl = _kernels.implementation(metric.name, a)
     # Centering on the image mean is not enough where a window's mean sits far from it
     # (microscopy: bright blobs, smooth backgrounds): Σa² - (Σa)²/n then cancels in
     # float32 (docs/maths.md §1.3). The moments and the metric run in float64 wherever
     # the device has it, as local_std's sums do (float32 for half types on MPS).
     acc = accumulate_dtype(compute_dtype(out_dtype), a.device)
-    out = _MomentMap.apply(a.to(acc), b.to(acc), window, metric, reduction, impl)
-    return out.to(out_dtype)
+    invalid = invalid_a if invalid_b is None else (
+        invalid_b if invalid_a is None else invalid_a | invalid_b)
+    if invalid is None:
+        return _MomentMap.apply(a.to(acc), b.to(acc), window, metric, reduction, impl).to(out_dtype)
+    # NaN exactly where a window (through the reflected border) saw a non-finite pixel.
+    out = _MomentMap.apply(a.to(acc), b.to(acc), window, metric, "none", impl)
+    out = out.masked_fill(windows_seeing(invalid, window.sizes, "reflect"), float("nan"))
+    return (out.mean() if reduction == "mean" else out).to(out_dtype)

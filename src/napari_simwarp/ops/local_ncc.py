@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 
 from ._moments import MomentMetric, check_moment_inputs, moment_map
+from ._nonfinite import power_of_two_scale
 from ._numerics import flat_threshold_factor
 from ._validation import check_choice, check_sigma
 from ._windows import KERNELS, make_window
@@ -109,4 +110,8 @@ def local_ncc(
         raise ValueError(f"sigma is only used with kernel='gaussian', got kernel={kernel!r}")
     else:
         sigmas = None
+    # Scale-invariant: each image is brought into [-1, 1] by an exact power of two, so
+    # that data near 1e-30 or 1e30 is as well computed as data near 1 (also in float32).
+    dims = tuple(range(2, a.dim()))
+    a, b = a * power_of_two_scale(a, dims), b * power_of_two_scale(b, dims)
     return moment_map(a, b, make_window(kernel, sizes, sigmas), _LocalNCCMetric(), reduction)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from . import _kernels, _reference
+from ._nonfinite import fill_nonfinite, nonfinite_mask, windows_seeing
 from ._numerics import to_compute
 from ._padding import PADDINGS, centered_pads, check_padding
 from ._reference.local_std import center_and_pad
@@ -60,7 +61,8 @@ def local_std(
     -------
     Tensor, shape of ``x``, dtype of ``x``. Windows whose variance is below the rounding
     level of the sums (flat regions) give 0 (``sqrt(eps)`` unnormalized) and a zero
-    gradient; nothing is NaN or Inf.
+    gradient. NaN exactly where the window (padding included) holds a NaN or infinite
+    pixel of ``x``, as SciPy's filters give; finite everywhere else, on every backend.
     """
     check_image(x, "x")
     sizes = check_window(window, x.shape[2:], "window")
@@ -69,15 +71,20 @@ def local_std(
     check_bool(normalize, "normalize")
     eps = check_nonnegative(eps, "eps")
     x_compute = to_compute(x)
+    invalid = nonfinite_mask(x_compute)
+    if invalid is not None:
+        x_compute = fill_nonfinite(x_compute, invalid)
     if method == "fft":
         y = center_and_pad(x_compute, centered_pads(sizes), padding)
         out = _reference.local_std_valid(y, sizes, eps, normalize, method="fft")
-        return out.to(x.dtype)
-    impl = _kernels.implementation("local_std", x_compute)
-    if len(sizes) == 2 and x_compute.device.type == "cpu":
-        # One fused kernel on the CPU reads the image in place: no centered, padded copy.
-        out = impl.local_std_2d(x_compute, sizes, padding, eps, normalize)
     else:
-        y = center_and_pad(x_compute, centered_pads(sizes), padding)
-        out = impl.local_std_valid(y, sizes, eps, normalize)
+        impl = _kernels.implementation("local_std", x_compute)
+        if len(sizes) == 2 and x_compute.device.type == "cpu":
+            # One fused kernel on the CPU reads the image in place: no centered, padded copy.
+            out = impl.local_std_2d(x_compute, sizes, padding, eps, normalize)
+        else:
+            y = center_and_pad(x_compute, centered_pads(sizes), padding)
+            out = impl.local_std_valid(y, sizes, eps, normalize)
+    if invalid is not None:
+        out = out.masked_fill(windows_seeing(invalid, sizes, padding), float("nan"))
     return out.to(x.dtype)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from . import _kernels
+from ._nonfinite import fill_nonfinite, nonfinite_mask, power_of_two_scale, windows_seeing
 from ._numerics import accumulate_dtype, compute_dtype
 from ._padding import pad_spatial
 from ._validation import check_bool, check_image, check_kernel_like, check_same_device
@@ -51,8 +52,13 @@ def match_template(
     -------
     Tensor, shape ``(N, C, *(S - t + 1))`` or ``(N, C, *S)``, in the promoted dtype of
     ``image`` and ``template``; values in [-1, 1], 0 where the image window or the
-    template is flat. Differentiable with respect to both inputs (finite gradients
-    everywhere, zero where the result is defined as 0).
+    template is flat (a window whose energy is within the FFT's round-off of the whole
+    image's counts as flat). NaN exactly where the window holds a NaN or infinite image
+    pixel, everywhere when the template holds one. Computed in float64 for float32 data
+    (except on MPS): agrees with a float64 computation to 1e-6, and is the same for data
+    scaled by any power of ten within the dtype's range. Differentiable with respect to
+    both inputs (finite gradients where the result is finite, zero where it is defined
+    as 0).
     """
     check_image(image, "image")
     check_image(template, "template")
@@ -61,32 +67,69 @@ def match_template(
     check_bool(pad_input, "pad_input")
     out_dtype = torch.promote_types(image.dtype, template.dtype)
     dtype = compute_dtype(out_dtype)
-    img, tpl = image.to(dtype), template.to(dtype)
+    # Sums and the FFT run in the accumulation dtype (float64 for float32 data): the FFT's
+    # round-off is global (a fraction of the whole image's energy), the denominator local,
+    # so in float32 a dark window of a bright image would get noise for a score.
+    acc = accumulate_dtype(dtype, image.device)
+    img, tpl = image.to(acc), template.to(acc)
     dims = tuple(range(2, img.dim()))
     tshape = tuple(template.shape[2:])
+    invalid = nonfinite_mask(img)
+    if invalid is not None:
+        img = fill_nonfinite(img, invalid)
+    template_invalid = nonfinite_mask(tpl)
+    if template_invalid is not None:
+        tpl = fill_nonfinite(tpl, template_invalid)
 
-    # Center the image on its own mean (detached; ZNCC is shift-invariant): keeps the
-    # float32 FFT and the sums accurate on data with a large offset. scikit-image pads
-    # the *original* image with zeros, i.e. the centered one with -mean.
+    # Center the image on its own mean (detached; ZNCC is shift-invariant) and bring it
+    # into [-1, 1] by an exact power of two (scale-invariant): the sums stay accurate on
+    # data with a large offset and on data near 1e-30 or 1e30. scikit-image pads the
+    # *original* image with zeros, i.e. the centered one with -mean.
     mean = img.detach().mean(dims, keepdim=True)
+    scale = power_of_two_scale(img - mean, dims)
     if pad_input:
         pads = [(t // 2, t - 1 - t // 2) for t in tshape]
-        padded = pad_spatial(img, pads, mode="constant")
-        # A 1-pixel template pads nothing: pad_spatial then returns img itself, which may
-        # be the caller's tensor, so only a fresh padded copy is centered in place.
-        y = img - mean if padded is img else padded.sub_(mean)
+        y = (pad_spatial(img, pads, mode="constant") - mean) * scale
     else:
-        y = img - mean
-
-    # The template is small: center it in the accumulation dtype (float64 for float32).
-    acc = accumulate_dtype(dtype, img.device)
-    t_centered, t_energy, t_flat = centered_energy(tpl.to(acc), dims)  # (Nt, Ct, *t)
-    t_centered, t_energy = t_centered.to(dtype), t_energy.to(dtype)
+        y = (img - mean) * scale
+    t_centered, t_energy, t_flat = centered_energy(tpl * power_of_two_scale(tpl, dims), dims)
     numerator = fft_cc(y, t_centered, mode="valid")  # Σ (I - Ī)(T - T̄) per window
     impl = _kernels.implementation("local_std", y)
     window_energy = impl.local_std_valid(y, tshape, 0.0, False)  # 0 where flat
-    valid = (window_energy > 0) & ~t_flat
+    # A window whose energy is within the FFT's round-off of the image's is flat by
+    # design (0): its score would be noise (docs/maths.md §2.1).
+    resolvable = window_energy > _fft_noise_level(y, dims)
+    valid = resolvable & ~t_flat
     denominator = window_energy * t_energy.sqrt()
     safe = torch.where(valid, denominator, torch.ones_like(denominator))
     out = torch.where(valid, numerator / safe, torch.zeros_like(numerator))
+    # Rounding can put |ZNCC| a few ulps past 1 at a perfect match.
+    out = out.clamp(-1.0, 1.0)
+    if invalid is not None:
+        padded_invalid = invalid
+        if pad_input:
+            padded_invalid = pad_spatial(invalid.to(torch.float32), pads, mode="constant") > 0.5
+        out = out.masked_fill(windows_seeing(padded_invalid, tshape, None), float("nan"))
+    if template_invalid is not None:
+        seen = template_invalid.flatten(2).any(-1)[(...,) + (None,) * len(tshape)]
+        out = out.masked_fill(seen.expand_as(out), float("nan"))
     return out.to(out_dtype)
+
+
+#: the largest error a score may carry from the FFT's round-off; windows whose energy is
+#: too small for that are flat by design
+SCORE_TOLERANCE = 1e-4
+
+
+def _fft_noise_level(y: torch.Tensor, dims) -> torch.Tensor:
+    """The window energy below which an FFT numerator is round-off: ``(N, C, 1, ...)``.
+
+    The numerator's absolute error is about ``eps · log2(L) · ‖y‖ · ‖t‖`` (``L`` the
+    transform's length); a window of energy ``E`` gives the score ``numerator / (E ‖t‖)``,
+    whose error stays below :data:`SCORE_TOLERANCE` while ``E`` is above
+    ``eps · log2(L) · ‖y‖ / SCORE_TOLERANCE``. In float64 that is ~1e-10 of the image's
+    norm (only near-empty windows); in float32 (MPS) ~1e-2.
+    """
+    length = max(int(y.shape[d]) for d in dims)
+    norm = y.detach().square().sum(dims, keepdim=True).sqrt()
+    return norm * (torch.finfo(y.dtype).eps * length.bit_length() / SCORE_TOLERANCE)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ._numerics import flat_threshold_factor
+from ._nonfinite import fill_nonfinite, nonfinite_mask, power_of_two_scale
+from ._numerics import accumulate_dtype, flat_threshold_factor
 from ._validation import check_pair
 
 
@@ -49,13 +50,21 @@ def ncc(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     Returns
     -------
     Tensor, shape ``(N, C)``, in the promoted dtype of ``a`` and ``b``; 0 where either
-    image is flat (constant), with a zero gradient there. Differentiable with respect to
+    image is flat (constant), with a zero gradient there; NaN where either image holds a
+    NaN or infinite pixel. The same for data scaled by any factor within the dtype's range
+    (computed in float64 for float32 data, except on MPS). Differentiable with respect to
     ``a`` and ``b``.
     """
     out_dtype, dtype = check_pair(a, b)
     dims = tuple(range(2, a.dim()))
-    a_c, a_energy, a_flat = centered_energy(a.to(dtype), dims)
-    b_c, b_energy, b_flat = centered_energy(b.to(dtype), dims)
+    acc = accumulate_dtype(dtype, a.device)
+    a, b = a.to(acc), b.to(acc)
+    invalid = [nonfinite_mask(x) for x in (a, b)]
+    a, b = (x if m is None else fill_nonfinite(x, m) for x, m in zip((a, b), invalid))
+    # Scale-invariant: an exact power of two per image keeps the sums in range.
+    a, b = a * power_of_two_scale(a, dims), b * power_of_two_scale(b, dims)
+    a_c, a_energy, a_flat = centered_energy(a, dims)
+    b_c, b_energy, b_flat = centered_energy(b, dims)
     count = a_c[0, 0].numel()
     # The means' round-off is removed from the cross term as from the energies.
     cross = (a_c * b_c).sum(dims, keepdim=True) - (
@@ -63,4 +72,9 @@ def ncc(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     )
     flat = a_flat | b_flat
     score = torch.where(flat, torch.zeros_like(cross), cross / (a_energy * b_energy).sqrt())
+    score = score.clamp(-1.0, 1.0)
+    for m in invalid:
+        if m is not None:
+            score = score.masked_fill(m.flatten(2).any(-1)[(...,) + (None,) * len(dims)],
+                                      float("nan"))
     return score.reshape(a.shape[0], a.shape[1]).to(out_dtype)
