@@ -4,7 +4,7 @@ import numpy as np
 import torch
 from scipy import ndimage as ndi
 
-from napari_simwarp.registration.drift import _sample_inner, phase_correlation
+from napari_simwarp.registration.drift import phase_correlation, shifted
 from tests.registration.cases import textured
 
 
@@ -12,17 +12,26 @@ def test_phase_correlation_follows_the_displacement_convention(rng):
     ref = textured(rng, (96, 96))
     d = np.array([3.0, -5.0])  # ref(x) = frame(x + d)  <=>  frame(y) = ref(y - d)
     frame = ndi.shift(ref, d, order=3, mode="nearest")
-    est = phase_correlation(torch.tensor(frame, dtype=torch.float32)[None, None],
-                            torch.tensor(ref, dtype=torch.float32)[None, None])
-    np.testing.assert_allclose(est[0].numpy(), d, atol=0.3)
+    # scikit-image's order and sign: the shift s with ref(x) = frame(x - s), i.e. s = -d.
+    est = phase_correlation(torch.tensor(ref, dtype=torch.float32)[None, None],
+                            torch.tensor(frame, dtype=torch.float32)[None, None])
+    np.testing.assert_allclose(est[0].numpy(), -d, atol=0.3)
 
 
 def test_cpu_slicing_matches_grid_sample_path(rng):
     frames = torch.tensor(textured(rng, (3, 40, 48)), dtype=torch.float32)[:, None]
     shifts = torch.tensor([[0.3, -1.7], [2.25, 0.5], [-2.9, 2.9]])
-    a = _sample_inner(frames, shifts, [5, 5], [30, 38], use_grid_sample=False)
-    b = _sample_inner(frames, shifts, [5, 5], [30, 38], use_grid_sample=True)
+    a, valid_a = shifted(frames, shifts, use_grid_sample=False)
+    b, valid_b = shifted(frames, shifts, use_grid_sample=True)
+    torch.testing.assert_close(valid_a, valid_b)
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    # Inside the overlap, the bilinear sample of frame(x + d), checked against SciPy.
+    from scipy import ndimage as ndi
+
+    for n, d in enumerate(shifts.numpy()):
+        ref = ndi.shift(frames[n, 0].numpy(), -d, order=1, mode="constant")
+        inside = valid_a[n, 0].numpy() > 0
+        np.testing.assert_allclose(a[n, 0].numpy()[inside], ref[inside], atol=1e-5)
 
 
 def _hot_stack(img, truth, hot, value, rng):

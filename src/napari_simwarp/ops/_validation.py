@@ -208,6 +208,7 @@ def check_displacement(
     like: torch.Tensor | None = None,
     like_name: str = "image",
     batch: int | None = None,
+    finite: bool = True,
 ) -> torch.Tensor:
     """Check a displacement field ``(N, D, *S)`` for images of spatial shape ``S``.
 
@@ -224,6 +225,9 @@ def check_displacement(
         A tensor it must share a device with (named ``like_name`` in messages).
     batch : int, optional
         When given, the field's batch must be 1 or ``batch``.
+    finite : bool
+        Refuse NaN and infinite displacements (a non-finite sample position has no
+        meaning, and ``grid_sample``'s backward crashes the process on one).
 
     Returns
     -------
@@ -254,6 +258,10 @@ def check_displacement(
         )
     if like is not None:
         check_same_device(like, displacement, like_name, name)
+    if finite and not bool(torch.isfinite(displacement.detach().sum())) and not bool(
+            torch.isfinite(displacement.detach()).all()):
+        raise ValueError(f"{name} contains NaN or infinite values; every displacement must "
+                         "be finite")
     return displacement
 
 

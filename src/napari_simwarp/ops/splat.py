@@ -41,7 +41,8 @@ def splat(image, displacement, *, normalize=True, eps=1e-6, return_weights=False
     displacement : Tensor, shape ``(N or 1, len(S), *S)``
         Where each source pixel goes, in pixels, components in array-axis order
         (``(dy, dx)`` in 2D, ``(dz, dy, dx)`` in 3D), the same convention as ``warp``.
-        A batch of 1 is shared by every image.
+        A batch of 1 is shared by every image. A pixel whose displacement is NaN or
+        infinite lands nowhere (it adds nothing, and gets a zero gradient).
     normalize : bool
         True: each output pixel is the weighted average of what landed on it.
         False: the plain weighted sum (mass-preserving: the total is kept except what
@@ -67,7 +68,9 @@ def splat(image, displacement, *, normalize=True, eps=1e-6, return_weights=False
     twin (``_reference.splat``); both compute the same sums (see ``backend_info()``).
     """
     check_image(image, "image")
-    check_displacement(displacement, tuple(image.shape[2:]), like=image, batch=image.shape[0])
+    # Non-finite displacements are allowed: such a source pixel lands nowhere (documented).
+    check_displacement(displacement, tuple(image.shape[2:]), like=image, batch=image.shape[0],
+                       finite=False)
     check_bool(normalize, "normalize")
     eps = check_nonnegative(eps, "eps")
     check_bool(return_weights, "return_weights")

@@ -4,8 +4,14 @@ Gauss–Newton sub-pixel refinement, on all frames of a batch at once.
 Why not the generic Adam loop: a translation has a closed-form first guess (the peak of
 the phase correlation, found for every frame by one batched FFT) and, from within a pixel,
 Gauss–Newton converges in 3–5 iterations where gradient descent needs dozens. The
-inverse-compositional form precomputes the reference's gradient and Hessian, so each
-iteration is one batched resampling and a few reductions.
+inverse-compositional form uses the reference's gradient, so each iteration is one batched
+resampling and a few reductions.
+
+Every comparison of a frame with its reference is made over their overlap (the pixels
+``x`` with ``x + d`` inside the frame), never over a fixed inner box, so shifts up to half
+the frame are found: the refinement weighs the overlap, and a guess whose overlap matches
+poorly is searched for again by a normalized cross-correlation over every shift that keeps
+enough overlap (:func:`masked_ncc_shift`).
 
 Conventions: ``frames`` and ``references`` are ``(N, 1, *S)`` (a single reference
 broadcasts). The refinement's shift ``d`` ``(N, D)`` (array order, pixels) satisfies
@@ -23,8 +29,12 @@ import torch
 import torch.nn.functional as F
 
 from ._driver import drive
-
 from .pyramid import gaussian_blur
+
+#: the smallest overlap (fraction of the frame) a shift may leave
+MIN_OVERLAP = 0.2
+#: below this ZNCC over the overlap, a phase-correlation guess is searched for again
+RESEARCH_BELOW = 0.5
 
 
 def _hann(shape, dtype, device) -> torch.Tensor:
@@ -99,41 +109,61 @@ def phase_correlation(reference: torch.Tensor, moving: torch.Tensor) -> torch.Te
     return -torch.where(shifts >= sizes / 2, shifts - sizes, shifts)
 
 
-def _sample_inner(frames: torch.Tensor, shifts: torch.Tensor, starts, sizes, *,
-                  use_grid_sample: bool | None = None) -> torch.Tensor:
-    """``frames(x + d)`` for ``x`` in the box ``starts .. starts + sizes``, bilinear.
+def shifted(frames: torch.Tensor, shifts: torch.Tensor, *,
+            use_grid_sample: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``frames(x + d)`` over the whole frame, bilinear, and where it is defined.
 
-    The box plus every shift stays inside the frames (the caller's margin guarantees it),
-    so no padding is involved. On CPU, a translation's bilinear sample is an integer slice
-    and one lerp per axis, several times cheaper than ``grid_sample``; on accelerators one
-    batched ``grid_sample`` beats a loop over frames.
+    Parameters
+    ----------
+    frames : Tensor, shape ``(N or 1, 1, *S)``
+    shifts : Tensor, shape ``(N, D)``, pixels, array-axis order.
+
+    Returns
+    -------
+    warped : Tensor, shape ``(N, 1, *S)``: 0 where ``x + d`` falls outside the frame.
+    valid : Tensor, shape ``(N, 1, *S)``, ``frames``' dtype: 1 where it falls inside.
+
+    On CPU a translation's bilinear sample is an integer slice and one lerp per axis over
+    the overlap, several times cheaper than ``grid_sample``; on accelerators one batched
+    ``grid_sample`` beats a loop over frames.
     """
-    d = frames.dim() - 2
+    n, d = shifts.shape
+    shape = tuple(frames.shape[2:])
+    src = frames if frames.shape[0] == n else frames.expand(n, *frames.shape[1:])
     if use_grid_sample is None:
         use_grid_sample = frames.device.type != "cpu"
     if use_grid_sample:
-        shape = tuple(frames.shape[2:])
-        axes = [torch.arange(st, st + sz, dtype=frames.dtype, device=frames.device)
-                for st, sz in zip(starts, sizes)]
-        mesh = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1)  # (*box, D)
-        pos = mesh.unsqueeze(0) + shifts.view(-1, *([1] * d), d)
-        scale = torch.tensor([2.0 / n for n in shape], dtype=frames.dtype, device=frames.device)
-        grid = ((pos + 0.5) * scale - 1).flip(-1)
-        return F.grid_sample(frames, grid, mode="bilinear", padding_mode="border",
-                             align_corners=False)
-    floors = torch.floor(shifts)
-    fracs = (shifts - floors).tolist()
-    floors = floors.long().tolist()
-    out = []
-    for n in range(frames.shape[0]):
-        x = frames[n]
-        for axis in range(d):
+        axes = [torch.arange(k, dtype=frames.dtype, device=frames.device) for k in shape]
+        mesh = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1)  # (*S, D)
+        pos = mesh.unsqueeze(0) + shifts.to(frames.dtype).view(n, *([1] * d), d)
+        sizes = torch.tensor(shape, dtype=frames.dtype, device=frames.device)
+        valid = ((pos >= 0) & (pos <= sizes - 1)).all(dim=-1).unsqueeze(1).to(frames.dtype)
+        grid = ((pos + 0.5) * (2.0 / sizes) - 1).flip(-1)
+        warped = F.grid_sample(src, grid, mode="bilinear", padding_mode="border",
+                               align_corners=False)
+        return warped * valid, valid
+    warped = frames.new_zeros((n, 1, *shape))
+    valid = frames.new_zeros((n, 1, *shape))
+    floors = torch.floor(shifts).long().tolist()
+    fracs = (shifts - torch.floor(shifts)).tolist()
+    for i in range(n):
+        x, box = src[i], []
+        for axis, size in enumerate(shape):
+            k, f = floors[i][axis], fracs[i][axis]
+            # x + k and x + k + 1 (the lerp's two taps) must both be inside the axis.
+            start, stop = max(0, -k), min(size, size - k - (1 if f > 0 else 0))
+            if stop <= start:
+                break
+            length = stop - start
             dim = 1 + axis
-            x = x.narrow(dim, starts[axis] + floors[n][axis], sizes[axis] + 1)
-            x = torch.lerp(x.narrow(dim, 0, sizes[axis]), x.narrow(dim, 1, sizes[axis]),
-                           fracs[n][axis])
-        out.append(x)
-    return torch.stack(out)
+            x = x.narrow(dim, start + k, length + (1 if f > 0 else 0))
+            if f > 0:
+                x = torch.lerp(x.narrow(dim, 0, length), x.narrow(dim, 1, length), f)
+            box.append(slice(start, stop))
+        else:
+            warped[(i, slice(None), *box)] = x
+            valid[(i, slice(None), *box)] = 1.0
+    return warped, valid
 
 
 def _zero_mean_unit(x, dims):
@@ -153,69 +183,67 @@ def clip_unit(frames: torch.Tensor) -> torch.Tensor:
     return frames.clamp(0.0, 1.0)
 
 
-def _fits(shape, shifts: torch.Tensor) -> torch.Tensor:
-    """Per frame: does ``shifts`` leave the refinement an inner box of ≥ 8 pixels a side?"""
-    margin = torch.ceil(shifts.abs().amax(dim=1)) + 3
-    return min(shape) - 2 * margin >= 8
+def overlap_fraction(shape, shifts: torch.Tensor) -> torch.Tensor:
+    """Per frame, the fraction of the frame that ``shifts`` ``(N, D)`` keep in the overlap."""
+    sizes = torch.tensor(shape, dtype=shifts.dtype, device=shifts.device)
+    return (1 - shifts.abs() / sizes).clamp_min(0).prod(dim=1)
+
+
+def _standardize(x: torch.Tensor, valid: torch.Tensor, dims) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` standardized over ``valid`` (zero mean, unit variance there, 0 elsewhere), and
+    the standard deviation it was divided by ``(N, 1, ...)``."""
+    count = valid.sum(dim=dims, keepdim=True).clamp_min(1)
+    mean = (x * valid).sum(dim=dims, keepdim=True) / count
+    centered = (x - mean) * valid
+    std = ((centered * centered).sum(dim=dims, keepdim=True) / count).sqrt().clamp_min(1e-12)
+    return centered / std, std
 
 
 def _overlap_loss(fs: torch.Tensor, rs: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
     """Per frame, the refinement's loss at ``shifts`` over the overlap (batched).
 
     ``Σ (F̃(x + d) − R̃(x))²`` averaged over the pixels ``x`` with ``x + d`` inside the
-    frame, ``F̃, R̃`` normalized to zero mean and unit variance over that overlap.
+    frame, ``F̃, R̃`` standardized over that overlap (``2 − 2·ZNCC`` over the overlap).
     """
-    d = fs.dim() - 2
-    shape = tuple(fs.shape[2:])
-    dims = tuple(range(2, 2 + d))
-    n = shifts.shape[0]
-    src = fs if fs.shape[0] == n else fs.expand(n, *fs.shape[1:])
-    if not bool(shifts.any()):
-        warped, valid = src, torch.ones_like(src[:1])
-    else:
-        axes = [torch.arange(k, dtype=fs.dtype, device=fs.device) for k in shape]
-        mesh = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1)  # (*S, D)
-        pos = mesh.unsqueeze(0) + shifts.to(fs.dtype).view(-1, *([1] * d), d)
-        sizes = torch.tensor(shape, dtype=fs.dtype, device=fs.device)
-        valid = ((pos >= 0) & (pos <= sizes - 1)).all(dim=-1).unsqueeze(1).to(fs.dtype)
-        grid = ((pos + 0.5) * (2.0 / sizes) - 1).flip(-1)
-        warped = F.grid_sample(src, grid, mode="bilinear", padding_mode="border",
-                               align_corners=False)
-    count = valid.sum(dim=dims, keepdim=True).clamp_min(1)
-
-    def standard(x):
-        mean = (x * valid).sum(dim=dims, keepdim=True) / count
-        xc = (x - mean) * valid
-        var = (xc * xc).sum(dim=dims, keepdim=True) / count
-        return xc / var.sqrt().clamp_min(1e-12)
-
-    err = standard(warped) - standard(rs)
-    return ((err * err).sum(dim=dims) / count.reshape(-1, 1))[:, 0].expand(n)
+    dims = tuple(range(2, fs.dim()))
+    warped, valid = shifted(fs, shifts)
+    err = _standardize(warped, valid, dims)[0] - _standardize(rs, valid, dims)[0]
+    count = valid.sum(dim=dims).clamp_min(1)
+    return ((err * err).sum(dim=dims) / count)[:, 0]
 
 
 def _select(fs, rs, candidates) -> torch.Tensor:
     """Per frame, the candidate shift ``(N, D)`` with the lowest :func:`_overlap_loss`.
 
-    Candidates that leave the refinement no room (see :func:`_fits`) are ruled out. The
-    check only has to tell a right guess from a wrong one, so large frames are compared
-    at a reduced resolution (sides of at least 64 pixels), which keeps it cheap.
+    Candidates that keep less than :data:`MIN_OVERLAP` of the frame are ruled out (a tiny
+    overlap can match well by chance). The check only has to tell a right guess from a
+    wrong one, so large frames are compared at a reduced resolution (sides of at least 64
+    pixels), which keeps it cheap.
     """
     if len(candidates) == 1:
         return candidates[0]
     shape = tuple(fs.shape[2:])
+    fs, rs, factor = _coarse(fs, rs, 64)
+    losses = []
+    for c in candidates:
+        loss = _overlap_loss(fs, rs, c / factor)
+        enough = overlap_fraction(shape, c) >= MIN_OVERLAP
+        losses.append(torch.where(enough, loss, torch.full_like(loss, float("inf"))))
+    best = torch.stack(losses).argmin(dim=0)  # (N,); ties go to the first candidate
+    stacked = torch.stack(candidates)  # (K, N, D)
+    return stacked[best, torch.arange(stacked.shape[1], device=stacked.device)]
+
+
+def _coarse(fs, rs, min_side: int):
+    """``fs``, ``rs`` box-averaged by the largest power of two that keeps every side at
+    least ``min_side`` pixels, and that factor (shifts there are ``1/factor`` as long)."""
     factor = 1
-    while min(shape) // (2 * factor) >= 64:
+    while min(fs.shape[2:]) // (2 * factor) >= min_side:
         factor *= 2
     if factor > 1:
         pool = F.avg_pool2d if fs.dim() == 4 else F.avg_pool3d
         fs, rs = pool(fs, factor), pool(rs, factor)
-    losses = []
-    for c in candidates:
-        loss = _overlap_loss(fs, rs, c / factor)
-        losses.append(torch.where(_fits(shape, c), loss, torch.full_like(loss, float("inf"))))
-    best = torch.stack(losses).argmin(dim=0)  # (N,); ties go to the first candidate
-    stacked = torch.stack(candidates)  # (K, N, D)
-    return stacked[best, torch.arange(stacked.shape[1], device=stacked.device)]
+    return fs, rs, factor
 
 
 def select_shifts(frames, references, candidates, *, sigma: float = 1.0) -> torch.Tensor:
@@ -223,23 +251,83 @@ def select_shifts(frames, references, candidates, *, sigma: float = 1.0) -> torc
 
     The check :func:`refine_translation` applies to its ``alternatives``, for callers that
     start another optimizer from a phase-correlation guess: a spurious peak (from outliers,
-    or a periodic pattern) is dropped where a zero shift matches better.
+    or a periodic pattern) is dropped where a zero shift matches better, and a guess whose
+    overlap matches poorly is searched for again over every shift
+    (:func:`masked_ncc_shift`).
     """
-    return _select(gaussian_blur(frames, sigma), gaussian_blur(references, sigma),
-                   list(candidates))
+    fs, rs = gaussian_blur(frames, sigma), gaussian_blur(references, sigma)
+    return _rescue(fs, rs, _select(fs, rs, list(candidates)))
 
 
-def _box(rs, margin, d, dims, shape, dtype):
-    starts = [margin] * d
-    sizes = [n - 2 * margin for n in shape]
-    box = (slice(None), slice(None), *[slice(st, st + sz) for st, sz in zip(starts, sizes)])
-    r = _zero_mean_unit(rs[box], dims)  # (N_ref, 1, *box)
-    # Gradient and (D, D) Hessian of the reference: constant while the box is.
-    grads = torch.stack(torch.gradient(r, dim=list(dims)), dim=-1)
-    hessian = torch.einsum("nc...i,nc...j->nij", grads, grads)
-    hinv = torch.linalg.inv(hessian.double()).to(dtype)
-    g_flat = grads.reshape(grads.shape[0], -1, d)  # (N_ref, P, D)
-    return starts, sizes, r, hinv, g_flat
+def masked_ncc_shift(references: torch.Tensor, frames: torch.Tensor, *,
+                     min_overlap: float = MIN_OVERLAP, max_side: int = 128) -> torch.Tensor:
+    """The integer shift ``d`` ``(N, D)`` that maximizes the ZNCC over the overlap.
+
+    Every shift that keeps at least ``min_overlap`` of the frame is scored at once by FFTs
+    of the images, their squares and their supports (Padfield's masked normalized
+    cross-correlation), on frames box-averaged to at most ``max_side`` pixels a side;
+    the result is in full-resolution pixels (to within the averaging factor) with
+    ``reference(x) ≈ frame(x + d)``. Slower than a phase correlation (twelve FFTs of
+    twice the size) but it cannot lock onto a peak that the overlap does not support.
+    """
+    n = frames.shape[0]
+    d = frames.dim() - 2
+    shape = tuple(frames.shape[2:])
+    factor = 1
+    while max(shape) // factor > max_side:
+        factor *= 2
+    rs, fs = references.double(), frames.double()
+    if factor > 1:
+        pool = F.avg_pool2d if d == 2 else F.avg_pool3d
+        rs, fs = pool(rs, factor), pool(fs, factor)
+    small = tuple(fs.shape[2:])
+    size = [2 * k for k in small]
+    dims = tuple(range(-d, 0))
+
+    def spectrum(x):
+        return torch.fft.rfftn(x, s=size, dim=dims)
+
+    def correlate(a, b):  # Σ_x a(x) b(x + d), for every d, wrapped at 2k
+        return torch.fft.irfftn(a.conj() * b, s=size, dim=dims)
+
+    ones_r, ones_f = torch.ones_like(rs[:1]), torch.ones_like(fs[:1])
+    r, r2, one_r = spectrum(rs), spectrum(rs * rs), spectrum(ones_r)
+    f, f2, one_f = spectrum(fs), spectrum(fs * fs), spectrum(ones_f)
+    count = correlate(one_r, one_f).round()
+    sum_r, sum_f = correlate(r, one_f), correlate(one_r, f)
+    cross = correlate(r, f) - sum_r * sum_f / count.clamp_min(1)
+    var_r = (correlate(r2, one_f) - sum_r * sum_r / count.clamp_min(1)).clamp_min(0)
+    var_f = (correlate(one_r, f2) - sum_f * sum_f / count.clamp_min(1)).clamp_min(0)
+    score = cross / (var_r * var_f).sqrt().clamp_min(1e-300)
+    enough = count >= min_overlap * math.prod(small)
+    score = torch.where(enough & (var_r > 0) & (var_f > 0), score, torch.full_like(score, -2.0))
+    flat = score.reshape(n, -1).argmax(dim=1)
+    best = []
+    for k in reversed(size):
+        best.append(flat % k)
+        flat = flat // k
+    best = torch.stack(best[::-1], dim=1)  # (N, D) indices in [0, 2k)
+    sizes = torch.tensor(size, device=best.device)
+    signed = torch.where(best >= sizes // 2, best - sizes, best)
+    return (signed * factor).to(frames.dtype)
+
+
+def _rescue(fs, rs, shifts) -> torch.Tensor:
+    """``shifts`` ``(N, D)``, with the frames whose overlap matches poorly (ZNCC below
+    :data:`RESEARCH_BELOW`) searched for again by :func:`masked_ncc_shift` and given its
+    answer where that matches better."""
+    coarse_f, coarse_r, factor = _coarse(fs, rs, 64)
+    zncc = 1 - _overlap_loss(coarse_f, coarse_r, shifts / factor) / 2
+    poor = zncc < RESEARCH_BELOW
+    if not bool(poor.any()):
+        return shifts
+    rows = poor.nonzero()[:, 0]
+    refs = rs if rs.shape[0] == 1 else rs[rows]
+    found = masked_ncc_shift(refs, fs[rows])
+    better = _select(fs[rows], refs, [shifts[rows], found])
+    out = shifts.clone()
+    out[rows] = better
+    return out
 
 
 class TranslationStep(NamedTuple):
@@ -252,32 +340,37 @@ class TranslationStep(NamedTuple):
 
 def refine_translation(frames, references, shifts, *, iterations: int = 10,
                        tol: float = 1e-3, sigma: float = 1.0, callback=None,
-                       alternatives=None):
+                       alternatives=None, reference_mask=None):
     """:func:`refine_translation_iter` run to the end; ``callback(step)`` true stops it.
 
     Returns ``(shifts, loss per frame, stopped)``.
     """
     return drive(refine_translation_iter(frames, references, shifts, iterations=iterations,
-                                         tol=tol, sigma=sigma, alternatives=alternatives),
+                                         tol=tol, sigma=sigma, alternatives=alternatives,
+                                         reference_mask=reference_mask),
                  callback)
 
 
 def refine_translation_iter(frames, references, shifts, *, iterations: int = 10,
-                            tol: float = 1e-3, sigma: float = 1.0, alternatives=None):
+                            tol: float = 1e-3, sigma: float = 1.0, alternatives=None,
+                            reference_mask=None):
     """Gauss–Newton (inverse compositional) refinement of per-frame shifts.
 
-    Minimizes ``Σ_x (F̃(x + d) − R̃(x))²`` over the pixels ``x`` of an inner box that every
-    shift keeps inside the frame, with ``F̃, R̃`` the frame and reference blurred by
-    ``sigma`` (this takes noise off the gradient, and bilinear interpolation is far more
-    accurate on a smooth image) and normalized to zero mean and unit variance over the box
-    (so slow intensity changes, e.g. bleaching, do not bias the shift). A generator: it
-    yields a :class:`TranslationStep` per iteration, stops when sent a true value, and
-    returns ``(shifts, loss per frame, stopped)``.
+    Minimizes ``Σ_x (F̃(x + d) − R̃(x))²`` over the overlap (the pixels ``x`` with ``x + d``
+    inside the frame), with ``F̃, R̃`` the frame and reference blurred by ``sigma`` (this
+    takes noise off the gradient, and bilinear interpolation is far more accurate on a
+    smooth image) and standardized over the overlap (so slow intensity changes, e.g.
+    bleaching, do not bias the shift). A generator: it yields a :class:`TranslationStep`
+    per iteration, stops when sent a true value, and returns ``(shifts, loss per frame,
+    stopped)``.
 
     ``alternatives``: other starting shifts ``(N, D)`` (e.g. zeros); each frame starts from
-    whichever of ``shifts`` and these has the lowest loss over the overlap, so a spurious
-    phase-correlation peak is not followed. When a step would leave the inner box, the box
-    is shrunk to make room (and shifts are held inside the largest box of ≥ 8 pixels).
+    whichever of ``shifts`` and these matches best over its overlap, so a spurious
+    phase-correlation peak is not followed, and a start that still matches poorly is
+    searched for again over every shift. Shifts are held where they keep at least
+    :data:`MIN_OVERLAP` of the frame. ``reference_mask`` ``(1 or N, 1, *S)``: where the
+    reference is a real image (e.g. where every frame covers a mean); only there does it
+    count.
     """
     d = frames.dim() - 2
     dims = tuple(range(2, 2 + d))
@@ -285,37 +378,31 @@ def refine_translation_iter(frames, references, shifts, *, iterations: int = 10,
     fs = gaussian_blur(frames, sigma)
     rs = gaussian_blur(references, sigma)
     if alternatives:
-        shifts = _select(fs, rs, [shifts, *alternatives])
-    largest = (min(shape) - 8) // 2  # the widest margin that leaves an 8-pixel box
-    margin = int(torch.ceil(shifts.abs().max()).item()) + 3
-    if margin > largest:
-        raise ValueError(
-            f"the starting shifts of up to {margin - 3} pixels leave less than 8 pixels of "
-            f"overlap in frames of shape {shape}: either the frames hardly overlap, or the "
-            f"phase correlation found a spurious peak (e.g. from hot or saturated pixels)")
-    starts, sizes, r, hinv, g_flat = _box(rs, margin, d, dims, shape, frames.dtype)
+        shifts = _rescue(fs, rs, _select(fs, rs, [shifts, *alternatives]))
+    gradient = torch.stack(torch.gradient(rs, dim=list(dims)), dim=1)[:, :, 0]  # (N_r, D, *S)
+    sizes = torch.tensor(shape, dtype=shifts.dtype, device=shifts.device)
+    # Per axis, the largest shift that keeps MIN_OVERLAP of the frame along that axis alone.
+    reach = sizes * (1 - MIN_OVERLAP ** (1.0 / d))
     loss = None
     stopped = False
     for iteration in range(iterations):
-        warped = _zero_mean_unit(_sample_inner(fs, shifts, starts, sizes), dims)
-        err = (warped - r).reshape(warped.shape[0], -1)  # (N, P)
-        loss = (err * err).mean(dim=1)
-        if g_flat.shape[0] == 1:
-            b = err @ g_flat[0]  # one matrix product for the whole batch
-        else:
-            b = torch.einsum("np,npi->ni", err, g_flat)
-        step = torch.einsum("nij,nj->ni", hinv.expand(b.shape[0], -1, -1), b)
-        shifts = shifts - step
-        reach = float(shifts.abs().max())
-        if reach > margin - 2:
-            # The step left the box the sampling relies on: widen the margin (shrink the
-            # box) and, at the limit, hold the shifts inside it.
-            wanted = min(int(math.ceil(reach)) + 3, largest)
-            if wanted > margin:
-                margin = wanted
-                starts, sizes, r, hinv, g_flat = _box(rs, margin, d, dims, shape,
-                                                      frames.dtype)
-            shifts = shifts.clamp(-(margin - 2), margin - 2)
+        warped, valid = shifted(fs, shifts)
+        if reference_mask is not None:
+            valid = valid * reference_mask
+        f_std, _ = _standardize(warped, valid, dims)
+        r_std, scale = _standardize(rs, valid, dims)
+        err = (f_std - r_std).flatten(2)[:, 0]  # (N, P), 0 outside the overlap
+        g = (gradient * (valid / scale)).flatten(2)  # (N, D, P): ∇R̃ on the overlap
+        count = valid.flatten(2)[:, 0].sum(dim=1).clamp_min(1)
+        loss = (err * err).sum(dim=1) / count
+        b = torch.einsum("np,nip->ni", err, g)
+        hessian = torch.einsum("nip,njp->nij", g, g).double()
+        # A whisper of ridge keeps a frame without texture on the overlap solvable (step 0).
+        ridge = 1e-9 * hessian.diagonal(dim1=1, dim2=2).sum(-1).clamp_min(1e-30)
+        hessian = hessian + ridge[:, None, None] * torch.eye(d, dtype=hessian.dtype,
+                                                            device=hessian.device)
+        step = torch.linalg.solve(hessian, b.double().unsqueeze(-1))[..., 0]
+        shifts = torch.maximum(torch.minimum(shifts - step.to(shifts.dtype), reach), -reach)
         if (yield TranslationStep(iteration, loss, shifts)):
             stopped = True
             break

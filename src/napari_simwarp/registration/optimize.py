@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..ops._validation import check_choice
 from ..ops.losses import loss_for
-from ._names import LINEAR_MODELS
+from . import _options
 
 
 @dataclass
@@ -258,6 +259,7 @@ def level_iterations(iterations, model, shape, levels, full_resolution):
     while the half-resolution answer is already within a few hundredths of a pixel for
     linear models and smooth fields (measured in benchmarks/bench_register.py).
     """
+    iterations = _options.iterations(iterations)
     if iterations is None:
         iterations = DEFAULTS[model]["iterations"]
     if not isinstance(iterations, (int, np.integer)):
@@ -277,12 +279,19 @@ def level_iterations(iterations, model, shape, levels, full_resolution):
 
 def make_schedule(model, lr, iterations, tol, regularization, report_every, metric, window,
                   optimizer="auto") -> Schedule:
-    """The :class:`Schedule` of a run from the user's options (None: the model's default)."""
+    """The :class:`Schedule` of a run from the user's options (None: the model's default).
+
+    Every option is checked here, before any work: a learning rate that is not a positive
+    finite number, a negative regularization, an even window... each names itself.
+    """
     d = DEFAULTS[model]
-    if optimizer == "auto":
-        optimizer = "adam"
-    if optimizer not in ("adam", "lbfgs"):
-        raise ValueError(f"optimizer must be 'auto', 'adam' or 'lbfgs', got {optimizer!r}")
+    check_choice(optimizer, "optimizer", ("auto", "adam", "lbfgs"))
+    optimizer = "adam" if optimizer == "auto" else optimizer
+    lr = _options.optional_positive(lr, "lr")
+    tol = _options.non_negative(tol, "tol")
+    regularization = _options.optional_non_negative(regularization, "regularization")
+    report_every = _options.report_every(report_every)
+    window = _options.window(window)
     options = {"window": window} if window is not None else {}
     return Schedule(lr=d["lr"] if lr is None else float(lr),
                     iterations=d["iterations"] if iterations is None else iterations,

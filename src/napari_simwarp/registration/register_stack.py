@@ -410,12 +410,14 @@ def _translation_shifts(frames, refs, batch, history, state, iterations, full_it
     return torch.cat(out)
 
 
-def _refine_to(frames, mean, shifts, batch, history, state, iterations):
-    """Gauss–Newton from ``shifts`` against one ``mean`` reference (a generator)."""
+def _refine_to(frames, mean, mask, shifts, batch, history, state, iterations):
+    """Gauss–Newton from ``shifts`` against one ``mean`` reference, where ``mask`` says it
+    is a real image (a generator)."""
     out = []
     for sl in _batches(frames.shape[0], batch):
         refined, _, stopped = yield from relay(
-            refine_translation_iter(frames[sl], mean, shifts[sl], iterations=iterations),
+            refine_translation_iter(frames[sl], mean, shifts[sl], iterations=iterations,
+                                    reference_mask=mask),
             _shift_progress(sl, 1.0, history))
         out.append(refined)
         if stopped:
@@ -432,9 +434,8 @@ def _translation_route(clipped, reference, ref_index, batch, iterations, history
     shifts = yield from _translation_shifts(moving, refs, batch, history, state, its,
                                             previous=reference == "previous")
     if reference == "mean" and not state["stopped"]:
-        aligned = warp_affine(clipped, _shift_matrices(shifts).to(clipped), padding="nearest")
-        mean = aligned.mean(dim=0, keepdim=True)
-        shifts = yield from _refine_to(clipped, mean, shifts, batch, history, state, its)
+        mean, mask = _aligned_mean(clipped, shifts)
+        shifts = yield from _refine_to(clipped, mean, mask, shifts, batch, history, state, its)
     if reference == "previous":
         shifts = torch.cat([shifts.new_zeros(1, shifts.shape[1]), torch.cumsum(shifts, dim=0)])
     return [AffineTransform(m.numpy(), "translation") for m in _shift_matrices(shifts)]
@@ -443,17 +444,28 @@ def _translation_route(clipped, reference, ref_index, batch, iterations, history
 # -- the optimizer route ------------------------------------------------------------------
 
 
-def _mean_reference(frames, clipped, batch):
-    """The mean of the drift-corrected frames and where every frame covers it.
+def _aligned_mean(frames, shifts):
+    """The mean of ``frames`` aligned by ``shifts`` and where every frame covers it.
 
     Returns ``(mean (1, 1, *S), mask (1, 1, *S))``: only where every frame contributed is
-    the mean a real image (not edge smear), so the model is fitted there only.
+    the mean a real image (not edge smear), so it is matched there only.
     """
-    drift = drive(_translation_shifts(clipped, clipped[:1], batch, [], {"stopped": False}, 10))
-    mats = _shift_matrices(drift).to(frames)
+    mats = _shift_matrices(shifts).to(frames)
     mean = warp_affine(frames, mats, padding="nearest").mean(dim=0, keepdim=True)
     covered = warp_affine(torch.ones_like(frames[:1]), mats, padding="grid-constant")
     return mean, (covered.amin(dim=0, keepdim=True) > 0.999).to(frames.dtype)
+
+
+def _mean_reference(frames, clipped, batch):
+    """The mean of the drift-corrected frames and where every frame covers it (see
+    :func:`_aligned_mean`), for the optimizer route: the frames are aligned as the
+    translation route aligns them to a mean (to the first frame, then to the mean of
+    those), so that the mean is as sharp as translations can make it."""
+    state = {"stopped": False}
+    drift = drive(_translation_shifts(clipped, clipped[:1], batch, [], state, 10))
+    mean, mask = _aligned_mean(clipped, drift)
+    drift = drive(_refine_to(clipped, mean, mask, drift, batch, [], state, 10))
+    return _aligned_mean(frames, drift)
 
 
 def _phase_guesses(moving_c, refs_c, batch, previous: bool) -> torch.Tensor:
