@@ -1,6 +1,9 @@
-// Schemas of every simwarp custom op, defined once. Implementations register per dispatch
-// key in cpu/*.cpp (always) and cuda/bindings.cpp (when built with CUDA); fake (meta)
-// implementations and autograd formulas are registered from Python (ops/_kernels/_registrations.py).
+// Schemas of every simwarp custom op, defined once. Each op registers its implementation
+// per dispatch key in a file of its own, named after it less any _fwd / _bwd: cpu/<op>.cpp
+// (always) and cuda/<op>.cpp (when built with CUDA; local_std_2d_* are CPU only). Both
+// sides run the same argument checks (checks.h).
+// Fake (meta) implementations and autograd formulas are registered from Python
+// (src/napari_simwarp/ops/_kernels/_registrations.py).
 #include <torch/library.h>
 
 TORCH_LIBRARY(simwarp, m) {
@@ -15,7 +18,7 @@ TORCH_LIBRARY(simwarp, m) {
   // Local std of a padded, centered input, valid mode: returns (out, S1, flat). Sums and
   // V = S2 − S1²/N in double; V <= flat_factor · S2 counts as flat (0, no gradient).
   m.def("local_std_fwd(Tensor xp, int[] window, float eps, bool normalize, float flat_factor) -> (Tensor, Tensor, Tensor)");
-  // Splatting (SPEC §4) of image (N, C, *S) by displacement (N, D, *S): returns (out, den).
+  // Splatting (docs/maths.md §4) of image (N, C, *S) by displacement (N, D, *S): returns (out, den).
   m.def("splat_fwd(Tensor image, Tensor displacement, bool normalize, float eps) -> (Tensor, Tensor)");
   m.def("splat_bwd(Tensor? v_out, Tensor? v_den, Tensor image, Tensor displacement, Tensor out, Tensor den, bool normalize, float eps) -> (Tensor, Tensor)");
   m.def("local_std_bwd(Tensor grad, Tensor out, Tensor s1, Tensor flat, Tensor xp, int[] window, bool normalize) -> Tensor");

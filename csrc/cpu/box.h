@@ -1,4 +1,6 @@
-// CPU window sums along one axis of a contiguous tensor viewed as (B, L, R).
+// CPU window sums along one axis of a contiguous tensor viewed as (B, L, R): the loop
+// (box_axis) and the tensor pass over it (box_pass, in box_sum.cpp), which box_sum runs
+// per axis and local_std.cpp reuses for its leading axes and its backward.
 //
 // out[b, i, r] = Σ_{j=0}^{k-1} x[b, i + j − pad, r], with x = 0 outside [0, L).
 //   valid mode: pad = 0,     n_out = L − k + 1
@@ -8,6 +10,7 @@
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -77,6 +80,10 @@ void box_axis(const T* x, Out* out, int64_t B, int64_t L, int64_t R, int64_t k, 
     }
   });
 }
+
+// One box_axis pass along `dim` of a contiguous tensor (box_sum.cpp); returns a new
+// contiguous tensor with n_out along `dim`.
+at::Tensor box_pass(const at::Tensor& x, int64_t dim, int64_t k, bool full);
 
 }  // namespace cpu
 }  // namespace simwarp

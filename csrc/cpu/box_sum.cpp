@@ -1,13 +1,14 @@
-// CPU implementation of simwarp::box_sum: window sums over the trailing axes.
+// CPU implementation of simwarp::box_sum (window sums over the trailing axes) and its
+// registration; also box_pass, the one-axis pass local_std.cpp reuses (declared in box.h).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include "box.h"
+#include "checks.h"
 
 namespace simwarp {
 namespace cpu {
 
-// One pass along `dim` of a contiguous tensor; returns a new contiguous tensor.
 at::Tensor box_pass(const at::Tensor& x, int64_t dim, int64_t k, bool full) {
   const int64_t L = x.size(dim);
   int64_t B = 1, R = 1;
@@ -25,19 +26,17 @@ at::Tensor box_pass(const at::Tensor& x, int64_t dim, int64_t k, bool full) {
 }
 
 at::Tensor box_sum(const at::Tensor& x, at::IntArrayRef window, bool full) {
-  TORCH_CHECK(x.is_floating_point(), "box_sum: x must be float32 or float64");
-  TORCH_CHECK(static_cast<int64_t>(window.size()) <= x.dim(), "box_sum: window longer than x.dim()");
+  checks::box_sum(x, window, full);
+  if (x.numel() == 0) return at::zeros(checks::window_output_shape(x.sizes(), window, full), x.options());
   const int64_t first = x.dim() - static_cast<int64_t>(window.size());
   at::Tensor cur = x.contiguous();
   // Last axis first: its serial running sums are the cheapest pass to run on the widest data.
   for (int64_t a = static_cast<int64_t>(window.size()) - 1; a >= 0; --a) {
     const int64_t k = window[a];
-    TORCH_CHECK(k >= 1, "box_sum: window sizes must be positive");
-    TORCH_CHECK(full || k <= cur.size(first + a), "box_sum: window larger than the axis");
     if (k == 1) continue;
     cur = box_pass(cur, first + a, k, full);
   }
-  return cur.is_same(x) ? x.clone() : cur;
+  return cur.is_same(x) ? x.clone(at::MemoryFormat::Contiguous) : cur;  // never x itself
 }
 
 }  // namespace cpu

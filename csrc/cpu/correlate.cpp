@@ -1,5 +1,5 @@
-// CPU implementation of simwarp::correlate: separable correlation over the trailing axes
-// (valid mode) and its transpose, with arbitrary taps per axis.
+// CPU implementation of simwarp::correlate (separable correlation over the trailing axes,
+// valid mode, and its transpose, with arbitrary taps per axis) and its registration.
 //
 // Why not the per-element functions of include/simwarp/correlate.h here: on CPU the
 // same sums run tap-major over whole contiguous rows, which the compiler vectorizes (the
@@ -11,24 +11,23 @@
 
 #include <vector>
 
+#include "checks.h"
 #include "correlate_axis.h"
 
 namespace simwarp {
 namespace cpu {
+
 at::Tensor correlate(const at::Tensor& x_in, at::ArrayRef<double> taps, at::IntArrayRef sizes,
                      bool transpose) {
-  TORCH_CHECK(x_in.is_floating_point(), "correlate: x must be float32 or float64");
-  int64_t total = 0;
-  for (auto s : sizes) total += s;
-  TORCH_CHECK(total == static_cast<int64_t>(taps.size()), "correlate: taps must hold sum(sizes) values");
-  TORCH_CHECK(static_cast<int64_t>(sizes.size()) <= x_in.dim(), "correlate: too many axes");
+  checks::correlate(x_in, taps, sizes, transpose);
+  if (x_in.numel() == 0)
+    return at::zeros(checks::window_output_shape(x_in.sizes(), sizes, transpose), x_in.options());
   const int64_t first = x_in.dim() - static_cast<int64_t>(sizes.size());
   at::Tensor cur = x_in.contiguous();
   int64_t offset = 0;
   for (int64_t a = 0; a < static_cast<int64_t>(sizes.size()); ++a) {
     const int64_t k = sizes[a], dim = first + a;
     const int64_t L = cur.size(dim);
-    TORCH_CHECK(k >= 1 && (transpose || k <= L), "correlate: window larger than the axis");
     int64_t B = 1, R = 1;
     for (int64_t d = 0; d < dim; ++d) B *= cur.size(d);
     for (int64_t d = dim + 1; d < cur.dim(); ++d) R *= cur.size(d);
@@ -44,7 +43,7 @@ at::Tensor correlate(const at::Tensor& x_in, at::ArrayRef<double> taps, at::IntA
     cur = out;
     offset += k;
   }
-  return cur.is_same(x_in) ? x_in.clone() : cur;
+  return cur.is_same(x_in) ? x_in.clone(at::MemoryFormat::Contiguous) : cur;  // never x itself
 }
 
 }  // namespace cpu

@@ -1,11 +1,13 @@
-// CPU implementation of the fused local standard deviation (SPEC §1).
+// CPU implementation of simwarp::local_std_fwd / local_std_bwd and their registration: the
+// fused local standard deviation of a padded, centered input, valid mode (docs/maths.md §1).
 //
 // Forward: S1 = x ⋆ 𝟙 and S2 = x² ⋆ 𝟙 (valid) with the squares made on the fly in the
 // first pass, then out = local_std_forward(S1, S2) per element. Backward: the per-element
 // vjp gives (∂S1, ∂S2), their full-mode window sums are the adjoint correlation, and
 // local_std_combine gives ∂x. The per-element maths is include/simwarp/local_std.h, shared
 // with the CUDA kernels. In 2D, local_std_2d.h fuses all of it, padding and centering
-// included (the local_std_2d_* ops); the valid-mode ops take that route too.
+// included (the local_std_2d_* ops, local_std_2d.cpp); these ops take that route for 2D
+// windows, padding "valid".
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -13,14 +15,12 @@
 #include <tuple>
 
 #include "box.h"
+#include "checks.h"
 #include "local_std_2d.h"
 #include "simwarp/local_std.h"
 
 namespace simwarp {
 namespace cpu {
-
-at::Tensor box_pass(const at::Tensor& x, int64_t dim, int64_t k, bool full);
-
 namespace {
 
 // Valid window sums of v and v² along one row, in double: s1, s2 get n − k + 1 entries.
@@ -48,86 +48,20 @@ void box_last_axis_pair(const T* x, double* o1, double* o2, int64_t B, int64_t L
   });
 }
 
-int64_t window_volume(at::IntArrayRef window) {
-  int64_t n = 1;
-  for (auto w : window) n *= w;
-  return n;
-}
-
-Padding parse_padding(c10::string_view name) {
-  if (name == "valid") return Padding::kValid;
-  if (name == "reflect") return Padding::kReflect;
-  if (name == "constant") return Padding::kConstant;
-  if (name == "nearest") return Padding::kNearest;
-  if (name == "mirror") return Padding::kMirror;
-  TORCH_CHECK(false, "local_std_2d: padding must be valid, reflect, mirror, nearest or constant, got ",
-              name);
-}
-
-Plane2d plane_of(const at::Tensor& x, at::IntArrayRef window, c10::string_view padding) {
-  TORCH_CHECK(x.is_floating_point(), "local_std_2d: x must be float32 or float64");
-  TORCH_CHECK(x.dim() >= 2 && window.size() == 2, "local_std_2d: x must be (..., H, W), window (kh, kw)");
-  const int64_t H = x.size(-2), W = x.size(-1);
-  TORCH_CHECK(H > 0 && W > 0 && window[0] > 0 && window[1] > 0, "local_std_2d: empty input or window");
-  const Plane2d g(x.numel() / (H * W), H, W, window[0], window[1], parse_padding(padding));
-  TORCH_CHECK(g.H > 0 && g.W > 0, "local_std_2d: window larger than the input in valid mode");
-  return g;
-}
-
 }  // namespace
 
-// x (..., H, W) -> (out, S1, flat), each (..., H, W) under a padding, or valid mode
-// (..., H − kh + 1, W − kw + 1) under "valid". Centering and padding happen on the fly.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> local_std_2d_fwd(const at::Tensor& x_in,
-                                                                 at::IntArrayRef window,
-                                                                 c10::string_view padding,
-                                                                 double eps, bool normalized,
-                                                                 double flat_factor) {
-  const at::Tensor x = x_in.contiguous();
-  const Plane2d g = plane_of(x, window, padding);
-  auto sizes = x.sizes().vec();
-  sizes[sizes.size() - 2] = g.H;
-  sizes.back() = g.W;
-  at::Tensor out = at::empty(sizes, x.options()), s1 = at::empty(sizes, x.options());
-  at::Tensor flat = at::empty(sizes, x.options().dtype(at::kBool));
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "simwarp_local_std_2d_fwd", [&] {
-    local_std_2d_forward<scalar_t>(x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-                                   s1.data_ptr<scalar_t>(), flat.data_ptr<bool>(), g, eps,
-                                   flat_factor, normalized);
-  });
-  return {out, s1, flat};
-}
-
-at::Tensor local_std_2d_bwd(const at::Tensor& grad_in, const at::Tensor& out_in,
-                            const at::Tensor& s1_in, const at::Tensor& flat_in,
-                            const at::Tensor& x_in, at::IntArrayRef window,
-                            c10::string_view padding, bool normalized) {
-  const at::Tensor grad = grad_in.contiguous(), x = x_in.contiguous();
-  const at::Tensor out = out_in.contiguous(), s1 = s1_in.contiguous(), flat = flat_in.contiguous();
-  const Plane2d g = plane_of(x, window, padding);
-  TORCH_CHECK(grad.numel() == g.B * g.H * g.W && out.numel() == grad.numel() &&
-                  s1.numel() == grad.numel() && flat.numel() == grad.numel(),
-              "local_std_2d_bwd: grad, out, s1 and flat must have the forward's output shape");
-  at::Tensor dx = at::empty_like(x);
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "simwarp_local_std_2d_bwd", [&] {
-    local_std_2d_backward<scalar_t>(grad.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-                                    s1.data_ptr<scalar_t>(), flat.data_ptr<bool>(),
-                                    x.data_ptr<scalar_t>(), dx.data_ptr<scalar_t>(), g, normalized);
-  });
-  return dx;
-}
-
 // xp (..., *P) padded and centered -> (out, S1, flat), each (..., *(P − k + 1)). The sums
-// and V = S2 − S1²/N are formed in double whatever the input dtype (SPEC §1 "Numerics").
+// and V = S2 − S1²/N are formed in double whatever the input dtype (docs/maths.md §1.3).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> local_std_fwd(const at::Tensor& xp_in,
                                                               at::IntArrayRef window, double eps,
                                                               bool normalized, double flat_factor) {
-  TORCH_CHECK(xp_in.is_floating_point(), "local_std_fwd: xp must be float32 or float64");
+  checks::local_std_fwd(xp_in, window);
+  if (xp_in.numel() == 0)
+    return checks::local_std_zeros(checks::window_output_shape(xp_in.sizes(), window, false), xp_in);
   const at::Tensor xp = xp_in.contiguous();
   const int64_t d = static_cast<int64_t>(window.size());
   const int64_t first = xp.dim() - d;
   const int64_t L = xp.size(-1), k = window[d - 1];
-  TORCH_CHECK(k <= L, "local_std_fwd: window larger than the padded input");
   if (d == 2) return local_std_2d_fwd(xp, window, "valid", eps, normalized, flat_factor);
   auto row_sizes = xp.sizes().vec();
   row_sizes.back() = L - k + 1;
@@ -151,7 +85,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> local_std_fwd(const at::Tensor& x
     scalar_t* po = out.data_ptr<scalar_t>();
     scalar_t* ps = s1_out.data_ptr<scalar_t>();
     bool* pf = flat.data_ptr<bool>();
-    const double inv_n = 1.0 / static_cast<double>(window_volume(window));
+    const double inv_n = 1.0 / static_cast<double>(checks::window_volume(window));
     at::parallel_for(0, out.numel(), 16384, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         po[i] = static_cast<scalar_t>(
@@ -166,6 +100,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> local_std_fwd(const at::Tensor& x
 at::Tensor local_std_bwd(const at::Tensor& grad_in, const at::Tensor& out_in,
                          const at::Tensor& s1_in, const at::Tensor& flat_in,
                          const at::Tensor& xp_in, at::IntArrayRef window, bool normalized) {
+  checks::local_std_bwd(grad_in, out_in, s1_in, flat_in, xp_in, window);
+  if (xp_in.numel() == 0) return at::zeros(xp_in.sizes(), xp_in.options());
   const at::Tensor grad = grad_in.contiguous(), xp = xp_in.contiguous();
   const at::Tensor out = out_in.contiguous(), s1 = s1_in.contiguous(), flat = flat_in.contiguous();
   const int64_t d = static_cast<int64_t>(window.size());
@@ -177,7 +113,7 @@ at::Tensor local_std_bwd(const at::Tensor& grad_in, const at::Tensor& out_in,
     const scalar_t* p1 = s1.data_ptr<scalar_t>();
     const bool* pf = flat.data_ptr<bool>();
     scalar_t *q1 = d_s1.data_ptr<scalar_t>(), *q2 = d_s2.data_ptr<scalar_t>();
-    const scalar_t inv_n = scalar_t(1) / scalar_t(window_volume(window));
+    const scalar_t inv_n = scalar_t(1) / scalar_t(checks::window_volume(window));
     at::parallel_for(0, s1.numel(), 16384, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i)
         local_std_vjp(pg[i], po[i], p1[i], inv_n, normalized, pf[i], q1 + i, q2 + i);
@@ -208,6 +144,4 @@ at::Tensor local_std_bwd(const at::Tensor& grad_in, const at::Tensor& out_in,
 TORCH_LIBRARY_IMPL(simwarp, CPU, m) {
   m.impl("local_std_fwd", &simwarp::cpu::local_std_fwd);
   m.impl("local_std_bwd", &simwarp::cpu::local_std_bwd);
-  m.impl("local_std_2d_fwd", &simwarp::cpu::local_std_2d_fwd);
-  m.impl("local_std_2d_bwd", &simwarp::cpu::local_std_2d_bwd);
 }

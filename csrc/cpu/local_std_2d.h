@@ -1,4 +1,6 @@
-// Fused 2D local standard deviation on CPU, padding and centering included.
+// Fused 2D local standard deviation on CPU, padding and centering included: the loops
+// (local_std_2d_forward / _backward) and the ops over them (local_std_2d.cpp), which
+// local_std.cpp also runs for its 2D windows.
 //
 // The image is read in place: a padded row or column is an index (include/simwarp/
 // padding.h), never a copy, and the values are centered on the fly. Forward: per band of
@@ -8,14 +10,16 @@
 // folded back onto the image's columns, slid down the rows, folded onto the image's rows
 // and combined. Bands have a fixed size and border rows are folded in a fixed order after
 // the bands, so the result is bitwise the same on any number of threads. Sums are double
-// whatever the data type (SPEC §1 "Numerics"). The per-element maths is
+// whatever the data type (docs/maths.md §1.3). The per-element maths is
 // include/simwarp/local_std.h, shared with the CUDA kernels.
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -306,6 +310,16 @@ void local_std_2d_backward(const T* grad, const T* out, const T* s1, const bool*
     }
   });
 }
+
+// The ops (local_std_2d.cpp): padding "valid", "reflect", "mirror", "nearest" or "constant".
+std::tuple<at::Tensor, at::Tensor, at::Tensor> local_std_2d_fwd(const at::Tensor& x,
+                                                                 at::IntArrayRef window,
+                                                                 c10::string_view padding,
+                                                                 double eps, bool normalized,
+                                                                 double flat_factor);
+at::Tensor local_std_2d_bwd(const at::Tensor& grad, const at::Tensor& out, const at::Tensor& s1,
+                            const at::Tensor& flat, const at::Tensor& x, at::IntArrayRef window,
+                            c10::string_view padding, bool normalized);
 
 }  // namespace cpu
 }  // namespace simwarp

@@ -1,4 +1,5 @@
-// CPU implementation of simwarp::splat_fwd / splat_bwd (SPEC §4).
+// CPU implementation of simwarp::splat_fwd / splat_bwd and their registration: forward
+// warping by splatting (docs/maths.md §4).
 //
 // Forward: each image's source pixels are scattered serially in index order (images in
 // parallel), so the result is bitwise the same on every run whatever the thread count.
@@ -12,6 +13,7 @@
 #include <optional>
 #include <tuple>
 
+#include "checks.h"
 #include "simwarp/splat.h"
 
 namespace simwarp {
@@ -78,16 +80,17 @@ void splat_backward_image(const T* image, const T* disp, const T* scaled, const 
 
 std::tuple<at::Tensor, at::Tensor> splat_fwd(const at::Tensor& image_in, const at::Tensor& disp_in,
                                              bool normalize, double eps) {
+  checks::splat_fwd(image_in, disp_in);
+  if (disp_in.numel() == 0) {  // no source pixel (N or P is 0): out and den are empty
+    return {at::zeros(image_in.sizes(), image_in.options()),
+            at::zeros(checks::splat_den_shape(image_in.sizes()), image_in.options())};
+  }
   const at::Tensor image = image_in.contiguous(), disp = disp_in.contiguous();
   const int64_t D = image.dim() - 2, N = image.size(0), C = image.size(1);
-  TORCH_CHECK(D == 2 || D == 3, "splat_fwd: image must be (N, C, H, W) or (N, C, D, H, W)");
-  TORCH_CHECK(disp.size(0) == N && disp.size(1) == D, "splat_fwd: displacement must be (N, D, *S)");
   int64_t size[3] = {1, 1, 1}, P = 1;
   for (int64_t k = 0; k < D; ++k) { size[k] = image.size(2 + k); P *= size[k]; }
   at::Tensor out = at::zeros_like(image);
-  auto den_sizes = image.sizes().vec();
-  den_sizes[1] = 1;
-  at::Tensor den = at::zeros(den_sizes, image.options());
+  at::Tensor den = at::zeros(checks::splat_den_shape(image.sizes()), image.options());
   AT_DISPATCH_FLOATING_TYPES(image.scalar_type(), "simwarp_splat_fwd", [&] {
     const scalar_t* img = image.data_ptr<scalar_t>();
     const scalar_t* d = disp.data_ptr<scalar_t>();
@@ -121,6 +124,9 @@ std::tuple<at::Tensor, at::Tensor> splat_bwd(const std::optional<at::Tensor>& v_
                                              const at::Tensor& image_in, const at::Tensor& disp_in,
                                              const at::Tensor& out_in, const at::Tensor& den_in,
                                              bool normalize, double eps) {
+  checks::splat_bwd(v_out_in, v_den_in, image_in, disp_in, out_in, den_in);
+  if (disp_in.numel() == 0)
+    return {at::zeros(image_in.sizes(), image_in.options()), at::zeros(disp_in.sizes(), disp_in.options())};
   const at::Tensor image = image_in.contiguous(), disp = disp_in.contiguous();
   const at::Tensor out = out_in.contiguous(), den = den_in.contiguous();
   const int64_t D = image.dim() - 2, N = image.size(0), C = image.size(1);

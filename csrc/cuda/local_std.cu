@@ -1,40 +1,16 @@
-// CUDA kernels for window sums and the fused local standard deviation (SPEC §1).
-// The per-element maths is include/simwarp/local_std.h, the same functions the CPU runs.
-#include "launch.h"
+// CUDA kernels of simwarp::local_std_fwd / local_std_bwd (docs/maths.md §1): the last-axis
+// window sums of x and x², the per-element forward, vjp and combine. The leading axes' and
+// the backward's window sums are box_sum.cu's. The per-element maths is
+// include/simwarp/local_std.h, the same functions the CPU runs.
+#include "grid.h"
+#include "local_std.h"
 #include "simwarp/local_std.h"
 
 namespace simwarp {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-inline unsigned blocks_for(int64_t n) {
-  return static_cast<unsigned>((n + kThreads - 1) / kThreads);
-}
-
-// One thread per (b, r) line: a running sum along L (O(1) per element whatever k). Adjacent
-// threads own adjacent r, so for inner axes (R > 1) every step reads a coalesced row.
-template <typename T, typename Out>
-__global__ void box_axis_kernel(const T* __restrict__ x, Out* __restrict__ out, int64_t B,
-                                int64_t L, int64_t R, int64_t k, int64_t pad, int64_t n_out) {
-  const int64_t line = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (line >= B * R) return;
-  const int64_t b = line / R, r = line % R;
-  const T* xl = x + b * L * R + r;
-  Out* ol = out + b * n_out * R + r;
-  double acc = 0.0;
-  const int64_t lo0 = -pad, hi0 = -pad + k - 1;
-  for (int64_t j = lo0 > 0 ? lo0 : 0; j <= (hi0 < L - 1 ? hi0 : L - 1); ++j) acc += xl[j * R];
-  ol[0] = static_cast<Out>(acc);
-  for (int64_t i = 1; i < n_out; ++i) {
-    const int64_t add = hi0 + i, sub = lo0 + i - 1;
-    if (add >= 0 && add < L) acc += xl[add * R];
-    if (sub >= 0 && sub < L) acc -= xl[sub * R];
-    ol[i * R] = static_cast<Out>(acc);
-  }
-}
-
+// One thread per (b, r) line: running sums of x and x² along L, in double.
 template <typename T>
 __global__ void box_axis_squares_kernel(const T* __restrict__ x, double* __restrict__ sum,
                                         double* __restrict__ sum_sq, int64_t B, int64_t L,
@@ -89,13 +65,6 @@ __global__ void local_std_combine_kernel(const T* __restrict__ a, const T* __res
 
 }  // namespace
 
-template <typename T, typename Out>
-cudaError_t launch_box_axis(const T* x, Out* out, int64_t B, int64_t L, int64_t R, int64_t k,
-                            int64_t pad, int64_t n_out, cudaStream_t stream) {
-  box_axis_kernel<T, Out><<<blocks_for(B * R), kThreads, 0, stream>>>(x, out, B, L, R, k, pad, n_out);
-  return cudaGetLastError();
-}
-
 template <typename T>
 cudaError_t launch_box_axis_squares(const T* x, double* sum, double* sum_sq, int64_t B, int64_t L,
                                     int64_t R, int64_t k, cudaStream_t stream) {
@@ -127,12 +96,6 @@ cudaError_t launch_local_std_combine(const T* box_d_s1, const T* box_d_s2, const
   local_std_combine_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(box_d_s1, box_d_s2, x, dx, n);
   return cudaGetLastError();
 }
-
-template cudaError_t launch_box_axis<float, float>(const float*, float*, int64_t, int64_t, int64_t,
-                                                   int64_t, int64_t, int64_t, cudaStream_t);
-template cudaError_t launch_box_axis<double, double>(const double*, double*, int64_t, int64_t,
-                                                     int64_t, int64_t, int64_t, int64_t,
-                                                     cudaStream_t);
 
 #define SIMWARP_INSTANTIATE(T)                                                                   \
   template cudaError_t launch_box_axis_squares<T>(const T*, double*, double*, int64_t, int64_t,  \

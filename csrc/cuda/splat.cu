@@ -1,13 +1,13 @@
-// CUDA kernels for splatting (SPEC §4). The landing cell, corner weights and their
-// derivatives are include/simwarp/splat.h, the functions the CPU path runs.
-#include "launch.h"
+// CUDA kernels of simwarp::splat_fwd / splat_bwd (docs/maths.md §4). The landing cell,
+// corner weights and their derivatives are include/simwarp/splat.h, the functions the CPU
+// path runs.
+#include "grid.h"
 #include "simwarp/splat.h"
+#include "splat.h"
 
 namespace simwarp {
 namespace cuda {
 namespace {
-
-constexpr int kThreads = 256;
 
 struct Size3 {
   int64_t s[3];
@@ -105,10 +105,6 @@ __global__ void splat_gather_kernel(const T* __restrict__ image, const T* __rest
   for (int k = 0; k < D; ++k) grad_disp[(n * D + k) * P + i] = gd[k];
 }
 
-inline unsigned blocks_for(int64_t n) {
-  return static_cast<unsigned>((n + kThreads - 1) / kThreads);
-}
-
 }  // namespace
 
 template <typename T>
@@ -122,8 +118,9 @@ cudaError_t launch_splat_forward(const T* image, const T* disp, T* out, T* den, 
     splat_scatter_kernel<T, 2><<<blocks_for(N * P), kThreads, 0, stream>>>(image, disp, out, den, N, C, sz);
   else
     splat_scatter_kernel<T, 3><<<blocks_for(N * P), kThreads, 0, stream>>>(image, disp, out, den, N, C, sz);
-  splat_normalize_kernel<T><<<blocks_for(N * C * P), kThreads, 0, stream>>>(out, den, N, C, P,
-                                                                            normalize, eps);
+  if (C > 0)  // an image of no channel still has its den; a launch of zero blocks fails
+    splat_normalize_kernel<T><<<blocks_for(N * C * P), kThreads, 0, stream>>>(out, den, N, C, P,
+                                                                              normalize, eps);
   return cudaGetLastError();
 }
 

@@ -1,4 +1,4 @@
-// Local standard deviation (SPEC §1): per-element forward and its vector-Jacobian product.
+// Local standard deviation (docs/maths.md §1): per-element forward and its vector-Jacobian product.
 //
 // With S1 = Σ x and S2 = Σ x² over a window of N elements, V = S2 − S1²/N is N times the
 // window's variance. V at or below flat_factor · S2 is within the rounding of the sums:

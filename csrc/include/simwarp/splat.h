@@ -1,4 +1,4 @@
-// Splatting (SPEC §4): where one source pixel lands and its share of each of the 2ᴰ
+// Splatting (docs/maths.md §4): where one source pixel lands and its share of each of the 2ᴰ
 // neighbors, for host and device.
 //
 // A source pixel at q moved by d lands at p = q + d. Along each axis the lower neighbor

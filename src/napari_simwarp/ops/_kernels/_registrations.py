@@ -4,6 +4,10 @@ Registered from Python, once, after the CPU extension (which defines the schemas
 loaded, so the ops work under ``torch.compile`` and pass ``torch.library.opcheck``. The
 backward formulas are those of docs/maths.md (§1.2 local std, §4 splatting; ``box_sum`` and
 ``correlate`` are linear, so each is the other's adjoint).
+
+Every kernel returns new contiguous tensors whatever its inputs' layout, so every fake
+allocates with ``new_empty`` (contiguous), never ``torch.empty_like`` (which keeps a
+channels_last or transposed input's strides and fails opcheck with "Stride mismatch").
 """
 
 from __future__ import annotations
@@ -68,11 +72,11 @@ def register_fakes_and_autograd() -> None:
     @torch.library.register_fake("simwarp::splat_fwd")
     def _splat_fwd_fake(image, displacement, normalize, eps):
         n, _, *spatial = image.shape
-        return torch.empty_like(image), image.new_empty(n, 1, *spatial)
+        return image.new_empty(image.shape), image.new_empty(n, 1, *spatial)
 
     @torch.library.register_fake("simwarp::splat_bwd")
     def _splat_bwd_fake(v_out, v_den, image, displacement, out, den, normalize, eps):
-        return torch.empty_like(image), torch.empty_like(displacement)
+        return image.new_empty(image.shape), displacement.new_empty(displacement.shape)
 
     def _splat_setup(ctx, inputs, output):
         image, displacement, ctx.normalize, ctx.eps = inputs
@@ -97,7 +101,7 @@ def register_fakes_and_autograd() -> None:
 
     @torch.library.register_fake("simwarp::local_std_bwd")
     def _local_std_bwd_fake(grad, out, s1, flat, xp, window, normalize):
-        return torch.empty_like(xp)
+        return xp.new_empty(xp.shape)
 
     def _local_std_setup(ctx, inputs, output):
         xp, window, _, normalize, _ = inputs
@@ -127,7 +131,7 @@ def register_fakes_and_autograd() -> None:
 
     @torch.library.register_fake("simwarp::local_std_2d_bwd")
     def _local_std_2d_bwd_fake(grad, out, s1, flat, x, window, padding, normalize):
-        return torch.empty_like(x)
+        return x.new_empty(x.shape)
 
     def _local_std_2d_setup(ctx, inputs, output):
         x, window, padding, _, normalize, _ = inputs

@@ -1,5 +1,6 @@
-// CPU implementation of simwarp::moments5: the five windowed moments of two images
-// (W⋆a, W⋆b, W⋆a², W⋆b², W⋆ab), the forward of SSIM and local NCC (SPEC §2, §5).
+// CPU implementation of simwarp::moments5 and its registration: the five windowed moments
+// of two images (W⋆a, W⋆b, W⋆a², W⋆b², W⋆ab), the engine of SSIM and local NCC
+// (docs/maths.md §5.2; local NCC §2.2).
 //
 // The first (last-axis) pass reads a and b once per line, forms the three products in a
 // line buffer and writes all five filtered lines; the other axes are plain separable
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "checks.h"
 #include "correlate_axis.h"
 
 namespace simwarp {
@@ -87,13 +89,13 @@ void moments_2d(const T* a, const T* b, T* out, int64_t B, int64_t Hp, int64_t W
 
 // centered: (2, ...lead, *P) = [a, b] padded; returns (5, ...lead, *(P − k + 1)).
 at::Tensor moments5(const at::Tensor& centered_in, at::ArrayRef<double> taps, at::IntArrayRef sizes) {
-  TORCH_CHECK(centered_in.is_floating_point(), "moments5: centered must be float32 or float64");
-  TORCH_CHECK(centered_in.size(0) == 2, "moments5: centered must stack [a, b] on dim 0");
+  checks::moments5(centered_in, taps, sizes);
+  if (centered_in.numel() == 0)
+    return at::zeros(checks::moments5_shape(centered_in.sizes(), sizes), centered_in.options());
   const at::Tensor centered = centered_in.contiguous();
   const int64_t d = static_cast<int64_t>(sizes.size());
   const int64_t first = centered.dim() - d;
   const int64_t L = centered.size(-1), k_last = sizes[d - 1];
-  TORCH_CHECK(k_last <= L, "moments5: window larger than the axis");
   const int64_t per_image = centered.numel() / 2;
   const int64_t lines = per_image / L;
   auto out_sizes = centered.sizes().vec();
@@ -101,7 +103,6 @@ at::Tensor moments5(const at::Tensor& centered_in, at::ArrayRef<double> taps, at
   out_sizes.back() = L - k_last + 1;
   if (d == 2) {  // the fused route
     const int64_t Hp = centered.size(-2), kh = sizes[0];
-    TORCH_CHECK(kh <= Hp, "moments5: window larger than the axis");
     out_sizes[out_sizes.size() - 2] = Hp - kh + 1;
     at::Tensor out = at::empty(out_sizes, centered.options());
     AT_DISPATCH_FLOATING_TYPES(centered.scalar_type(), "simwarp_moments5_2d", [&] {
@@ -125,7 +126,6 @@ at::Tensor moments5(const at::Tensor& centered_in, at::ArrayRef<double> taps, at
   for (int64_t a = 0; a < d - 1; ++a) {  // the leading axes: plain passes over the five maps
     const int64_t k = sizes[a], dim = first + a;
     const int64_t La = cur.size(dim);
-    TORCH_CHECK(k <= La, "moments5: window larger than the axis");
     int64_t B = 1, R = 1;
     for (int64_t q = 0; q < dim; ++q) B *= cur.size(q);
     for (int64_t q = dim + 1; q < cur.dim(); ++q) R *= cur.size(q);
