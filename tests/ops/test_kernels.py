@@ -12,7 +12,6 @@ import torch
 
 from napari_simwarp.backend import backend_info
 from napari_simwarp.ops import _kernels
-from napari_simwarp.ops._kernels import _build
 
 
 def _run(code: str, **env) -> subprocess.CompletedProcess:
@@ -99,25 +98,3 @@ def test_auto_keeps_splat_on_torch_for_cpu(monkeypatch):
     # "compiled" must (where the kernels exist).
     monkeypatch.setenv("SIMWARP_BACKEND", "auto")
     assert not _kernels.use_compiled("splat", torch.zeros(1))
-
-
-def test_build_cache_is_keyed_by_cpu_and_flags(monkeypatch, tmp_path):
-    # A home directory shared by machines with different CPUs must never load a build
-    # made for another instruction set (-march=native).
-    monkeypatch.setenv(_build.ENV_CACHE, str(tmp_path))
-    files = _build.sources("cpu")
-    monkeypatch.setattr(_build, "cpu_fingerprint", lambda: "x86_64 flags: sse2 avx2")
-    avx2 = _build.build_directory("cpu", files, ["-O3", "-march=native"])
-    assert avx2 == _build.build_directory("cpu", files, ["-O3", "-march=native"])
-    monkeypatch.setattr(_build, "cpu_fingerprint", lambda: "x86_64 flags: sse2 avx2 avx512f")
-    assert _build.build_directory("cpu", files, ["-O3", "-march=native"]) != avx2
-    assert _build.build_directory("cpu", files, ["-O3"]) != avx2
-
-
-def test_native_flags_only_on_linux_x86_64(monkeypatch):
-    monkeypatch.setattr(_build.platform, "system", lambda: "Darwin")
-    monkeypatch.setattr(_build.platform, "machine", lambda: "arm64")
-    assert "-march=native" not in _build.host_cflags()
-    monkeypatch.setattr(_build.platform, "system", lambda: "Linux")
-    monkeypatch.setattr(_build.platform, "machine", lambda: "x86_64")
-    assert "-march=native" in _build.host_cflags()
