@@ -1,4 +1,5 @@
-"""Backend selection: environment override, one clear warning and a torch fallback."""
+"""The kernel loader (ops/_kernels/__init__.py): environment override, one clear warning
+and a torch fallback, nothing built on import."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import sys
 import pytest
 import torch
 
-from napari_simwarp.backend import backend_info
 from napari_simwarp.ops import _kernels
 
 
@@ -29,12 +29,6 @@ def test_requested_backend_validates(monkeypatch):
 def test_torch_backend_never_builds(monkeypatch):
     monkeypatch.setenv("SIMWARP_BACKEND", "torch")
     assert not _kernels.use_compiled("local_std", torch.zeros(1))
-
-
-def test_ops_without_kernels_report_torch():
-    info = backend_info()
-    assert info["ops"]["fft_cc"]["cpu"][0] == "torch"
-    assert set(info["ops"]) >= {"local_std", "ssim", "warp"}
 
 
 def test_mps_and_other_devices_use_torch():
@@ -78,19 +72,6 @@ def test_import_builds_nothing(tmp_path):
                   SIMWARP_CACHE_DIR=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
-
-
-def test_backend_info_without_build_reports_pending(tmp_path):
-    code = (
-        "import json\n"
-        "from napari_simwarp.backend import backend_info\n"
-        "info = backend_info(build=False)\n"
-        "print(json.dumps([info['ops']['local_std']['cpu'][0], info['build']['tried'], "
-        "info['ops']['fft_cc']['cpu'][0]]))\n"
-    )
-    result = _run(code, SIMWARP_CACHE_DIR=str(tmp_path), SIMWARP_BACKEND="auto")
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == ["pending", False, "torch"]
 
 
 def test_auto_keeps_splat_on_torch_for_cpu(monkeypatch):
