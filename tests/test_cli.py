@@ -37,3 +37,16 @@ def test_display_opens_the_viewer(monkeypatch):
     monkeypatch.setattr(_cli, "_has_display", lambda: True)
     assert _cli.main(["demo", "--device", "cpu"]) == 0
     assert calls == [("gui", "cpu")]
+
+
+def test_display_without_napari_falls_back_to_headless(monkeypatch, capsys):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "napari" else real_find_spec(name, *a))
+    calls = _record(monkeypatch)
+    monkeypatch.setattr(_cli, "_has_display", lambda: True)
+    assert _cli.main(["demo"]) == 0
+    assert calls == [("headless", "out/demo")]
+    assert "napari is not installed" in capsys.readouterr().err

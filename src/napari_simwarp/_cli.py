@@ -46,6 +46,12 @@ def _has_display() -> bool:
     return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
 
 
+def _napari_missing() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("napari") is None
+
+
 def _run_demo(args) -> int:
     from ._demo import run_headless_demo
 
@@ -54,9 +60,8 @@ def _run_demo(args) -> int:
             print("napari-simwarp demo: --out is used with --headless; opening the viewer",
                   file=sys.stderr)
         if _has_display():
-            try:
-                import napari  # noqa: F401
-            except ImportError:
+            # Whether napari is installed, without importing it: only _qt/ imports napari.
+            if _napari_missing():
                 print("napari-simwarp demo: napari is not installed (pip install "
                       "'napari-simwarp[all]'); running --headless instead", file=sys.stderr)
             else:

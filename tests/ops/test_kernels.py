@@ -1,4 +1,5 @@
-"""Backend selection: environment override, one clear warning and a torch fallback."""
+"""The kernel loader (ops/_kernels/__init__.py): environment override, one clear warning
+and a torch fallback, nothing built on import."""
 
 from __future__ import annotations
 
@@ -10,9 +11,7 @@ import sys
 import pytest
 import torch
 
-from napari_simwarp.backend import backend_info
 from napari_simwarp.ops import _kernels
-from napari_simwarp.ops._kernels import _build
 
 
 def _run(code: str, **env) -> subprocess.CompletedProcess:
@@ -30,12 +29,6 @@ def test_requested_backend_validates(monkeypatch):
 def test_torch_backend_never_builds(monkeypatch):
     monkeypatch.setenv("SIMWARP_BACKEND", "torch")
     assert not _kernels.use_compiled("local_std", torch.zeros(1))
-
-
-def test_ops_without_kernels_report_torch():
-    info = backend_info()
-    assert info["ops"]["fft_cc"]["cpu"][0] == "torch"
-    assert set(info["ops"]) >= {"local_std", "ssim", "warp"}
 
 
 def test_mps_and_other_devices_use_torch():
@@ -81,43 +74,8 @@ def test_import_builds_nothing(tmp_path):
     assert result.stdout.strip() == "[]"
 
 
-def test_backend_info_without_build_reports_pending(tmp_path):
-    code = (
-        "import json\n"
-        "from napari_simwarp.backend import backend_info\n"
-        "info = backend_info(build=False)\n"
-        "print(json.dumps([info['ops']['local_std']['cpu'][0], info['build']['tried'], "
-        "info['ops']['fft_cc']['cpu'][0]]))\n"
-    )
-    result = _run(code, SIMWARP_CACHE_DIR=str(tmp_path), SIMWARP_BACKEND="auto")
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == ["pending", False, "torch"]
-
-
 def test_auto_keeps_splat_on_torch_for_cpu(monkeypatch):
     # The CPU splat kernel measured slower than torch's scatter: "auto" must not pick it,
     # "compiled" must (where the kernels exist).
     monkeypatch.setenv("SIMWARP_BACKEND", "auto")
     assert not _kernels.use_compiled("splat", torch.zeros(1))
-
-
-def test_build_cache_is_keyed_by_cpu_and_flags(monkeypatch, tmp_path):
-    # A home directory shared by machines with different CPUs must never load a build
-    # made for another instruction set (-march=native).
-    monkeypatch.setenv(_build.ENV_CACHE, str(tmp_path))
-    files = _build.sources("cpu")
-    monkeypatch.setattr(_build, "cpu_fingerprint", lambda: "x86_64 flags: sse2 avx2")
-    avx2 = _build.build_directory("cpu", files, ["-O3", "-march=native"])
-    assert avx2 == _build.build_directory("cpu", files, ["-O3", "-march=native"])
-    monkeypatch.setattr(_build, "cpu_fingerprint", lambda: "x86_64 flags: sse2 avx2 avx512f")
-    assert _build.build_directory("cpu", files, ["-O3", "-march=native"]) != avx2
-    assert _build.build_directory("cpu", files, ["-O3"]) != avx2
-
-
-def test_native_flags_only_on_linux_x86_64(monkeypatch):
-    monkeypatch.setattr(_build.platform, "system", lambda: "Darwin")
-    monkeypatch.setattr(_build.platform, "machine", lambda: "arm64")
-    assert "-march=native" not in _build.host_cflags()
-    monkeypatch.setattr(_build.platform, "system", lambda: "Linux")
-    monkeypatch.setattr(_build.platform, "machine", lambda: "x86_64")
-    assert "-march=native" in _build.host_cflags()

@@ -11,12 +11,6 @@ from napari_simwarp.ops._moments import _centered_moments, _reflect_fill_, _refl
 from napari_simwarp.ops._windows import make_window
 
 
-class TestWindow:
-    def test_totals(self):
-        assert make_window("box", (5, 3)).total == 15
-        assert make_window("gaussian", (11, 11), (1.5, 1.5)).total == pytest.approx(1.0)
-
-
 class TestReflectPadding:
     @pytest.mark.parametrize("spatial", [(6, 7), (5, 4, 6)])
     def test_fill_matches_numpy_symmetric(self, device, spatial):

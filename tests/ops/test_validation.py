@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from napari_simwarp.ops._validation import check_image, check_window, compute_dtype
+from napari_simwarp.ops._validation import check_image, check_window
 
 
 @pytest.mark.parametrize(
@@ -53,9 +53,3 @@ def test_check_window_accepts(window, expected):
 def test_check_window_rejects(window, error, match):
     with pytest.raises(error, match=match):
         check_window(window, (8, 8), "win")
-
-
-def test_compute_dtype():
-    assert compute_dtype(torch.float16) == torch.float32
-    assert compute_dtype(torch.bfloat16) == torch.float32
-    assert compute_dtype(torch.float64) == torch.float64

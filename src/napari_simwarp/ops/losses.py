@@ -27,6 +27,7 @@ import torch
 from .local_ncc import local_ncc
 from .ncc import ncc
 from .ssim import ssim
+from ._numerics import flat_threshold_factor
 from ._validation import check_choice, check_pair
 
 #: reductions of the losses over the batch.
@@ -66,8 +67,11 @@ class SimilarityLoss(torch.nn.Module):
 
         Returns a scalar ("mean", "sum") or ``(N,)`` ("none"), in the compute dtype.
         """
-        if fixed.shape != moving.shape:
+        if (isinstance(fixed, torch.Tensor) and isinstance(moving, torch.Tensor)
+                and fixed.shape != moving.shape and fixed.dim() == moving.dim()
+                and fixed.shape[0] == 1 and fixed.shape[1:] == moving.shape[1:]):
             fixed = fixed.expand_as(moving)  # one reference for many moving images
+        # Anything else that differs is check_pair's error, which names fixed and moving.
         check_pair(fixed, moving, "fixed", "moving")
         losses = self.per_image(fixed, moving, weight)
         if self.reduction == "mean":
@@ -92,12 +96,25 @@ class NCCLoss(SimilarityLoss):
             return 1.0 - ncc(fixed, moving).mean(dim=1)
         dims = tuple(range(2, fixed.dim()))
         w = weight.expand_as(fixed)
-        total = w.sum(dim=dims, keepdim=True).clamp_min(_TINY)
-        fa = fixed - (w * fixed).sum(dim=dims, keepdim=True) / total
-        mb = moving - (w * moving).sum(dim=dims, keepdim=True) / total
-        cov = (w * fa * mb).sum(dim=dims)
-        var = (w * fa * fa).sum(dim=dims) * (w * mb * mb).sum(dim=dims)
-        return 1.0 - (cov / torch.sqrt(var + _TINY)).mean(dim=1)
+        total = w.sum(dim=dims).clamp_min(_TINY)
+
+        def centered(x):
+            # ops.ncc's corrected two-pass energy and flat rule, weighted: a relative test,
+            # so that the loss does not depend on the images' scale (an absolute epsilon
+            # under the square root biased it for intensities of order 1e-3 and below).
+            xc = x - (w * x).sum(dim=dims, keepdim=True) / total[(...,) + (None,) * len(dims)]
+            sum_sq = (w * xc * xc).sum(dim=dims)
+            first = (w * xc).sum(dim=dims)
+            energy = sum_sq - first * first / total
+            flat = (energy <= sum_sq.detach() * flat_threshold_factor(x.dtype)).detach()
+            return xc, first, torch.where(flat, torch.ones_like(energy), energy), flat
+
+        fa, fa_sum, fa_energy, fa_flat = centered(fixed)
+        mb, mb_sum, mb_energy, mb_flat = centered(moving)
+        cov = (w * fa * mb).sum(dim=dims) - fa_sum * mb_sum / total
+        flat = fa_flat | mb_flat
+        score = torch.where(flat, torch.zeros_like(cov), cov / torch.sqrt(fa_energy * mb_energy))
+        return 1.0 - score.mean(dim=1)
 
 
 class LocalNCCLoss(SimilarityLoss):

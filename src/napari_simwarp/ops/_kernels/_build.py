@@ -131,12 +131,17 @@ def cuda_fingerprint() -> str:
 
 
 def build_directory(kind: str, files: list[pathlib.Path], cflags: list[str]) -> pathlib.Path:
-    """The cache directory of one build: a new one per content, torch, flags and machine.
+    """The cache directory of one build: one per source location and content, torch, flags
+    and machine.
 
     A stale build, or one made for another machine's instruction set or GPU, is never
     loaded.
     """
     digest = hashlib.sha256()
+    # torch's ninja file names the sources by absolute path: two checkouts (or a checkout
+    # and an installed copy) with the same sources in one directory would rebuild in turn
+    # and could replace a library another process has loaded.
+    digest.update(str(csrc_root()).encode())
     for f in files + headers():
         digest.update(f.read_bytes())
     digest.update(torch.__version__.encode())

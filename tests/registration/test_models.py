@@ -1,0 +1,280 @@
+"""Transform models (registration/models.py): matrices of known parameters, warps against
+SciPy at full resolution and at coarser levels, dense fields, regularizer, transforms."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import ndimage as ndi
+from scipy.spatial.transform import Rotation
+
+from napari_simwarp.registration.models import DenseModel, LinearModel
+from napari_simwarp.registration.transforms import (
+    AffineTransform,
+    DisplacementTransform,
+    VelocityTransform,
+)
+from tests.images import random_smooth
+from tests.registration.cases import centered_affine
+
+
+def _set(model: LinearModel, shift, linear=()) -> None:
+    with torch.no_grad():
+        model.shift.copy_(torch.as_tensor(shift, dtype=model.shift.dtype).view_as(model.shift))
+        if model.linear.numel():
+            model.linear.copy_(torch.as_tensor(linear, dtype=model.linear.dtype)
+                               .view_as(model.linear))
+
+
+def _level_to_full(full, level) -> np.ndarray:
+    """Level pixels to full-resolution pixels over the same field of view (pixel centers):
+    ``p ↦ (p + 0.5) · N / n − 0.5`` per axis, as a homogeneous matrix."""
+    d = len(full)
+    m = np.eye(d + 1)
+    for axis, (big, small) in enumerate(zip(full, level)):
+        m[axis, axis] = big / small
+        m[axis, d] = 0.5 * big / small - 0.5
+    return m
+
+
+class TestLinearModelMatrix:
+    def test_translation(self):
+        model = LinearModel("translation", (20, 30), (20, 30), 1, dtype=torch.float64)
+        assert model.parameters() == [model.shift]
+        _set(model, (2.0, -3.5))
+        expected = np.array([[1, 0, 2.0], [0, 1, -3.5], [0, 0, 1]])
+        np.testing.assert_allclose(model.matrix()[0].detach().numpy(), expected, atol=1e-15)
+
+    def test_rigid_2d_rotates_about_the_center(self):
+        shape = (40, 60)
+        model = LinearModel("rigid", shape, shape, 1, dtype=torch.float64)
+        angle, shift = 0.2, (1.5, -2.0)
+        # One parameter unit moves the image's half-size radius by one pixel.
+        _set(model, shift, [angle * model.radius])
+        assert model.radius == 30.0
+        rot = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+        np.testing.assert_allclose(model.matrix()[0].detach().numpy(),
+                                   centered_affine(rot, shift, shape), atol=1e-12)
+
+    def test_rigid_3d_is_the_rotation_of_its_rotation_vector(self):
+        shape = (16, 20, 24)
+        model = LinearModel("rigid", shape, shape, 1, dtype=torch.float64)
+        rotvec = np.array([0.1, -0.25, 0.15])
+        _set(model, (0.5, 1.0, -1.5), rotvec * model.radius)
+        rot = Rotation.from_rotvec(rotvec).as_matrix()
+        np.testing.assert_allclose(model.matrix()[0].detach().numpy(),
+                                   centered_affine(rot, (0.5, 1.0, -1.5), shape), atol=1e-12)
+
+    def test_similarity_scales_the_rotation(self):
+        shape = (30, 30)
+        model = LinearModel("similarity", shape, shape, 1, dtype=torch.float64)
+        angle, scale = -0.3, 1.2
+        _set(model, (0.0, 0.0), [angle * model.radius, np.log(scale) * model.radius])
+        rot = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+        m = model.matrix()[0].detach().numpy()
+        np.testing.assert_allclose(m, centered_affine(scale * rot, (0, 0), shape), atol=1e-12)
+        assert np.linalg.det(m[:2, :2]) == pytest.approx(scale**2)
+
+    @pytest.mark.parametrize("shape", [(24, 32), (10, 12, 14)])
+    def test_affine_with_an_initial_matrix(self, rng, shape):
+        d = len(shape)
+        model = LinearModel("affine", shape, shape, 2, dtype=torch.float64,
+                            init=centered_affine(np.diag([1.1] * d), [1.0] * d, shape))
+        linear = np.eye(d) + rng.normal(0, 0.1, (2, d, d))
+        shift = rng.normal(0, 2, (2, d))
+        _set(model, shift, (linear - np.eye(d)).reshape(2, -1) * model.radius)
+        m = model.matrix().detach().numpy()
+        init = centered_affine(np.diag([1.1] * d), [1.0] * d, shape)
+        for n in range(2):
+            np.testing.assert_allclose(m[n], init @ centered_affine(linear[n], shift[n], shape),
+                                       atol=1e-12)
+
+    def test_parameter_counts(self):
+        counts = {kind: (LinearModel(kind, (8, 8), (8, 8), 1).linear.shape[1],
+                         LinearModel(kind, (8, 8, 8), (8, 8, 8), 1).linear.shape[1])
+                  for kind in ("translation", "rigid", "similarity", "affine")}
+        assert counts == {"translation": (0, 0), "rigid": (1, 3), "similarity": (2, 4),
+                          "affine": (4, 9)}
+
+
+class TestLinearModelWarp:
+    @pytest.mark.parametrize("fixed_shape,moving_shape", [((40, 48), (40, 48)),
+                                                          ((36, 40), (44, 38)),
+                                                          ((16, 18, 20), (18, 16, 20))])
+    def test_full_resolution_equals_scipy_affine_transform(self, rng, fixed_shape,
+                                                           moving_shape):
+        d = len(fixed_shape)
+        moving = random_smooth(rng, moving_shape)
+        model = LinearModel("affine", fixed_shape, moving_shape, 1, dtype=torch.float64)
+        linear = np.eye(d) + rng.normal(0, 0.08, (d, d))
+        _set(model, rng.normal(0, 2, d), (linear - np.eye(d)).ravel() * model.radius)
+        m = model.matrix()[0].detach().numpy()
+        warped, inside = model.warp(torch.from_numpy(moving)[None, None], fixed_shape)
+        ref = ndi.affine_transform(moving, m, output_shape=fixed_shape, order=1, mode="nearest")
+        np.testing.assert_allclose(warped[0, 0].detach().numpy(), ref, atol=1e-10)
+        # In bounds: where the sample fell within half a pixel of the moving image.
+        p = np.indices(fixed_shape).reshape(d, -1)
+        q = m[:d, :d] @ p + m[:d, d:]
+        expected = np.all((q >= -0.5) & (q <= np.array(moving_shape)[:, None] - 0.5), axis=0)
+        assert 0 < expected.sum() < expected.size
+        np.testing.assert_array_equal(inside[0, 0].numpy().reshape(-1), expected.astype(float))
+
+    @pytest.mark.parametrize("fixed_shape,fixed_level,moving_shape,moving_level", [
+        ((64, 48), (16, 12), (64, 48), (16, 12)),
+        ((60, 44), (30, 22), (52, 64), (13, 16)),
+        ((32, 24, 40), (16, 12, 20), (32, 24, 40), (8, 6, 10)),
+    ])
+    def test_coarser_level_equals_scipy_on_the_level(self, rng, fixed_shape, fixed_level,
+                                                     moving_shape, moving_level):
+        # The full-resolution matrix, expressed between the two levels' pixels (same field
+        # of view, pixel centers), is what SciPy must apply to the moving level.
+        d = len(fixed_shape)
+        moving_lvl = random_smooth(rng, moving_level, sigma=1.5)
+        model = LinearModel("rigid", fixed_shape, moving_shape, 1, dtype=torch.float64)
+        _set(model, rng.normal(0, 3, d), rng.normal(0, 0.1, model.linear.shape[1])
+             * model.radius)
+        m = model.matrix()[0].detach().numpy()
+        at_level = (np.linalg.inv(_level_to_full(moving_shape, moving_level)) @ m
+                    @ _level_to_full(fixed_shape, fixed_level))
+        warped, inside = model.warp(torch.from_numpy(moving_lvl)[None, None], fixed_level)
+        assert warped.shape[2:] == fixed_level
+        ref = ndi.affine_transform(moving_lvl, at_level, output_shape=fixed_level, order=1,
+                                   mode="nearest")
+        np.testing.assert_allclose(warped[0, 0].detach().numpy(), ref, atol=1e-10)
+        p = np.indices(fixed_level).reshape(d, -1)
+        q = at_level[:d, :d] @ p + at_level[:d, d:]
+        expected = np.all((q >= -0.5) & (q <= np.array(moving_level)[:, None] - 0.5), axis=0)
+        np.testing.assert_array_equal(inside[0, 0].numpy().reshape(-1), expected.astype(float))
+
+    def test_gradient_reaches_every_parameter(self, rng):
+        model = LinearModel("affine", (20, 24), (20, 24), 1, dtype=torch.float64)
+        moving = torch.from_numpy(random_smooth(rng, (20, 24)))[None, None]
+        warped, _ = model.warp(moving, (20, 24))
+        warped.pow(2).sum().backward()
+        assert model.shift.grad.abs().min() > 0 and model.linear.grad.abs().min() > 0
+
+
+class TestLinearModelState:
+    def test_restore_only_the_selected_pairs(self):
+        model = LinearModel("rigid", (10, 10), (10, 10), 3, dtype=torch.float64)
+        saved = model.snapshot()
+        _set(model, torch.ones(3, 2), torch.full((3, 1), 2.0))
+        model.restore(saved, which=torch.tensor([True, False, True]))
+        np.testing.assert_array_equal(model.shift.detach().numpy(), [[0, 0], [1, 1], [0, 0]])
+        np.testing.assert_array_equal(model.linear.detach().numpy(), [[0], [2], [0]])
+
+    def test_transforms_are_affine_with_the_kind_and_matrix(self):
+        model = LinearModel("similarity", (12, 14), (12, 14), 2, dtype=torch.float64)
+        _set(model, torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.zeros(2, 2))
+        ts = model.transforms()
+        assert [type(t) for t in ts] == [AffineTransform, AffineTransform]
+        assert {t.kind for t in ts} == {"similarity"}
+        np.testing.assert_allclose(ts[1].matrix[:2, 2], (3.0, 4.0))
+        # Given values are used without changing the model's own parameters.
+        zero = model.transforms([torch.zeros(2, 2), torch.zeros(2, 2)])
+        np.testing.assert_allclose(zero[0].matrix, np.eye(3), atol=1e-15)
+        np.testing.assert_allclose(model.shift.detach().numpy(), [[1, 2], [3, 4]])
+
+
+class TestDenseModel:
+    def _model(self, kind, shape, field, **kw) -> DenseModel:
+        """A model whose control field is ``field`` ``(N, D, *control)`` (full-res pixels)."""
+        model = DenseModel(kind, shape, field.shape[0], dtype=torch.float64, **kw)
+        model.set_level(shape)
+        model.field = torch.as_tensor(field, dtype=torch.float64).clone().requires_grad_()
+        return model
+
+    def test_control_grid_size(self):
+        model = DenseModel("deformable", (64, 50), 2, grid_spacing=8)
+        model.set_level((64, 50))
+        assert model.field.shape == (2, 2, 8, 7) and float(model.field.abs().max()) == 0
+        model.set_level((16, 13))  # coarse levels: at least 2 control points per axis
+        assert model.field.shape == (2, 2, 2, 2)
+
+    @pytest.mark.parametrize("shape,level", [((64, 48), (32, 24)), ((64, 48), (64, 48)),
+                                             ((24, 32, 16), (12, 16, 8))])
+    def test_displacement_is_the_upsampled_field_in_level_pixels(self, rng, shape, level):
+        d = len(shape)
+        control = tuple(n // 8 for n in shape)
+        field = rng.normal(0, 2, (1, d, *control))
+        model = self._model("deformable", shape, field)
+        out = model.displacement(level).detach().numpy()[0]
+        assert out.shape == (d, *level)
+        for axis in range(d):
+            up = ndi.zoom(field[0, axis], [n / c for n, c in zip(level, control)], order=1,
+                          grid_mode=True, mode="nearest")
+            # full-resolution pixels → level pixels along this component's axis
+            np.testing.assert_allclose(out[axis], up * level[axis] / shape[axis], atol=1e-10)
+
+    def test_initial_field_is_added_in_level_pixels(self, rng):
+        shape, level = (32, 40), (16, 20)
+        init = rng.normal(0, 1, (2, *shape))
+        model = DenseModel("deformable", shape, 1, dtype=torch.float64, init=init)
+        model.set_level(level)
+        out = model.displacement(level).detach().numpy()[0]
+        for axis in range(2):
+            down = ndi.zoom(init[axis], 0.5, order=1, grid_mode=True, mode="nearest")
+            np.testing.assert_allclose(out[axis], 0.5 * down, atol=1e-10)
+
+    def test_diffeomorphic_keeps_the_jacobian_positive_where_deformable_folds(self, rng):
+        shape = (48, 48)
+        field = ndi.gaussian_filter(rng.normal(size=(1, 2, 6, 6)), (0, 0, 1, 1))
+        field *= 18.0 / np.abs(field).max()  # large: x + d(x) folds
+        dets = {}
+        for kind in ("deformable", "diffeomorphic"):
+            d = self._model(kind, shape, field).displacement(shape).detach().numpy()[0]
+            # det(I + ∇d) by NumPy central differences
+            (d00, d01), (d10, d11) = [np.gradient(c) for c in d]
+            dets[kind] = (1 + d00) * (1 + d11) - d01 * d10
+        assert dets["deformable"].min() < 0
+        assert dets["diffeomorphic"].min() > 0
+
+    def test_warp_follows_the_displacement_convention(self, rng):
+        shape = (32, 36)
+        moving = random_smooth(rng, shape)
+        field = np.broadcast_to(np.array([1.5, -2.25]).reshape(1, 2, 1, 1), (1, 2, 4, 5))
+        model = self._model("deformable", shape, field.copy())
+        warped, inside = model.warp(torch.from_numpy(moving)[None, None], shape)
+        ref = ndi.shift(moving, (-1.5, 2.25), order=1, mode="nearest")  # moving(x + d)
+        np.testing.assert_allclose(warped[0, 0].detach().numpy(), ref, atol=1e-10)
+        rows = np.arange(shape[0])[:, None] + 1.5
+        cols = np.arange(shape[1])[None, :] - 2.25
+        expected = (rows <= shape[0] - 0.5) & (cols >= -0.5)
+        np.testing.assert_array_equal(inside[0, 0].numpy(), expected.astype(float))
+
+    def test_regularizer_is_zero_for_constant_fields_and_positive_otherwise(self, rng):
+        constant = np.broadcast_to(np.array([3.0, -1.0]).reshape(1, 2, 1, 1), (2, 2, 6, 5))
+        model = self._model("deformable", (48, 40), constant.copy())
+        np.testing.assert_allclose(model.regularizer().detach().numpy(), [0.0, 0.0], atol=1e-15)
+        bumpy = constant.copy()
+        bumpy[1, 0, 2, 3] += 0.5
+        reg = self._model("deformable", (48, 40), bumpy).regularizer().detach().numpy()
+        assert reg[0] == pytest.approx(0.0, abs=1e-15) and reg[1] > 0
+
+    @pytest.mark.parametrize("control", [(4, 5), (8, 10), (16, 20)])
+    def test_regularizer_of_a_linear_field_is_its_gradient_whatever_the_grid(self, control):
+        # d(x) = G x in full-resolution pixels: the mean squared derivative over the D
+        # components is Σ G_ij² / D on every control grid (the unit is full-res pixels).
+        shape = (64, 80)
+        g = np.array([[0.02, -0.05], [0.03, 0.01]])
+        centers = [(np.arange(c) + 0.5) * n / c - 0.5 for c, n in zip(control, shape)]
+        x = np.stack(np.meshgrid(*centers, indexing="ij"))
+        field = np.einsum("ij,j...->i...", g, x)[None]
+        reg = self._model("deformable", shape, field).regularizer().detach().numpy()
+        np.testing.assert_allclose(reg, [(g**2).sum() / 2], rtol=1e-12)
+
+    def test_transforms_types(self, rng):
+        shape = (32, 32)
+        field = rng.normal(0, 0.5, (2, 2, 4, 4))
+        deformable = self._model("deformable", shape, field)
+        ts = deformable.transforms()
+        assert [type(t) for t in ts] == [DisplacementTransform] * 2
+        np.testing.assert_allclose(ts[1].to_displacement(shape),
+                                   deformable.displacement(shape)[1].detach().numpy(), atol=1e-5)
+        velocity = self._model("diffeomorphic", shape, field).transforms()
+        assert [type(t) for t in velocity] == [VelocityTransform] * 2
+        init = rng.normal(0, 0.5, (2, *shape))
+        with_init = DenseModel("diffeomorphic", shape, 2, dtype=torch.float64, init=init)
+        with_init.set_level(shape)
+        assert [type(t) for t in with_init.transforms()] == [DisplacementTransform] * 2

@@ -1,0 +1,168 @@
+"""The optimization loop and its schedule (registration/optimize.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import ndimage as ndi
+
+from napari_simwarp.ops import LocalNCCLoss, NCCLoss, SSIMLoss
+from napari_simwarp.registration._driver import drive
+from napari_simwarp.registration.models import LinearModel
+from napari_simwarp.registration.optimize import (
+    DEFAULTS,
+    Progress,
+    Schedule,
+    level_iterations,
+    level_loss,
+    make_schedule,
+    optimize,
+)
+from napari_simwarp.registration.pyramid import build_pyramid, level_shapes
+from tests.images import random_smooth
+
+# -- the schedule -----------------------------------------------------------------------
+
+
+def test_iterations_at_takes_an_int_or_one_per_level():
+    assert [Schedule(iterations=7).iterations_at(k, 3) for k in range(3)] == [7, 7, 7]
+    assert [Schedule(iterations=[5, 3, 1]).iterations_at(k, 3) for k in range(3)] == [5, 3, 1]
+    with pytest.raises(ValueError, match=r"iterations must be an int or a list of 3 ints"):
+        Schedule(iterations=[5, 3]).iterations_at(0, 3)
+
+
+@pytest.mark.parametrize("model", ["translation", "affine", "deformable", "diffeomorphic"])
+def test_level_iterations_default_to_the_models(model):
+    its = level_iterations(None, model, (64, 64), 3, None)
+    assert its == [DEFAULTS[model]["iterations"]] * 3
+
+
+@pytest.mark.parametrize("shape,full_resolution,expected", [
+    ((256, 256), None, [10, 10, 10]),  # 256² is not larger than 256²: kept
+    ((257, 256), None, [10, 10, 0]),  # larger: the finest level is skipped
+    ((64, 64, 64), None, [10, 10, 10]),
+    ((65, 64, 64), None, [10, 10, 0]),
+    ((1024, 1024), True, [10, 10, 10]),
+    ((32, 32), False, [10, 10, 0]),
+])
+def test_level_iterations_full_resolution_rule(shape, full_resolution, expected):
+    assert level_iterations(10, "affine", shape, 3, full_resolution) == expected
+
+
+def test_level_iterations_never_skip_the_only_level_and_take_lists():
+    assert level_iterations(10, "affine", (1024, 1024), 1, False) == [10]
+    assert level_iterations(np.int64(4), "affine", (8, 8), 2, True) == [4, 4]
+    assert level_iterations([3, 2, 1], "affine", (2048, 2048), 3, None) == [3, 2, 1]
+    with pytest.raises(ValueError, match="a list of 3 ints"):
+        level_iterations([3, 2], "affine", (64, 64), 3, None)
+
+
+@pytest.mark.parametrize("model", sorted(DEFAULTS))
+def test_make_schedule_defaults_per_model(model):
+    s = make_schedule(model, None, None, 1e-4, None, 5, "lncc", None)
+    assert (s.lr, s.iterations, s.reg_weight) == (
+        DEFAULTS[model]["lr"], DEFAULTS[model]["iterations"], DEFAULTS[model]["reg_weight"])
+    # Dense fields need a smoothness prior; linear models have none to weigh.
+    assert (s.reg_weight > 0) == (model in ("deformable", "diffeomorphic"))
+    assert s.optimizer == "adam" and s.metric_options == {} and s.metric == "lncc"
+
+
+def test_make_schedule_takes_the_users_values():
+    s = make_schedule("deformable", 0.25, [4, 2], 1e-3, 0.0, 2, "ssim", 7, optimizer="lbfgs")
+    assert (s.lr, s.iterations, s.tol, s.reg_weight, s.report_every) == (0.25, [4, 2], 1e-3,
+                                                                          0.0, 2)
+    assert (s.optimizer, s.metric, s.metric_options) == ("lbfgs", "ssim", {"window": 7})
+
+
+def test_make_schedule_rejects_an_unknown_optimizer():
+    with pytest.raises(ValueError, match="optimizer must be 'auto', 'adam' or 'lbfgs', got 'sgd'"):
+        make_schedule("affine", None, None, 1e-4, None, 5, "lncc", None, optimizer="sgd")
+
+
+@pytest.mark.parametrize("metric,options,shape,window", [
+    ("lncc", {}, (64, 64), 9),  # the default window, where it fits
+    ("lncc", {}, (6, 20), 5),  # shrunk to the largest odd size that fits
+    ("lncc", {}, (8, 8), 7),
+    ("lncc", {"window": 15}, (10, 40), 9),
+    ("lncc", {"window": 5}, (64, 64), 5),
+    ("ssim", {}, (64, 64), 11),
+    ("ssim", {}, (4, 9, 30), 3),
+])
+def test_level_loss_shrinks_the_window_on_small_levels(metric, options, shape, window):
+    loss = level_loss(Schedule(metric=metric, metric_options=options), shape)
+    assert isinstance(loss, {"lncc": LocalNCCLoss, "ssim": SSIMLoss}[metric])
+    assert loss.window == window and loss.reduction == "none"
+    x = torch.rand(2, 1, *shape, dtype=torch.float64)
+    assert loss(x, torch.rand_like(x)).shape == (2,)  # the window fits the level
+
+
+def test_level_loss_of_a_global_metric_has_no_window():
+    loss = level_loss(Schedule(metric="ncc"), (4, 4))
+    assert isinstance(loss, NCCLoss) and loss.reduction == "none"
+
+
+# -- the loop ---------------------------------------------------------------------------
+
+
+def _translation_case(rng, shift, shape=(48, 48), levels=2, metric="ncc", **schedule):
+    """A translation model and pyramids with ``fixed(x) = moving(x + shift)``."""
+    fixed = random_smooth(rng, shape, sigma=3.0)
+    moving = ndi.shift(fixed, shift, order=3, mode="nearest")
+    shapes = level_shapes(shape, levels)
+    as_t = lambda a: torch.from_numpy(a.astype(np.float32))[None, None]  # noqa: E731
+    model = LinearModel("translation", shape, shape, 1)
+    sched = Schedule(metric=metric, **schedule)
+    return (model, build_pyramid(as_t(fixed), shapes), build_pyramid(as_t(moving), shapes),
+            [None] * levels, sched)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "lbfgs"])
+def test_optimize_recovers_a_known_translation(rng, optimizer):
+    shift = (2.3, -1.6)
+    model, fixed, moving, weights, schedule = _translation_case(
+        rng, shift, iterations=60, optimizer=optimizer)
+    history = []
+    stopped, best = drive(optimize(model, fixed, moving, weights, schedule, history))
+    assert not stopped
+    np.testing.assert_allclose(model.matrix()[0, :2, 2].detach().numpy(), shift, atol=0.05)
+    np.testing.assert_allclose(best[0][0].numpy(), shift, atol=0.05)
+    assert history[-1] < 0.1 * history[0]
+
+
+def test_optimize_stops_within_one_iteration_when_sent_true(rng):
+    model, fixed, moving, weights, schedule = _translation_case(
+        rng, (2.0, 1.0), iterations=50, report_every=1)
+    history = []
+    run = optimize(model, fixed, moving, weights, schedule, history)
+    first = next(run)
+    assert isinstance(first, Progress) and (first.level, first.iteration) == (0, 0)
+    evaluated = len(history)
+    with pytest.raises(StopIteration) as done:
+        run.send(True)
+    stopped, best = done.value.value
+    assert stopped
+    assert len(history) == evaluated  # no further evaluation, and no finer level
+    # The model holds the best parameters seen; the snapshot's transform is the same.
+    np.testing.assert_array_equal(model.shift.detach().numpy(), best[0].numpy())
+    np.testing.assert_allclose(first.transform.matrix[:2, 2], best[0][0].numpy(), atol=1e-6)
+
+
+def test_optimize_keeps_the_best_parameters_when_the_loss_goes_up(rng):
+    # Near the answer with a huge step, Adam overshoots: later iterates are worse than
+    # earlier ones, and the run must end on the best parameters it evaluated.
+    model, fixed, moving, weights, schedule = _translation_case(
+        rng, (0.4, -0.3), levels=1, metric="mse", lr=6.0, iterations=8, patience=100)
+    history = []
+    drive(optimize(model, fixed, moving, weights, schedule, history))
+    assert history[-1] > min(history) + 1e-4  # the loss did go up
+    warped, _ = model.warp(moving[0], fixed[0].shape[2:])
+    final = float(((warped - fixed[0]) ** 2).mean())
+    assert final == pytest.approx(min(history), rel=1e-5)
+
+
+def test_optimize_raises_on_a_nan_loss(rng):
+    model, fixed, moving, weights, schedule = _translation_case(rng, (1.0, 1.0), levels=1)
+    fixed[0][..., 10, 10] = float("nan")
+    with pytest.raises(FloatingPointError, match="NaN or Inf"):
+        drive(optimize(model, fixed, moving, weights, schedule, []))
