@@ -63,7 +63,7 @@ def test_register_is_the_registration_function_with_keyword_only_options():
 
     import napari_simwarp
 
-    register_module = importlib.import_module("napari_simwarp.registration.register")
+    register_module = importlib.import_module("napari_simwarp.registration.pair")
     assert napari_simwarp.register is register_module.register
     assert inspect.isfunction(napari_simwarp.register)
     params = list(inspect.signature(napari_simwarp.register).parameters.values())
@@ -81,9 +81,9 @@ def test_top_level_names_are_the_registration_ones_and_unknown_names_fail():
     import napari_simwarp
     from napari_simwarp import backend
 
-    register_stack = importlib.import_module("napari_simwarp.registration.register_stack")
+    stack = importlib.import_module("napari_simwarp.registration.stack")
     transforms = importlib.import_module("napari_simwarp.registration.transforms")
-    assert napari_simwarp.register_stack is register_stack.register_stack
+    assert napari_simwarp.register_stack is stack.register_stack
     assert napari_simwarp.load_transform is transforms.load_transform
     assert napari_simwarp.backend_info is backend.backend_info
     assert {"register", "register_stack", "ops", "registration"} <= set(dir(napari_simwarp))
@@ -91,10 +91,6 @@ def test_top_level_names_are_the_registration_ones_and_unknown_names_fail():
         napari_simwarp.regster  # noqa: B018
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: registration/register.py and "
-                   "register_stack.py share their names with the functions the package "
-                   "exports, and importing a submodule (as napari_simwarp.register does) "
-                   "binds the module over the function")
 def test_registration_exports_stay_functions_after_the_top_level_ones_are_used():
     # The README's `sw.register(...)`, then the registration package's documented
     # `from napari_simwarp.registration import register, register_stack`.

@@ -50,17 +50,6 @@ def test_python_blocks_are_found_with_their_line_numbers():
     assert python_blocks(text) == [(3, "x = 1\n"), (10, "y = x + 1\n")]
 
 
-# The README of this branch predates the API it documents (its rewrite is under way): the
-# window passed positionally (`ops.local_std(f, 15)`, `ops.local_ncc(f, m, 9)`: keyword-
-# only now), and `run.send(True)` inside `for progress in run:` (the stopped generator
-# returns, so send() raises StopIteration). Keyed on that text, so the mark goes away with
-# it and the test then has to pass.
-_STALE_README = "ops.local_std(f, 15)" in README.read_text(encoding="utf-8")
-
-
-@pytest.mark.xfail(_STALE_README, strict=True,
-                   reason="README.md still shows the old API (positional window; "
-                          "run.send(True) inside a for loop)")
 def test_readme_python_blocks_run_in_order(tmp_path):
     blocks = python_blocks(README.read_text(encoding="utf-8"))
     assert blocks, "README.md has no ```python block"

@@ -17,10 +17,10 @@ __version__ = "0.2.0"
 
 #: public name -> the module that defines it (loaded on first access)
 _EXPORTS = {
-    "register": "napari_simwarp.registration.register",
-    "register_iter": "napari_simwarp.registration.register",
-    "register_stack": "napari_simwarp.registration.register_stack",
-    "register_stack_iter": "napari_simwarp.registration.register_stack",
+    "register": "napari_simwarp.registration.pair",
+    "register_iter": "napari_simwarp.registration.pair",
+    "register_stack": "napari_simwarp.registration.stack",
+    "register_stack_iter": "napari_simwarp.registration.stack",
     "load_transform": "napari_simwarp.registration.transforms",
     "backend_info": "napari_simwarp.backend",
 }

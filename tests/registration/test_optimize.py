@@ -76,7 +76,7 @@ def test_make_schedule_takes_the_users_values():
 
 
 def test_make_schedule_rejects_an_unknown_optimizer():
-    with pytest.raises(ValueError, match="optimizer must be 'auto', 'adam' or 'lbfgs', got 'sgd'"):
+    with pytest.raises(ValueError, match="optimizer must be one of 'auto', 'adam', 'lbfgs', got 'sgd'"):
         make_schedule("affine", None, None, 1e-4, None, 5, "lncc", None, optimizer="sgd")
 
 

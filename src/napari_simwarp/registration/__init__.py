@@ -16,13 +16,13 @@ from ._names import LINEAR_MODELS, METRICS, MODELS
 
 #: public name -> the submodule that defines it
 _EXPORTS = {
-    "register": "register",
-    "register_iter": "register",
-    "RegistrationResult": "register",
-    "register_stack": "register_stack",
-    "register_stack_iter": "register_stack",
-    "StackRegistrationResult": "register_stack",
-    "StackProgress": "register_stack",
+    "register": "pair",
+    "register_iter": "pair",
+    "RegistrationResult": "pair",
+    "register_stack": "stack",
+    "register_stack_iter": "stack",
+    "StackRegistrationResult": "stack",
+    "StackProgress": "stack",
     "Progress": "optimize",
     "phase_correlation": "drift",
     "Transform": "transforms",

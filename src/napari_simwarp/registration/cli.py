@@ -122,7 +122,7 @@ def run(args) -> int:
     the registration starts, so a mistake costs no computation and writes nothing.
     """
     from ..io import check_output_path, check_target, read_image, write_image
-    from .register import register
+    from .pair import register
 
     notes: list[str] = []
     fixed = read_image(args.fixed, what="fixed", notes=notes)
