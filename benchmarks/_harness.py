@@ -66,8 +66,14 @@ def peak_memory_mb(fn: Callable[[], object]) -> float | None:
     return max(peak - before, 0) / 1024.0
 
 
-def time_call(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1,
-              warmup_s: float = 0.3, budget_s: float = 20.0) -> float:
+def time_call(
+    fn: Callable[[], object],
+    *,
+    repeat: int = 5,
+    warmup: int = 1,
+    warmup_s: float = 0.3,
+    budget_s: float = 20.0,
+) -> float:
     """Median wall time of ``fn()`` in seconds, after at least ``warmup`` untimed calls
     and at least ``warmup_s`` seconds of them (at most 50 calls).
 
@@ -114,8 +120,9 @@ def smooth_displacement(shape, amplitude: float, generator):
     d = len(shape)
     coarse = torch.randn((1, d) + tuple(max(n // 32, 2) for n in shape), generator=generator)
     mode = "bilinear" if d == 2 else "trilinear"
-    field = torch.nn.functional.interpolate(coarse, size=tuple(shape), mode=mode,
-                                            align_corners=True)
+    field = torch.nn.functional.interpolate(
+        coarse, size=tuple(shape), mode=mode, align_corners=True
+    )
     return field * (amplitude / field.abs().max())
 
 
@@ -137,8 +144,18 @@ class Report:
     rows: list[Row] = field(default_factory=list)
     section_notes: dict[str, list[str]] = field(default_factory=dict)
 
-    def measure(self, group: str, impl: str, phase: str, fn: Callable[[], object], *,
-                ours: bool = False, repeat: int = 5, memory: bool = True, note: str = "") -> Row:
+    def measure(
+        self,
+        group: str,
+        impl: str,
+        phase: str,
+        fn: Callable[[], object],
+        *,
+        ours: bool = False,
+        repeat: int = 5,
+        memory: bool = True,
+        note: str = "",
+    ) -> Row:
         seconds = time_call(fn, repeat=repeat)
         peak = peak_memory_mb(fn) if memory else None
         row = Row(group, impl, phase, seconds, peak, ours, note)
@@ -156,25 +173,38 @@ class Report:
             lines += [text, ""]
         groups = []
         for r in self.rows:
-            if (groups_prefix is None or r.group.startswith(groups_prefix)) and r.group not in groups:
+            if (
+                groups_prefix is None or r.group.startswith(groups_prefix)
+            ) and r.group not in groups:
                 groups.append(r.group)
         for g in groups:
-            lines += [f"### {g}", "",
-                      "| implementation | phase | time (ms) | peer time / ours | peak memory (MiB) | note |",
-                      "|---|---|---:|---:|---:|---|"]
+            lines += [
+                f"### {g}",
+                "",
+                "| implementation | phase | time (ms) | peer time / ours "
+                "| peak memory (MiB) | note |",
+                "|---|---|---:|---:|---:|---|",
+            ]
             rows = [r for r in self.rows if r.group == g]
             for r in rows:
                 ours = next((o for o in rows if o.ours and o.phase == r.phase), None)
-                ratio = f"{r.seconds / ours.seconds:.2f}" if ours and not r.ours else ("1 (ours)" if r.ours else "")
+                ratio = (
+                    f"{r.seconds / ours.seconds:.2f}"
+                    if ours and not r.ours
+                    else ("1 (ours)" if r.ours else "")
+                )
                 mem = f"{r.peak_mb:.1f}" if r.peak_mb is not None else "n/a"
                 name = f"**{r.impl}**" if r.ours else r.impl
-                lines.append(f"| {name} | {r.phase} | {r.seconds * 1e3:.1f} | {ratio} | {mem} | {r.note} |")
+                lines.append(
+                    f"| {name} | {r.phase} | {r.seconds * 1e3:.1f} | {ratio} | {mem} | {r.note} |"
+                )
             lines.append("")
         return "\n".join(lines)
 
 
 def with_backend(backend: str, fn: Callable[[], object]) -> Callable[[], object]:
     """``fn`` run with ``SIMWARP_BACKEND=backend`` (restored afterwards): compiled or torch."""
+
     def run():
         previous = os.environ.get("SIMWARP_BACKEND")
         os.environ["SIMWARP_BACKEND"] = backend
@@ -185,4 +215,5 @@ def with_backend(backend: str, fn: Callable[[], object]) -> Callable[[], object]
                 os.environ.pop("SIMWARP_BACKEND", None)
             else:
                 os.environ["SIMWARP_BACKEND"] = previous
+
     return run

@@ -12,6 +12,7 @@ module records that it was skipped.
 from __future__ import annotations
 
 import torch
+
 from _harness import time_call, with_backend
 
 SECTION = "Compiled kernels on the GPU (4096², against the memory floor)"
@@ -24,6 +25,7 @@ def _synchronised(fn, device: torch.device):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return out
+
     return run
 
 
@@ -44,6 +46,7 @@ def _forward_backward(op, *images):
         for leaf in leaves:
             leaf.grad = None
         op(*leaves).backward(upstream)
+
     return run
 
 
@@ -53,8 +56,11 @@ def measure(report, device: torch.device, size: int) -> None:
 
     bandwidth = copy_bandwidth(device)
     array_s = size * size * 4 / bandwidth  # one float32 map read or written once
-    report.note(SECTION, f"{device}: copy bandwidth {bandwidth / 1e9:.0f} GB/s (read + write); "
-                f"one {size}² float32 map costs {array_s * 1e3:.3f} ms at it.")
+    report.note(
+        SECTION,
+        f"{device}: copy bandwidth {bandwidth / 1e9:.0f} GB/s (read + write); "
+        f"one {size}² float32 map costs {array_s * 1e3:.3f} ms at it.",
+    )
     gen = torch.Generator(device=device).manual_seed(0)
     a = torch.rand((1, 1, size, size), generator=gen, device=device)
     b = (0.7 * a + 0.3 * torch.rand(a.shape, generator=gen, device=device)).clamp_(0, 1)
@@ -64,15 +70,30 @@ def measure(report, device: torch.device, size: int) -> None:
     ]
     for group, arrays, op, images in cases:
         fn = _forward_backward(op, *images)
-        ours = report.measure(group, "simwarp compiled", "forward+backward",
-                              _synchronised(with_backend("compiled", fn), device), ours=True,
-                              repeat=20, memory=False)
-        report.measure(group, "simwarp pure torch", "forward+backward",
-                       _synchronised(with_backend("torch", fn), device), repeat=20, memory=False)
+        ours = report.measure(
+            group,
+            "simwarp compiled",
+            "forward+backward",
+            _synchronised(with_backend("compiled", fn), device),
+            ours=True,
+            repeat=20,
+            memory=False,
+        )
+        report.measure(
+            group,
+            "simwarp pure torch",
+            "forward+backward",
+            _synchronised(with_backend("torch", fn), device),
+            repeat=20,
+            memory=False,
+        )
         floor = arrays * array_s
-        report.note(SECTION, f"{group}: compiled forward+backward {ours.seconds * 1e3:.2f} ms, "
-                    f"{ours.seconds / floor:.2f}× its floor of {floor * 1e3:.2f} ms "
-                    f"({arrays} maps read or written once).")
+        report.note(
+            SECTION,
+            f"{group}: compiled forward+backward {ours.seconds * 1e3:.2f} ms, "
+            f"{ours.seconds / floor:.2f}× its floor of {floor * 1e3:.2f} ms "
+            f"({arrays} maps read or written once).",
+        )
 
 
 def run(report) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
 from _harness import forward_backward, with_backend
 
 SECTION = "Compiled kernels (CPU) against pure torch and peers"
@@ -25,13 +26,20 @@ def run(report) -> None:
     rng = np.random.default_rng(0)
     base = rng.random((SIZE, SIZE)).astype(np.float32)
     a = torch.from_numpy(base)[None, None]
-    b = torch.from_numpy(np.clip(base + 0.05 * rng.standard_normal(base.shape), 0, 1).astype(np.float32))[None, None]
-    report.note(SECTION, f"{SIZE}² float32, one image, {torch.get_num_threads()} torch threads. "
-                "Ratios in each table are relative to the compiled row.")
+    b = torch.from_numpy(
+        np.clip(base + 0.05 * rng.standard_normal(base.shape), 0, 1).astype(np.float32)
+    )[None, None]
+    report.note(
+        SECTION,
+        f"{SIZE}² float32, one image, {torch.get_num_threads()} torch threads. "
+        "Ratios in each table are relative to the compiled row.",
+    )
 
     group = f"local_std {SIZE}² w15"
-    for phase, fn in [("forward", lambda: ops.local_std(a, window=15)),
-                      ("forward+backward", forward_backward(lambda x: ops.local_std(x, window=15).sum(), a))]:
+    for phase, fn in [
+        ("forward", lambda: ops.local_std(a, window=15)),
+        ("forward+backward", forward_backward(lambda x: ops.local_std(x, window=15).sum(), a)),
+    ]:
         report.measure(group, "simwarp compiled", phase, with_backend("compiled", fn), ours=True)
         report.measure(group, "simwarp pure torch", phase, with_backend("torch", fn))
     from scipy import ndimage as ndi
@@ -46,39 +54,64 @@ def run(report) -> None:
     report.measure(group, "SciPy uniform_filter (float64)", "forward", scipy_std)
 
     group = f"ssim {SIZE}² w11"
-    for phase, fn in [("forward", lambda: ops.ssim(a, b)),
-                      ("forward+backward", forward_backward(lambda x, y: 1 - ops.ssim(x, y), a, b))]:
+    for phase, fn in [
+        ("forward", lambda: ops.ssim(a, b)),
+        ("forward+backward", forward_backward(lambda x, y: 1 - ops.ssim(x, y), a, b)),
+    ]:
         report.measure(group, "simwarp compiled", phase, with_backend("compiled", fn), ours=True)
         report.measure(group, "simwarp pure torch", phase, with_backend("torch", fn))
     try:
         from pytorch_msssim import ssim as ms_ssim
 
-        report.measure(group, "pytorch-msssim", "forward+backward", forward_backward(
-            lambda x, y: 1 - ms_ssim(x, y, data_range=1.0), a, b), repeat=3)
+        report.measure(
+            group,
+            "pytorch-msssim",
+            "forward+backward",
+            forward_backward(lambda x, y: 1 - ms_ssim(x, y, data_range=1.0), a, b),
+            repeat=3,
+        )
     except ImportError:
         report.note(SECTION, "pytorch-msssim not installed")
 
     group = f"local_ncc {SIZE}² w9"
-    for phase, fn in [("forward", lambda: ops.local_ncc(a, b, window=9)),
-                      ("forward+backward", forward_backward(
-                          lambda x, y: 1 - ops.local_ncc(x, y, window=9, reduction="mean"), a, b))]:
+    for phase, fn in [
+        ("forward", lambda: ops.local_ncc(a, b, window=9)),
+        (
+            "forward+backward",
+            forward_backward(
+                lambda x, y: 1 - ops.local_ncc(x, y, window=9, reduction="mean"), a, b
+            ),
+        ),
+    ]:
         report.measure(group, "simwarp compiled", phase, with_backend("compiled", fn), ours=True)
         report.measure(group, "simwarp pure torch", phase, with_backend("torch", fn))
     try:
         from monai.losses import LocalNormalizedCrossCorrelationLoss
 
-        loss = LocalNormalizedCrossCorrelationLoss(spatial_dims=2, kernel_size=9,
-                                                   kernel_type="rectangular")
-        report.measure(group, "MONAI LocalNormalizedCrossCorrelationLoss", "forward+backward",
-                       forward_backward(lambda x, y: loss(x, y), a, b), repeat=3)
+        loss = LocalNormalizedCrossCorrelationLoss(
+            spatial_dims=2, kernel_size=9, kernel_type="rectangular"
+        )
+        report.measure(
+            group,
+            "MONAI LocalNormalizedCrossCorrelationLoss",
+            "forward+backward",
+            forward_backward(lambda x, y: loss(x, y), a, b),
+            repeat=3,
+        )
     except ImportError:
         report.note(SECTION, "MONAI not installed")
 
     group = f"splat {SIZE}²"
     d = torch.from_numpy(rng.uniform(-2, 2, (1, 2, SIZE, SIZE)).astype(np.float32))
-    for phase, fn in [("forward", lambda: ops.splat(a, d)),
-                      ("forward+backward", forward_backward(lambda x, y: ops.splat(x, y).sum(), a, d))]:
+    for phase, fn in [
+        ("forward", lambda: ops.splat(a, d)),
+        ("forward+backward", forward_backward(lambda x, y: ops.splat(x, y).sum(), a, d)),
+    ]:
         report.measure(group, "simwarp compiled", phase, with_backend("compiled", fn), ours=True)
         report.measure(group, "simwarp pure torch", phase, with_backend("torch", fn))
-    report.measure(group, "warp (yardstick)", "forward+backward",
-                   forward_backward(lambda x, y: ops.warp(x, y).sum(), a, d))
+    report.measure(
+        group,
+        "warp (yardstick)",
+        "forward+backward",
+        forward_backward(lambda x, y: ops.warp(x, y).sum(), a, d),
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from scipy import ndimage as ndi
+
 from _harness import forward_backward
 
 SECTION = "Local standard deviation and ZNCC template matching"
@@ -29,13 +30,24 @@ def _bench_local_std(report, rng, shape, window):
     group = f"local_std {'x'.join(map(str, shape))} w{window}"
     x = _microscopy(rng, shape)
     xt = torch.from_numpy(x).float()[None, None]
-    report.measure(group, "simwarp local_std (float32)", "forward",
-                   lambda: local_std(xt, window=window), ours=True)
-    report.measure(group, "scipy uniform_filter (float64)", "forward",
-                   lambda: _scipy_local_std(x, window))
+    report.measure(
+        group,
+        "simwarp local_std (float32)",
+        "forward",
+        lambda: local_std(xt, window=window),
+        ours=True,
+    )
+    report.measure(
+        group, "scipy uniform_filter (float64)", "forward", lambda: _scipy_local_std(x, window)
+    )
     xg = xt.clone().requires_grad_()
-    report.measure(group, "simwarp local_std (float32)", "forward+backward",
-                   forward_backward(lambda t: local_std(t, window=window), xg), ours=True)
+    report.measure(
+        group,
+        "simwarp local_std (float32)",
+        "forward+backward",
+        forward_backward(lambda t: local_std(t, window=window), xg),
+        ours=True,
+    )
 
 
 def _bench_match_template(report, rng, size, tsize):
@@ -48,22 +60,42 @@ def _bench_match_template(report, rng, size, tsize):
     template = image[size // 3 : size // 3 + tsize, size // 2 : size // 2 + tsize].copy()
     it = torch.from_numpy(image).float()[None, None]
     tt = torch.from_numpy(template).float()[None, None]
-    report.measure(group, "simwarp match_template (float32)", "forward",
-                   lambda: match_template(it, tt), ours=True)
+    report.measure(
+        group,
+        "simwarp match_template (float32)",
+        "forward",
+        lambda: match_template(it, tt),
+        ours=True,
+    )
     it64, tt64 = it.double(), tt.double()
-    report.measure(group, "simwarp match_template (float64)", "forward",
-                   lambda: match_template(it64, tt64))
-    report.measure(group, "skimage match_template (float64)", "forward",
-                   lambda: sk_match_template(image, template), repeat=3)
+    report.measure(
+        group, "simwarp match_template (float64)", "forward", lambda: match_template(it64, tt64)
+    )
+    report.measure(
+        group,
+        "skimage match_template (float64)",
+        "forward",
+        lambda: sk_match_template(image, template),
+        repeat=3,
+    )
     ig, tg = it.clone().requires_grad_(), tt.clone().requires_grad_()
-    report.measure(group, "simwarp match_template (float32)", "forward+backward",
-                   forward_backward(match_template, ig, tg), ours=True, repeat=3)
+    report.measure(
+        group,
+        "simwarp match_template (float32)",
+        "forward+backward",
+        forward_backward(match_template, ig, tg),
+        ours=True,
+        repeat=3,
+    )
 
 
 def run(report) -> None:
     rng = np.random.default_rng(0)
-    report.note(SECTION, "Microscopy-like data (offset 1000, noise σ 5, smooth background); "
-                "ours in float32 (window sums accumulated in float64), peers in float64.")
+    report.note(
+        SECTION,
+        "Microscopy-like data (offset 1000, noise σ 5, smooth background); "
+        "ours in float32 (window sums accumulated in float64), peers in float64.",
+    )
     for shape, window in (((1024, 1024), 15), ((2048, 2048), 15), ((128, 128, 128), 7)):
         _bench_local_std(report, rng, shape, window)
     for size in (1024, 2048):

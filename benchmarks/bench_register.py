@@ -81,8 +81,7 @@ def drift_case(report, rng):
     big = scene(rng, tuple(n + 2 * pad for n in shape))
     true = rng.uniform(-8, 8, (frames, 2))
     crop = tuple(slice(pad, pad + n) for n in shape)
-    stack = noisy(rng, np.stack([ndi.shift(big, -s, order=3, mode="nearest")[crop]
-                                 for s in true]))
+    stack = noisy(rng, np.stack([ndi.shift(big, -s, order=3, mode="nearest")[crop] for s in true]))
     truth = true[0] - true  # frame_0(x) = frame_t(x + d_t)
 
     def err(shifts):
@@ -90,28 +89,49 @@ def drift_case(report, rng):
         return f"median shift error {np.median(e):.4f} px, max {e.max():.3f} px"
 
     ours = register_stack(stack)
-    report.measure(group, "simwarp register_stack (translation)", "register",
-                   lambda: register_stack(stack), ours=True, repeat=3, note=err(ours.shifts))
+    report.measure(
+        group,
+        "simwarp register_stack (translation)",
+        "register",
+        lambda: register_stack(stack),
+        ours=True,
+        repeat=3,
+        note=err(ours.shifts),
+    )
 
     try:
         from pystackreg import StackReg
 
         sr = StackReg(StackReg.TRANSLATION)
         tm = sr.register_stack(stack, reference="first")
-        report.measure(group, "pystackreg TRANSLATION", "register",
-                       lambda: sr.register_stack(stack, reference="first"), repeat=1,
-                       memory=False, note=err(tm[:, [1, 0], 2]))
+        report.measure(
+            group,
+            "pystackreg TRANSLATION",
+            "register",
+            lambda: sr.register_stack(stack, reference="first"),
+            repeat=1,
+            memory=False,
+            note=err(tm[:, [1, 0], 2]),
+        )
     except ImportError:
         report.note(SECTION, "pystackreg is not installed: its row is missing.")
 
     from skimage.registration import phase_cross_correlation
 
     def pcc():
-        return np.array([-phase_cross_correlation(stack[0], f, upsample_factor=20)[0]
-                         for f in stack])
+        return np.array(
+            [-phase_cross_correlation(stack[0], f, upsample_factor=20)[0] for f in stack]
+        )
 
-    report.measure(group, "skimage phase_cross_correlation (upsample 20)", "register", pcc,
-                   repeat=1, memory=False, note=err(pcc()))
+    report.measure(
+        group,
+        "skimage phase_cross_correlation (upsample 20)",
+        "register",
+        pcc,
+        repeat=1,
+        memory=False,
+        note=err(pcc()),
+    )
 
 
 def affine_case(report, rng):
@@ -121,29 +141,40 @@ def affine_case(report, rng):
     shape = (512, 512)
     th = np.deg2rad(rng.uniform(-10, 10))
     rot = np.array([[np.cos(th), -np.sin(th)], [np.sin(th), np.cos(th)]])
-    lin = rot @ np.diag(rng.uniform(0.9, 1.1, 2)) @ np.array([[1, rng.uniform(-.05, .05)],
-                                                               [0, 1]])
+    lin = (
+        rot @ np.diag(rng.uniform(0.9, 1.1, 2)) @ np.array([[1, rng.uniform(-0.05, 0.05)], [0, 1]])
+    )
     shift = rng.uniform(-10, 10, 2)
     m = centered_affine(lin, shift, shape)
     fixed_f = scene(rng, shape)
-    moving = noisy(rng, ndi.affine_transform(fixed_f, np.linalg.inv(m), order=3,
-                                             mode="nearest"))
+    moving = noisy(rng, ndi.affine_transform(fixed_f, np.linalg.inv(m), order=3, mode="nearest"))
     fixed = noisy(rng, fixed_f)
-    desc = (f"rotation {np.rad2deg(th):.1f}°, linear part {np.round(lin, 3).tolist()}, "
-            f"shift of the center {np.round(shift, 2).tolist()} px")
+    desc = (
+        f"rotation {np.rad2deg(th):.1f}°, linear part {np.round(lin, 3).tolist()}, "
+        f"shift of the center {np.round(shift, 2).tolist()} px"
+    )
     report.note(SECTION, f"Affine pair: {desc}; error = mean corner displacement error.")
     for metric in ("lncc", "ncc"):
         r = register(fixed, moving, model="affine", metric=metric)
-        report.measure(group, f"simwarp register affine/{metric}", "register",
-                       lambda metric=metric: register(fixed, moving, model="affine",
-                                                      metric=metric),
-                       ours=metric == "lncc", repeat=3,
-                       note=f"corner error {corner_error(r.transform.matrix, m, shape):.4f} px")
+        report.measure(
+            group,
+            f"simwarp register affine/{metric}",
+            "register",
+            lambda metric=metric: register(fixed, moving, model="affine", metric=metric),
+            ours=metric == "lncc",
+            repeat=3,
+            note=f"corner error {corner_error(r.transform.matrix, m, shape):.4f} px",
+        )
     r = register(fixed, moving, model="affine", metric="lncc", full_resolution=True)
-    report.measure(group, "simwarp register affine/lncc, full_resolution=True", "register",
-                   lambda: register(fixed, moving, model="affine", full_resolution=True),
-                   repeat=1, memory=False,
-                   note=f"corner error {corner_error(r.transform.matrix, m, shape):.4f} px")
+    report.measure(
+        group,
+        "simwarp register affine/lncc, full_resolution=True",
+        "register",
+        lambda: register(fixed, moving, model="affine", full_resolution=True),
+        repeat=1,
+        memory=False,
+        note=f"corner error {corner_error(r.transform.matrix, m, shape):.4f} px",
+    )
     _elastix_affine(report, group, fixed, moving, m, shape)
 
 
@@ -159,8 +190,7 @@ def _elastix_affine(report, group, fixed, moving, m, shape):
     params.AddParameterMap(params.GetDefaultParameterMap("affine"))
 
     def run():
-        return itk.elastix_registration_method(f, mv, parameter_object=params,
-                                               log_to_console=False)
+        return itk.elastix_registration_method(f, mv, parameter_object=params, log_to_console=False)
 
     _, tparams = run()
     # Elastix's affine, in physical (x, y) coordinates (unit spacing, zero origin):
@@ -174,15 +204,22 @@ def _elastix_affine(report, group, fixed, moving, m, shape):
     m_xy[:2, 2] = c_xy + t_xy - a_xy @ c_xy
     swap = np.array([[0, 1, 0], [1, 0, 0], [0, 0, 1]], float)
     e = corner_error(swap @ m_xy @ swap, m, shape)
-    report.measure(group, "itk-elastix affine (default map)", "register", run, repeat=1,
-                   memory=False, note=f"corner error {e:.4f} px")
+    report.measure(
+        group,
+        "itk-elastix affine (default map)",
+        "register",
+        run,
+        repeat=1,
+        memory=False,
+        note=f"corner error {e:.4f} px",
+    )
 
 
 def deformable_case(report, rng):
-    from napari_simwarp.registration import register
-    from napari_simwarp.ops import jacobian_determinant
-
     import torch
+
+    from napari_simwarp.ops import jacobian_determinant
+    from napari_simwarp.registration import register
 
     group = "deformable pair 512², ~4 px"
     shape = (512, 512)
@@ -191,8 +228,11 @@ def deformable_case(report, rng):
     moving = noisy(rng, ndi.map_coordinates(fixed_f, grid + u, order=3, mode="nearest"))
     fixed = noisy(rng, fixed_f)
     b = 16
-    report.note(SECTION, f"Deformable pair: smooth random field, max |d| 4 px (σ = 64 px); "
-                f"end-point error averaged over the image minus a {b}-px border.")
+    report.note(
+        SECTION,
+        f"Deformable pair: smooth random field, max |d| 4 px (σ = 64 px); "
+        f"end-point error averaged over the image minus a {b}-px border.",
+    )
 
     def epe(est):
         return float(np.linalg.norm(est - d, axis=0)[b:-b, b:-b].mean())
@@ -204,18 +244,35 @@ def deformable_case(report, rng):
         if model == "diffeomorphic":
             jac = float(jacobian_determinant(torch.from_numpy(est)[None]).min())
             note += f", min Jacobian determinant {jac:.3f}"
-        report.measure(group, f"simwarp register {model}/lncc", "register",
-                       lambda model=model: register(fixed, moving, model=model),
-                       ours=model == "deformable", repeat=3, note=note)
+        report.measure(
+            group,
+            f"simwarp register {model}/lncc",
+            "register",
+            lambda model=model: register(fixed, moving, model=model),
+            ours=model == "deformable",
+            repeat=3,
+            note=note,
+        )
     from skimage.registration import optical_flow_ilk, optical_flow_tvl1
 
-    report.measure(group, "skimage optical_flow_ilk", "register",
-                   lambda: optical_flow_ilk(fixed, moving), repeat=3,
-                   note=f"EPE {epe(optical_flow_ilk(fixed, moving)):.3f} px")
+    report.measure(
+        group,
+        "skimage optical_flow_ilk",
+        "register",
+        lambda: optical_flow_ilk(fixed, moving),
+        repeat=3,
+        note=f"EPE {epe(optical_flow_ilk(fixed, moving)):.3f} px",
+    )
     flow = optical_flow_tvl1(fixed, moving)
-    report.measure(group, "skimage optical_flow_tvl1", "register",
-                   lambda: optical_flow_tvl1(fixed, moving), repeat=1, memory=False,
-                   note=f"EPE {epe(flow):.3f} px")
+    report.measure(
+        group,
+        "skimage optical_flow_tvl1",
+        "register",
+        lambda: optical_flow_tvl1(fixed, moving),
+        repeat=1,
+        memory=False,
+        note=f"EPE {epe(flow):.3f} px",
+    )
 
 
 def volume_case(report, rng):
@@ -229,17 +286,29 @@ def volume_case(report, rng):
     moving = noisy(rng, ndi.affine_transform(vol, np.linalg.inv(m), order=3, mode="nearest"))
     fixed = noisy(rng, vol)
     r = register(fixed, moving, model="affine")
-    report.measure("3-D 96³", "simwarp register affine/lncc", "register",
-                   lambda: register(fixed, moving, model="affine"), ours=True, repeat=1,
-                   note=f"corner error {corner_error(r.transform.matrix, m, shape):.4f} px")
+    report.measure(
+        "3-D 96³",
+        "simwarp register affine/lncc",
+        "register",
+        lambda: register(fixed, moving, model="affine"),
+        ours=True,
+        repeat=1,
+        note=f"corner error {corner_error(r.transform.matrix, m, shape):.4f} px",
+    )
     d, grid, u = smooth_deformation(rng, shape, 3.0)
     moving = noisy(rng, ndi.map_coordinates(vol, grid + u, order=1, mode="nearest"))
     r = register(fixed, moving, model="deformable")
     est = r.transform.to_displacement(shape)
     e = float(np.linalg.norm(est - d, axis=0)[8:-8, 8:-8, 8:-8].mean())
-    report.measure("3-D 96³ deformable (~3 px)", "simwarp register deformable/lncc",
-                   "register", lambda: register(fixed, moving, model="deformable"),
-                   ours=True, repeat=1, note=f"EPE {e:.3f} px (8-px border excluded)")
+    report.measure(
+        "3-D 96³ deformable (~3 px)",
+        "simwarp register deformable/lncc",
+        "register",
+        lambda: register(fixed, moving, model="deformable"),
+        ours=True,
+        repeat=1,
+        note=f"EPE {e:.3f} px (8-px border excluded)",
+    )
 
 
 def run(report) -> None:

@@ -13,6 +13,7 @@ import importlib
 import importlib.metadata
 
 import torch
+
 from _harness import forward_backward
 
 SECTION = "SSIM and local NCC"
@@ -51,10 +52,19 @@ def _measure_pair(report, group, impl, loss_fn, a, b, *, ours, repeat, note="", 
         with torch.no_grad():
             return loss_fn(a, b)
 
-    report.measure(group, impl, "forward", forward, ours=ours, repeat=repeat, note=note,
-                   memory=memory)
-    report.measure(group, impl, "forward+backward", forward_backward(loss_fn, a, b),
-                   ours=ours, repeat=repeat, note=note, memory=memory)
+    report.measure(
+        group, impl, "forward", forward, ours=ours, repeat=repeat, note=note, memory=memory
+    )
+    report.measure(
+        group,
+        impl,
+        "forward+backward",
+        forward_backward(loss_fn, a, b),
+        ours=ours,
+        repeat=repeat,
+        note=note,
+        memory=memory,
+    )
 
 
 def _ssim_peers(ndim: int):
@@ -62,11 +72,13 @@ def _ssim_peers(ndim: int):
     peers = []
     msssim = _optional("pytorch_msssim")
     if msssim is not None:
-        peers.append((
-            f"pytorch-msssim {_version('pytorch-msssim')} ssim",
-            lambda x, y: msssim.ssim(x, y, data_range=1.0, size_average=True),
-            "valid convolution (no border)",
-        ))
+        peers.append(
+            (
+                f"pytorch-msssim {_version('pytorch-msssim')} ssim",
+                lambda x, y: msssim.ssim(x, y, data_range=1.0, size_average=True),
+                "valid convolution (no border)",
+            )
+        )
     kornia = _optional("kornia")
     if kornia is not None:
         if ndim == 2:
@@ -85,14 +97,23 @@ def _run_ssim(report, label, shape, repeat_ours, repeat_peers):
     ndim = len(shape) - 2
     a, b = _inputs(shape)
     group = f"ssim {label} float32"
-    _measure_pair(report, group, "simwarp ssim", lambda x, y: ssim(x, y, data_range=1.0),
-                  a, b, ours=True, repeat=repeat_ours)
+    _measure_pair(
+        report,
+        group,
+        "simwarp ssim",
+        lambda x, y: ssim(x, y, data_range=1.0),
+        a,
+        b,
+        ours=True,
+        repeat=repeat_ours,
+    )
     for name, fn, note in _ssim_peers(ndim):
         # kornia's 3-D SSIM (a full 11³ conv3d) takes tens of seconds per backward here:
         # skip its extra memory-measuring call to keep the module within minutes.
         memory = not (ndim == 3 and name.startswith("kornia"))
-        _measure_pair(report, group, name, fn, a, b, ours=False, repeat=repeat_peers,
-                      note=note, memory=memory)
+        _measure_pair(
+            report, group, name, fn, a, b, ours=False, repeat=repeat_peers, note=note, memory=memory
+        )
 
 
 def _run_local_ncc(report, label, shape, repeat_ours, repeat_peers):
@@ -101,25 +122,43 @@ def _run_local_ncc(report, label, shape, repeat_ours, repeat_peers):
     ndim = len(shape) - 2
     a, b = _inputs(shape, seed=1)
     group = f"local_ncc {label} w9 box float32"
-    _measure_pair(report, group, "simwarp local_ncc",
-                  lambda x, y: local_ncc(x, y, window=9, reduction="mean"),
-                  a, b, ours=True, repeat=repeat_ours)
+    _measure_pair(
+        report,
+        group,
+        "simwarp local_ncc",
+        lambda x, y: local_ncc(x, y, window=9, reduction="mean"),
+        a,
+        b,
+        ours=True,
+        repeat=repeat_ours,
+    )
     losses = _optional("monai.losses")
     if losses is not None:
         loss = losses.LocalNormalizedCrossCorrelationLoss(
             spatial_dims=ndim, kernel_size=9, kernel_type="rectangular"
         )
-        _measure_pair(report, group, f"MONAI {_version('monai')} LocalNormalizedCrossCorrelationLoss",
-                      loss, a, b, ours=False, repeat=repeat_peers,
-                      note="mean squared NCC, zero padding")
+        _measure_pair(
+            report,
+            group,
+            f"MONAI {_version('monai')} LocalNormalizedCrossCorrelationLoss",
+            loss,
+            a,
+            b,
+            ours=False,
+            repeat=repeat_peers,
+            note="mean squared NCC, zero padding",
+        )
 
 
 def run(report) -> None:
-    report.note(SECTION, (
-        "Scalar losses (mean over the map) on float32 inputs; forward+backward "
-        "differentiates with respect to both images. Our ssim and local_ncc pad with "
-        "SciPy 'reflect' and use the analytical one-extra-pass backward."
-    ))
+    report.note(
+        SECTION,
+        (
+            "Scalar losses (mean over the map) on float32 inputs; forward+backward "
+            "differentiates with respect to both images. Our ssim and local_ncc pad with "
+            "SciPy 'reflect' and use the analytical one-extra-pass backward."
+        ),
+    )
     for label, shape, r_ours, r_peers in CASES_2D + [CASE_3D]:
         _run_ssim(report, label, shape, r_ours, r_peers)
     for label, shape, r_ours, r_peers in CASES_2D + [CASE_3D]:

@@ -17,6 +17,7 @@ displacement of at most 5 px (normalized: the weighted average of what lands on 
 from __future__ import annotations
 
 import torch
+
 from _harness import forward_backward, smooth_displacement
 
 SECTION = "Splatting (forward warp)"
@@ -34,22 +35,50 @@ def _run_case(report, label: str, shape) -> None:
     def reference(i, d):
         return _splat_reference(i, d)[0]
 
-    report.measure(group, "simwarp splat (torch, custom backward)", "forward",
-                   lambda: splat(image, displacement), ours=True, repeat=3)
-    ours = report.measure(group, "simwarp splat (torch, custom backward)", "forward+backward",
-                          forward_backward(splat, image, displacement), ours=True, repeat=3)
-    report.measure(group, "index_add + autograd (plain torch)", "forward",
-                   lambda: reference(image, displacement), repeat=3)
-    report.measure(group, "index_add + autograd (plain torch)", "forward+backward",
-                   forward_backward(reference, image, displacement), repeat=3)
+    report.measure(
+        group,
+        "simwarp splat (torch, custom backward)",
+        "forward",
+        lambda: splat(image, displacement),
+        ours=True,
+        repeat=3,
+    )
+    ours = report.measure(
+        group,
+        "simwarp splat (torch, custom backward)",
+        "forward+backward",
+        forward_backward(splat, image, displacement),
+        ours=True,
+        repeat=3,
+    )
+    report.measure(
+        group,
+        "index_add + autograd (plain torch)",
+        "forward",
+        lambda: reference(image, displacement),
+        repeat=3,
+    )
+    report.measure(
+        group,
+        "index_add + autograd (plain torch)",
+        "forward+backward",
+        forward_backward(reference, image, displacement),
+        repeat=3,
+    )
     yardstick = report.measure(
-        group, "simwarp warp (backward warp, grid_sample)", "forward+backward",
-        forward_backward(warp, image, displacement), repeat=3,
+        group,
+        "simwarp warp (backward warp, grid_sample)",
+        "forward+backward",
+        forward_backward(warp, image, displacement),
+        repeat=3,
         note="not a peer: the yardstick of the 3× target",
     )
-    report.note(SECTION, f"{label}: splat forward+backward takes "
-                         f"{ours.seconds / yardstick.seconds:.2f}× the time of warp "
-                         "forward+backward (target: at most 3×).")
+    report.note(
+        SECTION,
+        f"{label}: splat forward+backward takes "
+        f"{ours.seconds / yardstick.seconds:.2f}× the time of warp "
+        "forward+backward (target: at most 3×).",
+    )
 
 
 def run(report) -> None:

@@ -19,6 +19,7 @@ import warnings
 
 import numpy as np
 import torch
+
 from _harness import forward_backward, smooth_displacement
 
 SECTION = "Warping"
@@ -45,18 +46,32 @@ def _run_case(report, label: str, shape) -> None:
     displacement = smooth_displacement(shape, 5.0, generator)
     group = f"warp {label} linear border"
 
-    report.measure(group, "simwarp warp (torch)", "forward",
-                   lambda: warp(image, displacement), ours=True)
-    report.measure(group, "simwarp warp (torch)", "forward+backward",
-                   forward_backward(warp, image, displacement), ours=True)
+    report.measure(
+        group, "simwarp warp (torch)", "forward", lambda: warp(image, displacement), ours=True
+    )
+    report.measure(
+        group,
+        "simwarp warp (torch)",
+        "forward+backward",
+        forward_backward(warp, image, displacement),
+        ours=True,
+    )
 
     coords = np.indices(shape, dtype=np.float64) + displacement[0].double().numpy()
     image64 = image[0, 0].double().numpy()
     image32, coords32 = image64.astype(np.float32), coords.astype(np.float32)
-    report.measure(group, "scipy map_coordinates order=1 (float64)", "forward",
-                   lambda: ndi.map_coordinates(image64, coords, order=1, mode="nearest"))
-    report.measure(group, "scipy map_coordinates order=1 (float32)", "forward",
-                   lambda: ndi.map_coordinates(image32, coords32, order=1, mode="nearest"))
+    report.measure(
+        group,
+        "scipy map_coordinates order=1 (float64)",
+        "forward",
+        lambda: ndi.map_coordinates(image64, coords, order=1, mode="nearest"),
+    )
+    report.measure(
+        group,
+        "scipy map_coordinates order=1 (float32)",
+        "forward",
+        lambda: ndi.map_coordinates(image32, coords32, order=1, mode="nearest"),
+    )
 
     monai_warp = _monai_warp()
     if monai_warp is None:
@@ -64,18 +79,30 @@ def _run_case(report, label: str, shape) -> None:
         return
     with torch.no_grad():
         difference = (monai_warp(image, displacement) - warp(image, displacement)).abs().max()
-    report.measure(group, "MONAI Warp (grid_sample)", "forward",
-                   lambda: monai_warp(image, displacement), note=f"max |Δ| vs ours {difference:.1e}")
-    report.measure(group, "MONAI Warp (grid_sample)", "forward+backward",
-                   forward_backward(monai_warp, image, displacement))
+    report.measure(
+        group,
+        "MONAI Warp (grid_sample)",
+        "forward",
+        lambda: monai_warp(image, displacement),
+        note=f"max |Δ| vs ours {difference:.1e}",
+    )
+    report.measure(
+        group,
+        "MONAI Warp (grid_sample)",
+        "forward+backward",
+        forward_backward(monai_warp, image, displacement),
+    )
 
 
 def run(report) -> None:
-    report.note(SECTION, (
-        "`warp(image, d)` (float32, one channel, linear, border) against SciPy "
-        "`map_coordinates(order=1, mode=\"nearest\")` (coordinates prebuilt, forward only) "
-        "and MONAI `Warp` (same convention and engine, `grid_sample`). Forward+backward is "
-        "`out.sum().backward()` with gradients for the image and the displacement."
-    ))
+    report.note(
+        SECTION,
+        (
+            "`warp(image, d)` (float32, one channel, linear, border) against SciPy "
+            '`map_coordinates(order=1, mode="nearest")` (coordinates prebuilt, forward only) '
+            "and MONAI `Warp` (same convention and engine, `grid_sample`). Forward+backward is "
+            "`out.sum().backward()` with gradients for the image and the displacement."
+        ),
+    )
     _run_case(report, "2048²", (2048, 2048))
     _run_case(report, "128³", (128, 128, 128))

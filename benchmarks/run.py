@@ -40,15 +40,24 @@ def machine_description() -> list[str]:
         pass
     lines = [
         f"- date: {datetime.date.today().isoformat()}",
-        f"- machine: {cpu}, {os.cpu_count()} logical cores, torch threads {torch.get_num_threads()}",
-        f"- python {platform.python_version()}, torch {torch.__version__}, numpy {numpy.__version__}",
+        f"- machine: {cpu}, {os.cpu_count()} logical cores, "
+        f"torch threads {torch.get_num_threads()}",
+        f"- python {platform.python_version()}, torch {torch.__version__}, "
+        f"numpy {numpy.__version__}",
     ]
     from importlib import metadata
 
     versions = []
     # Distribution names: some peers (pytorch-msssim) have no module __version__.
-    for dist in ("scipy", "scikit-image", "pytorch-msssim", "kornia", "monai", "pystackreg",
-                 "itk-elastix"):
+    for dist in (
+        "scipy",
+        "scikit-image",
+        "pytorch-msssim",
+        "kornia",
+        "monai",
+        "pystackreg",
+        "itk-elastix",
+    ):
         try:
             versions.append(f"{dist} {metadata.version(dist)}")
         except metadata.PackageNotFoundError:  # a missing peer is reported, not fatal
@@ -71,7 +80,9 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("modules", nargs="*", help="bench_<name>.py modules to run (default: all)")
     parser.add_argument("--out", default=str(HERE.parent / "docs" / "benchmarks.md"))
     args = parser.parse_args(argv)
@@ -79,7 +90,7 @@ def main(argv=None) -> int:
         # glibc reads these at start-up: run again with them set.
         os.environ.update(MALLOC_ENV)
         os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]])
-    names = args.modules or sorted(p.stem[len("bench_"):] for p in HERE.glob("bench_*.py"))
+    names = args.modules or sorted(p.stem[len("bench_") :] for p in HERE.glob("bench_*.py"))
     report = Report()
     sections = []
     for name in names:
@@ -88,15 +99,22 @@ def main(argv=None) -> int:
         start = len(report.rows)
         module.run(report)
         sections.append((module.SECTION, report.rows[start:]))
-    text = ["# Benchmarks", "", *machine_description(), "",
-            "Times are medians after a warm-up; 'peer time / ours' above 1 means we are faster.",
-            "Peak memory is the resident-set peak during one call above the level before it"
-            " (0 when the call fit in memory the process already held).",
-            "Run with " + ", ".join(f"{k}={v}" for k, v in MALLOC_ENV.items()) +
-            " (set by run.py): large temporaries are reused instead of page-faulted in on"
-            " every call, as in a long-lived session. Without it, timings depend on the"
-            " process's history: our 2048² SSIM forward took 100 to 171 ms in fresh"
-            " processes against 46 ms with it.", ""]
+    text = [
+        "# Benchmarks",
+        "",
+        *machine_description(),
+        "",
+        "Times are medians after a warm-up; 'peer time / ours' above 1 means we are faster.",
+        "Peak memory is the resident-set peak during one call above the level before it"
+        " (0 when the call fit in memory the process already held).",
+        "Run with "
+        + ", ".join(f"{k}={v}" for k, v in MALLOC_ENV.items())
+        + " (set by run.py): large temporaries are reused instead of page-faulted in on"
+        " every call, as in a long-lived session. Without it, timings depend on the"
+        " process's history: our 2048² SSIM forward took 100 to 171 ms in fresh"
+        " processes against 46 ms with it.",
+        "",
+    ]
     for title, rows in sections:
         sub = Report(rows=rows, section_notes=report.section_notes)
         text.append(sub.markdown(title))

@@ -30,8 +30,9 @@ def wait(condition, timeout: float = 300.0) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/images")
-    parser.add_argument("--iterations", type=int, default=20,
-                        help="registration iterations per level (default 20)")
+    parser.add_argument(
+        "--iterations", type=int, default=20, help="registration iterations per level (default 20)"
+    )
     args = parser.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ files are not imports in this sense and are not counted.)
 from __future__ import annotations
 
 import ast
+import itertools
 import pathlib
 
 import pytest
@@ -21,7 +22,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "src" / PACKAGE
 GUI = {"qtpy", "napari", "magicgui", "superqt", "vispy", "PyQt5", "PyQt6", "PySide2", "PySide6"}
 
 
-def find_modules(root: pathlib.Path, package: str = PACKAGE) -> dict[str, tuple[pathlib.Path, bool]]:
+def find_modules(
+    root: pathlib.Path, package: str = PACKAGE
+) -> dict[str, tuple[pathlib.Path, bool]]:
     """Dotted module name → (file, is_package) for every ``.py`` file under ``root``."""
     out = {}
     for path in sorted(root.rglob("*.py")):
@@ -35,7 +38,8 @@ def find_modules(root: pathlib.Path, package: str = PACKAGE) -> dict[str, tuple[
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _import_nodes(tree: ast.AST):
@@ -110,7 +114,7 @@ def find_cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
                 color[path.pop()] = 2
                 iters.pop()
             elif color.get(nxt, 2) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             elif color.get(nxt, 2) == 0:
                 color[nxt] = 1
                 path.append(nxt)
@@ -137,29 +141,31 @@ def test_imports_are_resolved_relative_local_and_outside_type_checking():
         "from __future__ import annotations\n"
         "from typing import TYPE_CHECKING\n"
         "import numpy as np\n"
-        "from . import c\n"            # a submodule: edge to pkg.sub.c
-        "from . import helper\n"       # a name of pkg.sub: edge to pkg.sub
-        "from ..a import thing\n"      # edge to pkg.a
+        "from . import c\n"  # a submodule: edge to pkg.sub.c
+        "from . import helper\n"  # a name of pkg.sub: edge to pkg.sub
+        "from ..a import thing\n"  # edge to pkg.a
         "if TYPE_CHECKING:\n"
-        "    from ..d import Hint\n"   # skipped
-        "    import qtpy\n"            # skipped
+        "    from ..d import Hint\n"  # skipped
+        "    import qtpy\n"  # skipped
         "else:\n"
         "    import scipy\n"
         "def f():\n"
-        "    import napari\n"          # function-local: counted
+        "    import napari\n"  # function-local: counted
         "    from pkg.sub.c import x\n"
     )
-    internal, external = imports_of(source.replace("pkg", PACKAGE), f"{PACKAGE}.sub.b", False,
-                                    {k.replace("pkg", PACKAGE) for k in known})
+    internal, external = imports_of(
+        source.replace("pkg", PACKAGE),
+        f"{PACKAGE}.sub.b",
+        False,
+        {k.replace("pkg", PACKAGE) for k in known},
+    )
     assert {t.replace(PACKAGE, "pkg") for t, _ in internal} == {"pkg.sub.c", "pkg.sub", "pkg.a"}
-    assert {name for name, _ in external} == {"__future__", "typing", "numpy", "scipy",
-                                              "napari"}
+    assert {name for name, _ in external} == {"__future__", "typing", "numpy", "scipy", "napari"}
 
 
 def test_package_init_imports_resolve_against_the_package_itself():
     known = {f"{PACKAGE}.sub", f"{PACKAGE}.sub.b", f"{PACKAGE}.x"}
-    internal, _ = imports_of("from .b import y\nfrom .. import x\n", f"{PACKAGE}.sub", True,
-                             known)
+    internal, _ = imports_of("from .b import y\nfrom .. import x\n", f"{PACKAGE}.sub", True, known)
     assert {t for t, _ in internal} == {f"{PACKAGE}.sub.b", f"{PACKAGE}.x"}
 
 
@@ -183,28 +189,41 @@ def test_the_graph_sees_the_package(graph):
 
 def test_no_import_cycles(graph):
     cycle = find_cycle(graph)
-    assert cycle is None, "import cycle: " + " -> ".join(
-        f"{a} (line {graph[a][b]})" for a, b in zip(cycle, cycle[1:])) + f" -> {cycle[-1]}"
+    assert cycle is None, (
+        "import cycle: "
+        + " -> ".join(f"{a} (line {graph[a][b]})" for a, b in itertools.pairwise(cycle))
+        + f" -> {cycle[-1]}"
+    )
 
 
 def test_only_qt_imports_the_gui_stack():
     # The _qt package (and, through napari.yaml, napari) are the only Qt users: not the
     # operators, the registration, the widgets' logic, the CLI or _sample_data.
     _, external = build_graph()
-    offenders = sorted(f"{module}:{line} imports {name}"
-                       for module, names in external.items() if not _in(module, "_qt")
-                       for name, line in names if name in GUI)
+    offenders = sorted(
+        f"{module}:{line} imports {name}"
+        for module, names in external.items()
+        if not _in(module, "_qt")
+        for name, line in names
+        if name in GUI
+    )
     assert not offenders, offenders
 
 
-@pytest.mark.parametrize("layer,forbidden", [
-    ("ops", ("registration", "widgets_logic", "_qt")),
-    ("registration", ("widgets_logic", "_qt")),
-    ("widgets_logic", ("_qt",)),
-])
+@pytest.mark.parametrize(
+    "layer,forbidden",
+    [
+        ("ops", ("registration", "widgets_logic", "_qt")),
+        ("registration", ("widgets_logic", "_qt")),
+        ("widgets_logic", ("_qt",)),
+    ],
+)
 def test_lower_layers_import_nothing_from_higher_ones(graph, layer, forbidden):
-    offenders = sorted(f"{module}:{line} imports {target}"
-                       for module, targets in graph.items() if _in(module, layer)
-                       for target, line in targets.items()
-                       if any(_in(target, f) for f in forbidden))
+    offenders = sorted(
+        f"{module}:{line} imports {target}"
+        for module, targets in graph.items()
+        if _in(module, layer)
+        for target, line in targets.items()
+        if any(_in(target, f) for f in forbidden)
+    )
     assert not offenders, offenders

@@ -7,8 +7,11 @@ from napari_simwarp import _cli, _demo
 
 def _record(monkeypatch):
     calls = []
-    monkeypatch.setattr(_demo, "run_headless_demo",
-                        lambda out, device="auto": calls.append(("headless", str(out))) or {})
+    monkeypatch.setattr(
+        _demo,
+        "run_headless_demo",
+        lambda out, device="auto": calls.append(("headless", str(out))) or {},
+    )
     return calls
 
 
@@ -32,8 +35,9 @@ def test_display_opens_the_viewer(monkeypatch):
     from napari_simwarp._qt import _demo as gui_demo
 
     calls = _record(monkeypatch)
-    monkeypatch.setattr(gui_demo, "run_gui_demo",
-                        lambda device="auto": calls.append(("gui", device)))
+    monkeypatch.setattr(
+        gui_demo, "run_gui_demo", lambda device="auto": calls.append(("gui", device))
+    )
     monkeypatch.setattr(_cli, "_has_display", lambda: True)
     assert _cli.main(["demo", "--device", "cpu"]) == 0
     assert calls == [("gui", "cpu")]
@@ -43,8 +47,11 @@ def test_display_without_napari_falls_back_to_headless(monkeypatch, capsys):
     import importlib.util
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "napari" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "napari" else real_find_spec(name, *a),
+    )
     calls = _record(monkeypatch)
     monkeypatch.setattr(_cli, "_has_display", lambda: True)
     assert _cli.main(["demo"]) == 0

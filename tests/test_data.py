@@ -42,4 +42,6 @@ def test_volume_pair_ground_truth():
     fixed, moving, d = data.deformed_volume_pair(size=32, amplitude=2.0)
     assert fixed.shape == moving.shape == (32, 32, 32) and d.shape == (3, 32, 32, 32)
     inner = (slice(4, -4),) * 3
-    assert np.abs(_warp(moving, d) - fixed)[inner].mean() < 0.3 * np.abs(moving - fixed)[inner].mean()
+    assert (
+        np.abs(_warp(moving, d) - fixed)[inner].mean() < 0.3 * np.abs(moving - fixed)[inner].mean()
+    )

@@ -27,9 +27,22 @@ INNER = (slice(16, -16), slice(16, -16))
 def _run_demo(out: pathlib.Path) -> None:
     # The worktree's package, whatever console script is installed: python -m.
     result = subprocess.run(
-        [sys.executable, "-m", "napari_simwarp._cli", "demo", "--headless", "--out", str(out),
-         "--device", "cpu"],
-        capture_output=True, text=True, timeout=900, env={**os.environ, "MPLBACKEND": "Agg"})
+        [
+            sys.executable,
+            "-m",
+            "napari_simwarp._cli",
+            "demo",
+            "--headless",
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "MPLBACKEND": "Agg"},
+    )
     (out / "returncode").write_text(f"{result.returncode}\n{result.stdout}\n{result.stderr}")
 
 
@@ -80,14 +93,15 @@ def test_registration_error_against_the_ground_truth(demo, pair):
     assert summary["registration_epe_after_px"] == pytest.approx(after, abs=1e-3)
     assert summary["registration_epe_before_px"] == pytest.approx(before, abs=1e-3)
     # transform.npz holds the same field; registered.npy is moving(x + d(x)).
-    np.testing.assert_allclose(load_transform(demo / "transform.npz").to_displacement(
-        fixed.shape), estimated, atol=1e-5)
+    np.testing.assert_allclose(
+        load_transform(demo / "transform.npz").to_displacement(fixed.shape), estimated, atol=1e-5
+    )
     registered = np.load(demo / "registered.npy")
-    resampled = ndi.map_coordinates(moving, np.indices(fixed.shape) + estimated, order=1,
-                                    mode="nearest")
+    resampled = ndi.map_coordinates(
+        moving, np.indices(fixed.shape) + estimated, order=1, mode="nearest"
+    )
     np.testing.assert_allclose(registered[INNER], resampled[INNER], atol=1e-4)
-    assert (np.abs(registered - fixed)[INNER].mean()
-            < 0.5 * np.abs(moving - fixed)[INNER].mean())
+    assert np.abs(registered - fixed)[INNER].mean() < 0.5 * np.abs(moving - fixed)[INNER].mean()
 
 
 def test_drift_error_against_the_ground_truth(demo, timelapse):
@@ -106,28 +120,38 @@ def test_the_maps_match_scipy_and_scikit_image(demo, pair):
 
     fixed, moving, _ = pair
     f, m = fixed.astype(np.float64), moving.astype(np.float64)
-    box = lambda x, k: ndi.uniform_filter(x, k, mode="reflect")  # noqa: E731
+    box = lambda x, k: ndi.uniform_filter(x, k, mode="reflect")
     std = np.sqrt(np.maximum(box(f * f, 15) - box(f, 15) ** 2, 0))
     np.testing.assert_allclose(np.load(demo / "local_std.npy"), std, atol=1e-4)
     (r, c), k = TEMPLATE_CORNER, TEMPLATE_SIZE
-    zncc = match_template(f, f[r:r + k, c:c + k], pad_input=True)
+    zncc = match_template(f, f[r : r + k, c : c + k], pad_input=True)
     np.testing.assert_allclose(np.load(demo / "zncc.npy"), zncc, atol=1e-3)
     cov = box(f * m, 9) - box(f, 9) * box(m, 9)
     lncc = cov / np.sqrt((box(f * f, 9) - box(f, 9) ** 2) * (box(m * m, 9) - box(m, 9) ** 2))
     np.testing.assert_allclose(np.load(demo / "local_ncc.npy"), lncc, atol=1e-3)
-    _, ssim = structural_similarity(f, m, full=True, gaussian_weights=True, sigma=1.5,
-                                    use_sample_covariance=False, data_range=1.0)
+    _, ssim = structural_similarity(
+        f,
+        m,
+        full=True,
+        gaussian_weights=True,
+        sigma=1.5,
+        use_sample_covariance=False,
+        data_range=1.0,
+    )
     np.testing.assert_allclose(np.load(demo / "ssim.npy"), ssim, atol=1e-3)
 
 
-def test_every_output_the_readme_and_the_demo_name_exists_with_its_shape(demo, pair,
-                                                                         timelapse):
+def test_every_output_the_readme_and_the_demo_name_exists_with_its_shape(demo, pair, timelapse):
     fixed = pair[0]
     stack, shifts = timelapse
     shapes = {
-        "local_std.npy": fixed.shape, "zncc.npy": fixed.shape, "local_ncc.npy": fixed.shape,
-        "ssim.npy": fixed.shape, "registered.npy": fixed.shape,
-        "displacement.npy": (2, *fixed.shape), "drift_shifts.npy": shifts.shape,
+        "local_std.npy": fixed.shape,
+        "zncc.npy": fixed.shape,
+        "local_ncc.npy": fixed.shape,
+        "ssim.npy": fixed.shape,
+        "registered.npy": fixed.shape,
+        "displacement.npy": (2, *fixed.shape),
+        "drift_shifts.npy": shifts.shape,
         "drift_corrected.npy": stack.shape,
     }
     named = set(re.findall(r"([A-Za-z0-9_]+\.npy)\b", README.read_text(encoding="utf-8")))

@@ -25,8 +25,24 @@ NO_SPEC = ("src", "tests")
 
 HEADING = re.compile(r"^#{1,6}\s+(\d+(?:\.\d+)*)")
 NUMBER = re.compile(SECTION + r"\s?(\d+(?:\.\d+)*)")
-TEXT_SUFFIXES = {".py", ".md", ".h", ".hpp", ".c", ".cc", ".cpp", ".cu", ".cuh", ".txt",
-                 ".toml", ".cfg", ".yaml", ".yml", ".rst", ".sh"}
+TEXT_SUFFIXES = {
+    ".py",
+    ".md",
+    ".h",
+    ".hpp",
+    ".c",
+    ".cc",
+    ".cpp",
+    ".cu",
+    ".cuh",
+    ".txt",
+    ".toml",
+    ".cfg",
+    ".yaml",
+    ".yml",
+    ".rst",
+    ".sh",
+}
 
 
 def _files(names):
@@ -90,14 +106,21 @@ def test_every_cited_section_exists():
     found = citations()
     assert found, f"no citation of {DOC_NAME} found: is the search looking in the right place?"
     numbers = headings()
-    missing = [f"{file}:{line}: {SECTION}{section}" for file, line, section in found
-               if section not in numbers]
+    missing = [
+        f"{file}:{line}: {SECTION}{section}"
+        for file, line, section in found
+        if section not in numbers
+    ]
     assert not missing, f"sections cited but not in {DOC_NAME}:\n" + "\n".join(missing)
 
 
 @pytest.mark.parametrize("folder", NO_SPEC)
 def test_no_spec_citations_left(folder):
     marker = "SPEC " + SECTION
-    left = [f"{path.relative_to(ROOT)}:{number}" for path in _files([folder])
-            for number, line in _lines(path) if marker in line]
+    left = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in _files([folder])
+        for number, line in _lines(path)
+        if marker in line
+    ]
     assert not left, f"cite {DOC_NAME} instead of the old notes:\n" + "\n".join(left)

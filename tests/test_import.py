@@ -15,18 +15,20 @@ import sys
 import pytest
 
 #: top-level names of the GUI stack
-GUI = {"napari", "qtpy", "PyQt5", "PyQt6", "PySide2", "PySide6", "magicgui", "superqt",
-       "vispy"}
+GUI = {"napari", "qtpy", "PyQt5", "PyQt6", "PySide2", "PySide6", "magicgui", "superqt", "vispy"}
 
 
 def _fresh_import(code: str, cache_dir) -> tuple[set[str], list[str]]:
     """``(top-level modules loaded, files in the build cache)`` after running ``code``."""
-    probe = (code + "\nimport sys, os, json\n"
-             "print(json.dumps([sorted({m.split('.')[0] for m in sys.modules}), "
-             "os.listdir(os.environ['SIMWARP_CACHE_DIR'])]))\n")
+    probe = (
+        code + "\nimport sys, os, json\n"
+        "print(json.dumps([sorted({m.split('.')[0] for m in sys.modules}), "
+        "os.listdir(os.environ['SIMWARP_CACHE_DIR'])]))\n"
+    )
     env = {**os.environ, "SIMWARP_CACHE_DIR": str(cache_dir), "SIMWARP_BACKEND": "auto"}
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                            env=env, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300
+    )
     assert result.returncode == 0, result.stderr
     modules, cache = json.loads(result.stdout.strip().splitlines()[-1])
     return set(modules), cache
@@ -53,7 +55,9 @@ def test_registration_and_command_line_parser_load_no_torch(tmp_path):
     modules, cache = _fresh_import(
         "import napari_simwarp.registration\n"
         "from napari_simwarp._cli import build_parser\n"
-        "build_parser().format_help()\n", tmp_path)
+        "build_parser().format_help()\n",
+        tmp_path,
+    )
     assert "torch" not in modules and not modules & GUI
     assert cache == []
 
@@ -71,7 +75,8 @@ def test_register_is_the_registration_function_with_keyword_only_options():
     assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params[:2])
     assert len(params) > 2
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[2:]), [
-        p.name for p in params[2:] if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+        p.name for p in params[2:] if p.kind is not inspect.Parameter.KEYWORD_ONLY
+    ]
     assert {"model", "metric", "device", "callback"} <= {p.name for p in params}
 
 
@@ -94,13 +99,16 @@ def test_top_level_names_are_the_registration_ones_and_unknown_names_fail():
 def test_registration_exports_stay_functions_after_the_top_level_ones_are_used():
     # The README's `sw.register(...)`, then the registration package's documented
     # `from napari_simwarp.registration import register, register_stack`.
-    code = ("import napari_simwarp as sw\n"
-            "sw.register, sw.register_stack\n"
-            "from napari_simwarp.registration import register, register_stack\n"
-            "import json\n"
-            "print(json.dumps([callable(register), callable(register_stack)]))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=300)
+    code = (
+        "import napari_simwarp as sw\n"
+        "sw.register, sw.register_stack\n"
+        "from napari_simwarp.registration import register, register_stack\n"
+        "import json\n"
+        "print(json.dumps([callable(register), callable(register_stack)]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [True, True]
 

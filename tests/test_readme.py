@@ -14,11 +14,9 @@ import re
 import subprocess
 import sys
 
-import pytest
-
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
-_RUNNER = r'''
+_RUNNER = r"""
 import json, linecache, sys, traceback
 blocks = json.loads(open(sys.argv[1], encoding="utf-8").read())
 namespace = {"__name__": "__main__"}
@@ -33,7 +31,7 @@ for number, (line, code) in enumerate(blocks, 1):
         traceback.print_exc()
         sys.exit(1)
     print(f"block {number} ok", flush=True)
-'''
+"""
 
 
 def python_blocks(text: str) -> list[tuple[int, str]]:
@@ -59,7 +57,11 @@ def test_readme_python_blocks_run_in_order(tmp_path):
     work.mkdir()
     result = subprocess.run(
         [sys.executable, str(tmp_path / "run_blocks.py"), str(tmp_path / "blocks.json")],
-        cwd=work, capture_output=True, text=True, timeout=900,
-        env={**os.environ, "MPLBACKEND": "Agg"})
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "MPLBACKEND": "Agg"},
+    )
     assert result.returncode == 0, result.stderr[-6000:]
     assert result.stdout.count(" ok") == len(blocks)

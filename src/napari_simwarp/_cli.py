@@ -1,16 +1,16 @@
 """The ``napari-simwarp`` command.
 
-    napari-simwarp demo                open napari with the sample data and the widgets
-                                       docked (needs the napari extra and a display)
-    napari-simwarp demo --headless --out DIR
-                                       no viewer: run the same pipeline on the sample data
-                                       and write the maps, registrations, a summary and a
-                                       picture into DIR
-    napari-simwarp build-kernels       build the compiled kernels now (else: on first use)
-    napari-simwarp info                which backend runs each op, and why
-    napari-simwarp register FIXED MOVING -o OUT
-                                       register two image files (TIFF, PNG, NPY), write the
-                                       warped image and the transform
+napari-simwarp demo                open napari with the sample data and the widgets
+                                   docked (needs the napari extra and a display)
+napari-simwarp demo --headless --out DIR
+                                   no viewer: run the same pipeline on the sample data
+                                   and write the maps, registrations, a summary and a
+                                   picture into DIR
+napari-simwarp build-kernels       build the compiled kernels now (else: on first use)
+napari-simwarp info                which backend runs each op, and why
+napari-simwarp register FIXED MOVING -o OUT
+                                   register two image files (TIFF, PNG, NPY), write the
+                                   warped image and the transform
 """
 
 from __future__ import annotations
@@ -30,10 +30,12 @@ def _add_demo(subparsers) -> None:
         "deformable registration of the pair and drift correction of a time-lapse; "
         "write the results (.npy), summary.json and demo.png into --out.",
     )
-    p.add_argument("--out", default=None, help="output folder of --headless "
-                   "(default: out/demo)")
-    p.add_argument("--headless", action="store_true",
-                   help="no viewer: compute and write the results into --out")
+    p.add_argument("--out", default=None, help="output folder of --headless (default: out/demo)")
+    p.add_argument(
+        "--headless",
+        action="store_true",
+        help="no viewer: compute and write the results into --out",
+    )
     p.add_argument("--device", default="auto", help="torch device: auto, cpu, cuda, mps")
     p.set_defaults(func=_run_demo)
 
@@ -57,21 +59,25 @@ def _run_demo(args) -> int:
 
     if not args.headless:
         if args.out is not None:
-            print("napari-simwarp demo: --out is used with --headless; opening the viewer",
-                  file=sys.stderr)
+            print(
+                "napari-simwarp demo: --out is used with --headless; opening the viewer",
+                file=sys.stderr,
+            )
         if _has_display():
             # Whether napari is installed, without importing it: only _qt/ imports napari.
             if _napari_missing():
-                print("napari-simwarp demo: napari is not installed (pip install "
-                      "'napari-simwarp[all]'); running --headless instead", file=sys.stderr)
+                print(
+                    "napari-simwarp demo: napari is not installed (pip install "
+                    "'napari-simwarp[all]'); running --headless instead",
+                    file=sys.stderr,
+                )
             else:
                 from ._qt._demo import run_gui_demo
 
                 run_gui_demo(device=args.device)
                 return 0
         else:
-            print("napari-simwarp demo: no display; running --headless instead",
-                  file=sys.stderr)
+            print("napari-simwarp demo: no display; running --headless instead", file=sys.stderr)
     summary = run_headless_demo(args.out or "out/demo", device=args.device)
     for key, value in summary.items():
         print(f"{key}: {value}")
@@ -79,9 +85,12 @@ def _run_demo(args) -> int:
 
 
 def _add_build_kernels(subparsers) -> None:
-    p = subparsers.add_parser("build-kernels", help="build (or find cached) compiled kernels",
-                              description="Build the C++/CUDA kernels into the cache now, so "
-                              "that the first call of an op does not wait for the compiler.")
+    p = subparsers.add_parser(
+        "build-kernels",
+        help="build (or find cached) compiled kernels",
+        description="Build the C++/CUDA kernels into the cache now, so "
+        "that the first call of an op does not wait for the compiler.",
+    )
     p.add_argument("--verbose", action="store_true", help="show the compiler's output")
     p.set_defaults(func=_run_build_kernels)
 
@@ -146,8 +155,7 @@ def main(argv=None) -> int:
         print(f"napari-simwarp {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"napari-simwarp {args.command}: interrupted; no output was written",
-              file=sys.stderr)
+        print(f"napari-simwarp {args.command}: interrupted; no output was written", file=sys.stderr)
         return 130
 
 

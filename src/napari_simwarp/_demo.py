@@ -44,7 +44,7 @@ def run_headless_demo(out: str | pathlib.Path, device: str = "auto") -> dict:
 
     fixed_t, moving_t = as_tensor(fixed), as_tensor(moving)
     (r, c), size = TEMPLATE_CORNER, TEMPLATE_SIZE
-    template = fixed[r: r + size, c: c + size]
+    template = fixed[r : r + size, c : c + size]
 
     timings = {}
     # Build (or load) the compiled kernels first: a first-ever build takes tens of seconds
@@ -91,8 +91,7 @@ def _register_pair(out: pathlib.Path, fixed, moving, dev) -> dict:
     from .registration import register
 
     t0 = time.perf_counter()
-    res = register(fixed, moving, model="deformable", metric="lncc", iterations=30,
-                   device=str(dev))
+    res = register(fixed, moving, model="deformable", metric="lncc", iterations=30, device=str(dev))
     seconds = time.perf_counter() - t0
     _, _, true = data.deformed_pair()
     est = res.transform.to_displacement(fixed.shape)
@@ -102,10 +101,12 @@ def _register_pair(out: pathlib.Path, fixed, moving, dev) -> dict:
     np.save(out / "displacement.npy", est)
     res.transform.save(out / "transform.npz")
     return {
-        "registered": res.warped, "displacement": est, "true": true,
+        "registered": res.warped,
+        "displacement": est,
+        "true": true,
         "summary": {
             "registration_model": "deformable",
-            "registration_epe_before_px": round(float(np.sqrt((true ** 2).sum(0))[inner].mean()), 4),
+            "registration_epe_before_px": round(float(np.sqrt((true**2).sum(0))[inner].mean()), 4),
             "registration_epe_after_px": round(float(epe[inner].mean()), 4),
             "registration_s": round(seconds, 2),
         },
@@ -123,7 +124,8 @@ def _correct_drift(out: pathlib.Path, dev) -> dict:
     np.save(out / "drift_shifts.npy", drift.shifts)
     np.save(out / "drift_corrected.npy", drift.warped)
     return {
-        "mean_before": stack.mean(axis=0), "mean_after": drift.warped.mean(axis=0),
+        "mean_before": stack.mean(axis=0),
+        "mean_after": drift.warped.mean(axis=0),
         "summary": {
             "drift_max_error_px": round(float(np.abs(drift.shifts - shifts).max()), 4),
             "drift_frames": int(stack.shape[0]),
@@ -147,20 +149,34 @@ def demo_figure(fixed, moving, maps: dict, pair: dict, drift: dict, summary: dic
     panels = [
         ("fixed (camera)", fixed, "gray", (0, 1), "intensity"),
         ("moving (deformed, up to 4 px)", moving, "gray", (0, 1), "intensity"),
-        ("local std, 15×15 window", maps["local_std"], "magma",
-         (0, float(np.percentile(maps["local_std"], 99.5))), "intensity std"),
+        (
+            "local std, 15×15 window",
+            maps["local_std"],
+            "magma",
+            (0, float(np.percentile(maps["local_std"], 99.5))),
+            "intensity std",
+        ),
         (f"ZNCC of the {size}×{size} template", maps["zncc"], "RdBu_r", (-1, 1), "ZNCC"),
         ("local NCC fixed/moving, 9×9", maps["local_ncc"], "RdBu_r", (-1, 1), "NCC"),
         ("SSIM fixed/moving", maps["ssim"], "viridis", (0, 1), "SSIM"),
         ("|moving − fixed| before", before, "inferno", (0, err_limit), "|difference|"),
         ("|registered − fixed| after", after, "inferno", (0, err_limit), "|difference|"),
         ("registered moving (deformable)", pair["registered"], "gray", (0, 1), "intensity"),
-        ("estimated displacement |d|", np.hypot(*pair["displacement"]), "cividis",
-         (0, float(np.hypot(*pair["true"]).max())), "pixels"),
-        ("time-lapse mean, before drift correction", drift["mean_before"], "gray", None,
-         "intensity"),
-        ("time-lapse mean, after drift correction", drift["mean_after"], "gray", None,
-         "intensity"),
+        (
+            "estimated displacement |d|",
+            np.hypot(*pair["displacement"]),
+            "cividis",
+            (0, float(np.hypot(*pair["true"]).max())),
+            "pixels",
+        ),
+        (
+            "time-lapse mean, before drift correction",
+            drift["mean_before"],
+            "gray",
+            None,
+            "intensity",
+        ),
+        ("time-lapse mean, after drift correction", drift["mean_after"], "gray", None, "intensity"),
     ]
     for ax, (title, image, cmap, limits, unit) in zip(axes.flat, panels):
         vmin, vmax = limits if limits is not None else (None, None)
@@ -171,8 +187,9 @@ def demo_figure(fixed, moving, maps: dict, pair: dict, drift: dict, summary: dic
         fig.colorbar(shown, ax=ax, shrink=0.8, label=unit)
     zncc_ax = axes.flat[3]
     for (y, x), color, label in (((r, c), "lime", "cut here"), (found, "yellow", "found")):
-        zncc_ax.add_patch(Rectangle((x - 0.5, y - 0.5), size, size, fill=False, color=color,
-                                    lw=1.5, label=label))
+        zncc_ax.add_patch(
+            Rectangle((x - 0.5, y - 0.5), size, size, fill=False, color=color, lw=1.5, label=label)
+        )
     zncc_ax.legend(loc="lower right", fontsize=8)
     fig.suptitle(
         f"napari-simwarp demo on {summary['device']}: template found at "
@@ -180,5 +197,7 @@ def demo_figure(fixed, moving, maps: dict, pair: dict, drift: dict, summary: dic
         f"deformable registration end-point error {summary['registration_epe_before_px']} → "
         f"{summary['registration_epe_after_px']} px in {summary['registration_s']} s; "
         f"drift of {summary['drift_frames']} frames within "
-        f"{summary['drift_max_error_px']} px", fontsize=12)
+        f"{summary['drift_max_error_px']} px",
+        fontsize=12,
+    )
     return fig

@@ -23,8 +23,9 @@ def resolve_device(device="auto"):
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got "
-                         f"{device!r}") from exc
+        raise ValueError(
+            f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got {device!r}"
+        ) from exc
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} was asked for but CUDA is not available")
     if dev.type == "mps" and not _mps_available():

@@ -14,19 +14,40 @@ def deformed_pair():
     """The camera picture (fixed) and a smoothly deformed copy (moving), 512×512."""
     fixed, moving, displacement = data.deformed_pair()
     return [
-        (fixed, {"name": "fixed", "colormap": "green", "blending": "additive",
-                 "contrast_limits": (0.0, 1.0)}, "image"),
-        (moving, {"name": "moving", "colormap": "magenta", "blending": "additive",
-                  "contrast_limits": (0.0, 1.0),
-                  "metadata": {"true_displacement": displacement}}, "image"),
+        (
+            fixed,
+            {
+                "name": "fixed",
+                "colormap": "green",
+                "blending": "additive",
+                "contrast_limits": (0.0, 1.0),
+            },
+            "image",
+        ),
+        (
+            moving,
+            {
+                "name": "moving",
+                "colormap": "magenta",
+                "blending": "additive",
+                "contrast_limits": (0.0, 1.0),
+                "metadata": {"true_displacement": displacement},
+            },
+            "image",
+        ),
     ]
 
 
 def drifting_timelapse():
     """A 20-frame 256×256 camera crop drifting by random sub-pixel shifts, with noise."""
     stack, shifts = data.drifting_timelapse()
-    return [(stack, {"name": "time-lapse", "colormap": "gray",
-                     "metadata": {"true_shifts": shifts}}, "image")]
+    return [
+        (
+            stack,
+            {"name": "time-lapse", "colormap": "gray", "metadata": {"true_shifts": shifts}},
+            "image",
+        )
+    ]
 
 
 def deformed_volume_pair():
@@ -34,6 +55,14 @@ def deformed_volume_pair():
     fixed, moving, displacement = data.deformed_volume_pair()
     return [
         (fixed, {"name": "fixed 3D", "colormap": "green", "blending": "additive"}, "image"),
-        (moving, {"name": "moving 3D", "colormap": "magenta", "blending": "additive",
-                  "metadata": {"true_displacement": displacement}}, "image"),
+        (
+            moving,
+            {
+                "name": "moving 3D",
+                "colormap": "magenta",
+                "blending": "additive",
+                "metadata": {"true_displacement": displacement},
+            },
+            "image",
+        ),
     ]

@@ -53,8 +53,12 @@ def invert_displacement(displacement: np.ndarray, iterations: int = 20) -> np.nd
     grid = np.indices(displacement.shape[1:], dtype=np.float64)
     for _ in range(iterations):
         coords = grid + inverse
-        inverse = -np.stack([ndi.map_coordinates(c, coords, order=3, mode="nearest")
-                             for c in displacement.astype(np.float64)])
+        inverse = -np.stack(
+            [
+                ndi.map_coordinates(c, coords, order=3, mode="nearest")
+                for c in displacement.astype(np.float64)
+            ]
+        )
     return inverse.astype(np.float32)
 
 
@@ -76,8 +80,9 @@ def deformed_pair(amplitude: float = 4.0, seed: int = 0):
     return fixed, moving, displacement
 
 
-def drifting_timelapse(frames: int = 20, size: int = 256, max_shift: float = 8.0,
-                       noise: float = 0.02, seed: int = 0):
+def drifting_timelapse(
+    frames: int = 20, size: int = 256, max_shift: float = 8.0, noise: float = 0.02, seed: int = 0
+):
     """A time-lapse of a camera crop drifting by random sub-pixel shifts, with noise.
 
     Returns
@@ -106,8 +111,9 @@ def blobs_volume(size: int = 64, seed: int = 0) -> np.ndarray:
     """A smooth 3D volume of blobs, ``(size, size, size)`` float32 in [0, 1]."""
     from skimage.data import binary_blobs
 
-    vol = binary_blobs(length=size, n_dim=3, volume_fraction=0.3, blob_size_fraction=0.15,
-                       rng=seed).astype(np.float32)
+    vol = binary_blobs(
+        length=size, n_dim=3, volume_fraction=0.3, blob_size_fraction=0.15, rng=seed
+    ).astype(np.float32)
     vol = ndi.gaussian_filter(vol, 1.5)
     return (vol - vol.min()) / (vol.max() - vol.min())
 

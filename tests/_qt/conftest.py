@@ -38,8 +38,11 @@ def small_pair():
     """A 96² crop of the deformed sample pair and its true displacement (2, 96, 96)."""
     fixed, moving, disp = data.deformed_pair()
     sl = (slice(208, 304), slice(208, 304))
-    return (np.ascontiguousarray(fixed[sl]), np.ascontiguousarray(moving[sl]),
-            np.ascontiguousarray(disp[(slice(None), *sl)]))
+    return (
+        np.ascontiguousarray(fixed[sl]),
+        np.ascontiguousarray(moving[sl]),
+        np.ascontiguousarray(disp[(slice(None), *sl)]),
+    )
 
 
 @pytest.fixture
@@ -61,8 +64,9 @@ def dock(viewer, widget):
 def no_workers_running() -> bool:
     from superqt.utils._qthreading import WorkerBase
 
-    return not any(w.isRunning() if hasattr(w, "isRunning") else True
-                   for w in list(WorkerBase._worker_set))
+    return not any(
+        w.isRunning() if hasattr(w, "isRunning") else True for w in list(WorkerBase._worker_set)
+    )
 
 
 @pytest.fixture

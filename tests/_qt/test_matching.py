@@ -14,13 +14,15 @@ def test_template_from_rectangle_found_where_cut(viewer, qtbot):
     image = np.ascontiguousarray(data.camera()[100:260, 150:310])  # 160²
     layer = viewer.add_image(image.copy(), name="camera")
     y0, x0, h, w = 60, 40, 24, 30  # the template is cut from here
-    shapes = viewer.add_shapes([np.array([[y0, x0], [y0, x0 + w], [y0 + h, x0 + w],
-                                          [y0 + h, x0]], float) - 0.5],
-                               shape_type="rectangle", name="template box")
+    shapes = viewer.add_shapes(
+        [np.array([[y0, x0], [y0, x0 + w], [y0 + h, x0 + w], [y0 + h, x0]], float) - 0.5],
+        shape_type="rectangle",
+        name="template box",
+    )
     wdg = dock(viewer, TemplateMatchingWidget(viewer))
     wdg._image.value, wdg._shapes.value = layer, shapes
     wdg._k.value, wdg._threshold.value = 3, 0.3
-    np.testing.assert_array_equal(wdg.template(), image[y0:y0 + h, x0:x0 + w])
+    np.testing.assert_array_equal(wdg.template(), image[y0 : y0 + h, x0 : x0 + w])
     wdg.run()
     qtbot.waitUntil(lambda: wdg.result is not None and not wdg.busy, timeout=30000)
     points = viewer.layers["matches"]

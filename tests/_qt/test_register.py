@@ -34,14 +34,14 @@ def test_deformable_pair_within_tolerance(viewer, qtbot, small_pair, tmp_path):
     est = w.result.transform.to_displacement(fixed.shape)
     inner = (slice(8, -8), slice(8, -8))
     err = np.sqrt(((est - true) ** 2).sum(0))[inner].mean()
-    before = np.sqrt((true ** 2).sum(0))[inner].mean()
+    before = np.sqrt((true**2).sum(0))[inner].mean()
     # Tolerance: mean end-point error under 0.5 px (the true field averages ~2 px here).
     assert err < 0.5 and before > 1.0, (err, before)
     warped = viewer.layers["moving registered"]
     np.testing.assert_allclose(warped.data, w.result.warped)
     disp, grad = viewer.layers["displacement"], viewer.layers["similarity gradient"]
     assert disp.data.shape[1:] == (2, 2) and grad.data.shape[1:] == (2, 2)
-    assert len(disp.data) <= 33 ** 2 < fixed.size  # subsampled: about 32 arrows per axis
+    assert len(disp.data) <= 33**2 < fixed.size  # subsampled: about 32 arrows per axis
     np.testing.assert_array_equal(f.data, fixed)
     np.testing.assert_array_equal(m.data, moving)
     assert w._save_btn.enabled and w._apply_btn.enabled and not w._affine_btn.enabled
@@ -64,8 +64,7 @@ def test_affine_shown_through_layer_affine(viewer, qtbot, camera_crop):
     from scipy import ndimage as ndi
 
     moving = ndi.shift(camera_crop, (3.0, -2.0), order=3, mode="nearest").astype(np.float32)
-    w, f, m = _setup(viewer, camera_crop, moving, model="translation", iterations=30,
-                     metric="ncc")
+    w, _f, m = _setup(viewer, camera_crop, moving, model="translation", iterations=30, metric="ncc")
     _run(qtbot, w)
     np.testing.assert_allclose(w.result.transform.translation, (3.0, -2.0), atol=0.2)
     assert w._affine_btn.enabled
@@ -76,8 +75,9 @@ def test_affine_shown_through_layer_affine(viewer, qtbot, camera_crop):
 
 def test_3d_pair(viewer, qtbot):
     fixed, moving, _ = data.deformed_volume_pair(size=32, amplitude=2.0)
-    w, f, m = _setup(viewer, fixed, moving, model="affine", iterations=10, levels=2,
-                     gradient=True)
+    w, _f, _m = _setup(
+        viewer, fixed, moving, model="affine", iterations=10, levels=2, gradient=True
+    )
     _run(qtbot, w)
     assert viewer.layers["moving registered"].data.shape == fixed.shape
     assert viewer.layers["displacement"].data.shape[1:] == (2, 3)
@@ -125,8 +125,7 @@ def test_closing_the_viewer_mid_run_leaves_no_worker(make_napari_viewer, qtbot):
 
 
 def test_bad_input_is_a_notification(viewer, qtbot, errors):
-    w, _, _ = _setup(viewer, np.zeros((8, 8, 8), np.float32) + 1, np.ones((16, 16),
-                                                                          np.float32))
+    w, _, _ = _setup(viewer, np.zeros((8, 8, 8), np.float32) + 1, np.ones((16, 16), np.float32))
     w.run()
     assert errors and "dimensionality" in errors[0] and not w.busy
 
@@ -149,7 +148,7 @@ def test_affine_display_with_scaled_and_translated_layers(viewer, qtbot, camera_
 
 
 def test_apply_refuses_rgb_layers_with_a_notification(viewer, qtbot, camera_crop, errors):
-    w, f, m = _setup(viewer, camera_crop, camera_crop, model="translation", iterations=5)
+    w, _f, _m = _setup(viewer, camera_crop, camera_crop, model="translation", iterations=5)
     _run(qtbot, w)
     rgb = viewer.add_image(np.stack([camera_crop] * 3, -1), name="color", rgb=True)
     n_layers = len(viewer.layers)
@@ -159,7 +158,7 @@ def test_apply_refuses_rgb_layers_with_a_notification(viewer, qtbot, camera_crop
 
 
 def test_a_run_without_gradient_removes_the_old_gradient_layer(viewer, qtbot, camera_crop):
-    w, f, m = _setup(viewer, camera_crop, camera_crop, model="translation", iterations=5)
+    w, _f, _m = _setup(viewer, camera_crop, camera_crop, model="translation", iterations=5)
     _run(qtbot, w)
     assert "similarity gradient" in viewer.layers
     w._gradient.value = False

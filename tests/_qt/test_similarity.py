@@ -39,18 +39,17 @@ def test_live_updates_debounced_and_latest_wins(viewer, qtbot, camera_crop):
     _wait_idle(qtbot, w, shown + 1)
     assert w.results_shown <= shown + 2
     expected = ops.local_std(torch.from_numpy(camera_crop)[None, None], window=21)[0, 0].numpy()
-    np.testing.assert_allclose(viewer.layers["similarity map"].data, expected, rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(viewer.layers["similarity map"].data, expected, rtol=1e-5, atol=1e-6)
     assert len([lay for lay in viewer.layers if lay.name.startswith("similarity map")]) == 1
 
     # A change of the layer's data refreshes the map too.
     shown = w.results_shown
     layer.data = camera_crop[::-1].copy()
     _wait_idle(qtbot, w, shown + 1)
-    expected = ops.local_std(torch.from_numpy(camera_crop[::-1].copy())[None, None],
-                             window=21)[0, 0].numpy()
-    np.testing.assert_allclose(viewer.layers["similarity map"].data, expected, rtol=1e-5,
-                               atol=1e-6)
+    expected = ops.local_std(torch.from_numpy(camera_crop[::-1].copy())[None, None], window=21)[
+        0, 0
+    ].numpy()
+    np.testing.assert_allclose(viewer.layers["similarity map"].data, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_two_layer_metrics(viewer, qtbot, small_pair):
@@ -64,17 +63,22 @@ def test_two_layer_metrics(viewer, qtbot, small_pair):
     _wait_idle(qtbot, w)
     qtbot.waitUntil(lambda: w._status.value.startswith("local NCC, window 7"), timeout=30000)
     ta, tb = (torch.from_numpy(x)[None, None] for x in (fixed, moving))
-    np.testing.assert_allclose(viewer.layers["similarity map"].data,
-                               ops.local_ncc(ta, tb, window=7)[0, 0].numpy(), atol=1e-5)
+    np.testing.assert_allclose(
+        viewer.layers["similarity map"].data,
+        ops.local_ncc(ta, tb, window=7)[0, 0].numpy(),
+        atol=1e-5,
+    )
     assert tuple(viewer.layers["similarity map"].contrast_limits) == (-1.0, 1.0)
 
     shown = w.results_shown
     w._metric.value = "SSIM"
     _wait_idle(qtbot, w, shown + 1)
     rng = float(max(fixed.max(), moving.max()) - min(fixed.min(), moving.min()))
-    np.testing.assert_allclose(viewer.layers["similarity map"].data,
-                               ops.ssim(ta, tb, window=7, data_range=rng,
-                                        reduction="none")[0, 0].numpy(), atol=1e-5)
+    np.testing.assert_allclose(
+        viewer.layers["similarity map"].data,
+        ops.ssim(ta, tb, window=7, data_range=rng, reduction="none")[0, 0].numpy(),
+        atol=1e-5,
+    )
     np.testing.assert_array_equal(a.data, fixed)
     np.testing.assert_array_equal(b.data, moving)
 
@@ -96,8 +100,7 @@ def test_3d_map(viewer, qtbot):
     w._window.value = 5
     _wait_idle(qtbot, w)
     expected = ops.local_std(torch.from_numpy(vol)[None, None], window=5)[0, 0].numpy()
-    np.testing.assert_allclose(viewer.layers["similarity map"].data, expected, rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(viewer.layers["similarity map"].data, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_own_result_layer_as_input_is_refused_not_looped(viewer, qtbot, camera_crop, errors):

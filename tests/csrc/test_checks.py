@@ -30,6 +30,7 @@ def on(device):
 
 # ---- zero-size inputs: correctly shaped zeros, no kernel ---------------------------------
 
+
 def _zeros(result, shape, dtype=None):
     assert tuple(result.shape) == shape and not result.any()
     assert result.is_contiguous() and (dtype is None or result.dtype == dtype)
@@ -54,8 +55,10 @@ def test_empty_local_std(on):
 
 def test_empty_local_std_2d():  # CPU only
     require_compiled()
-    for shape, padding, out_shape in (((1, 1, 0, 5), "reflect", (1, 1, 0, 5)),
-                                      ((0, 1, 5, 5), "valid", (0, 1, 3, 3))):
+    for shape, padding, out_shape in (
+        ((1, 1, 0, 5), "reflect", (1, 1, 0, 5)),
+        ((0, 1, 5, 5), "valid", (0, 1, 3, 3)),
+    ):
         x = torch.rand(shape, dtype=torch.float64)
         out, s1, flat = ops.local_std_2d_fwd(x, [3, 3], padding, 0.0, True, 1e-14)
         _zeros(out, out_shape)
@@ -82,6 +85,7 @@ def test_splat_of_no_channel_still_weighs(on):
 
 
 # ---- refused arguments: the same message on every device --------------------------------
+
 
 def _raises(match, fn, *args):
     with pytest.raises(RuntimeError, match=match):
@@ -123,37 +127,105 @@ def test_refuses_bad_moments5_stacks(on):
     _raises(r"stack \[a, b\] on dim 0", ops.moments5, on(3, 2, 8, 9), [1.0] * 6, [3, 3])
     _raises("window must cover at least one axis", ops.moments5, on(2, 2, 8, 9), [], [])
     # dim 0 is the pair, never a window axis
-    _raises("a window of 3 axes needs at least 4 dimensions", ops.moments5, on(2, 8, 9),
-            [1.0] * 9, [3, 3, 3])
+    _raises(
+        "a window of 3 axes needs at least 4 dimensions",
+        ops.moments5,
+        on(2, 8, 9),
+        [1.0] * 9,
+        [3, 3, 3],
+    )
 
 
 def test_refuses_mismatched_local_std_backward(on):
     x = on(1, 2, 8, 9)
     out, s1, flat = ops.local_std_fwd(x, [3, 3], 0.0, True, 1e-14)
-    _raises(r"grad must have shape \[1, 2, 6, 7\], got \[1, 2, 6, 6\]",
-            ops.local_std_bwd, out[..., :6], out, s1, flat, x, [3, 3], True)
+    _raises(
+        r"grad must have shape \[1, 2, 6, 7\], got \[1, 2, 6, 6\]",
+        ops.local_std_bwd,
+        out[..., :6],
+        out,
+        s1,
+        flat,
+        x,
+        [3, 3],
+        True,
+    )
     _raises("flat must be bool", ops.local_std_bwd, out, out, s1, out, x, [3, 3], True)
-    _raises("out is Float but x is Double", ops.local_std_bwd, out, out.float(), s1, flat, x,
-            [3, 3], True)
+    _raises(
+        "out is Float but x is Double",
+        ops.local_std_bwd,
+        out,
+        out.float(),
+        s1,
+        flat,
+        x,
+        [3, 3],
+        True,
+    )
 
 
 def test_refuses_bad_splat_shapes(on):
     image, disp = on(2, 3, 4, 5), on(2, 2, 4, 5)
-    _raises(r"image must be \(N, C, H, W\) or \(N, C, D, H, W\)", ops.splat_fwd, image[0], disp[0],
-            True, 1e-6)
-    _raises(r"displacement must have shape \[2, 2, 4, 5\], got \[2, 3, 4, 5\]", ops.splat_fwd,
-            image, on(2, 3, 4, 5), True, 1e-6)
-    _raises(r"displacement must have shape \[2, 2, 4, 5\], got \[1, 2, 4, 5\]", ops.splat_fwd,
-            image, disp[:1], True, 1e-6)
-    _raises(r"displacement must have shape \[2, 2, 4, 5\], got \[2, 2, 4, 4\]", ops.splat_fwd,
-            image, disp[..., :4], True, 1e-6)
-    _raises("displacement is Float but image is Double", ops.splat_fwd, image, disp.float(),
-            True, 1e-6)
+    _raises(
+        r"image must be \(N, C, H, W\) or \(N, C, D, H, W\)",
+        ops.splat_fwd,
+        image[0],
+        disp[0],
+        True,
+        1e-6,
+    )
+    _raises(
+        r"displacement must have shape \[2, 2, 4, 5\], got \[2, 3, 4, 5\]",
+        ops.splat_fwd,
+        image,
+        on(2, 3, 4, 5),
+        True,
+        1e-6,
+    )
+    _raises(
+        r"displacement must have shape \[2, 2, 4, 5\], got \[1, 2, 4, 5\]",
+        ops.splat_fwd,
+        image,
+        disp[:1],
+        True,
+        1e-6,
+    )
+    _raises(
+        r"displacement must have shape \[2, 2, 4, 5\], got \[2, 2, 4, 4\]",
+        ops.splat_fwd,
+        image,
+        disp[..., :4],
+        True,
+        1e-6,
+    )
+    _raises(
+        "displacement is Float but image is Double", ops.splat_fwd, image, disp.float(), True, 1e-6
+    )
     out, den = ops.splat_fwd(image, disp, True, 1e-6)
-    _raises(r"den must have shape \[2, 1, 4, 5\]", ops.splat_bwd, out, den, image, disp, out,
-            out, True, 1e-6)
-    _raises(r"v_den must have shape \[2, 1, 4, 5\]", ops.splat_bwd, out, out, image, disp, out,
-            den, True, 1e-6)
+    _raises(
+        r"den must have shape \[2, 1, 4, 5\]",
+        ops.splat_bwd,
+        out,
+        den,
+        image,
+        disp,
+        out,
+        out,
+        True,
+        1e-6,
+    )
+    _raises(
+        r"v_den must have shape \[2, 1, 4, 5\]",
+        ops.splat_bwd,
+        out,
+        out,
+        image,
+        disp,
+        out,
+        den,
+        True,
+        1e-6,
+    )
     ops.splat_bwd(None, None, image, disp, out, den, True, 1e-6)  # no incoming gradient at all
 
 
@@ -165,5 +237,15 @@ def test_refuses_bad_local_std_2d_arguments():
     ops.local_std_2d_fwd(x, [7, 3], "reflect", 0.0, True, 1e-14)  # padded: any size
     _raises(r"window \(kh, kw\)", ops.local_std_2d_fwd, x, [3, 3, 3], "reflect", 0.0, True, 1e-14)
     out, s1, flat = ops.local_std_2d_fwd(x, [3, 3], "reflect", 0.0, True, 1e-14)
-    _raises(r"grad must have shape \[1, 1, 5, 5\]", ops.local_std_2d_bwd, out[..., :3, :3], out,
-            s1, flat, x, [3, 3], "reflect", True)
+    _raises(
+        r"grad must have shape \[1, 1, 5, 5\]",
+        ops.local_std_2d_bwd,
+        out[..., :3, :3],
+        out,
+        s1,
+        flat,
+        x,
+        [3, 3],
+        "reflect",
+        True,
+    )

@@ -28,8 +28,13 @@ def _box_reference(x: np.ndarray, window) -> np.ndarray:
 
 @pytest.mark.parametrize(
     "shape,window",
-    [((2, 3, 17, 23), (5, 7)), ((1, 1, 1, 1), (1, 1)), ((1, 2, 13, 11), (13, 1)),
-     ((1, 1, 9, 10, 11), (3, 5, 7)), ((2, 1, 31, 29), (29, 3))],
+    [
+        ((2, 3, 17, 23), (5, 7)),
+        ((1, 1, 1, 1), (1, 1)),
+        ((1, 2, 13, 11), (13, 1)),
+        ((1, 1, 9, 10, 11), (3, 5, 7)),
+        ((2, 1, 31, 29), (29, 3)),
+    ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_box_sum_valid_and_full(compiled, shape, window, dtype, rng):
@@ -40,8 +45,12 @@ def test_box_sum_valid_and_full(compiled, shape, window, dtype, rng):
     np.testing.assert_allclose(out.double().numpy(), ref, rtol=tol, atol=tol * np.abs(ref).max())
     pads = [(0, 0)] * (len(shape) - len(window)) + [(k - 1, k - 1) for k in window]
     full = compiled.box_sum(torch.from_numpy(x).to(dtype), window, full=True)
-    np.testing.assert_allclose(full.double().numpy(), _box_reference(np.pad(x, pads), window),
-                               rtol=tol, atol=tol * np.abs(ref).max())
+    np.testing.assert_allclose(
+        full.double().numpy(),
+        _box_reference(np.pad(x, pads), window),
+        rtol=tol,
+        atol=tol * np.abs(ref).max(),
+    )
 
 
 def test_box_sum_float32_keeps_accuracy_on_long_offset_lines(compiled, rng):
@@ -54,7 +63,9 @@ def test_box_sum_float32_keeps_accuracy_on_long_offset_lines(compiled, rng):
 
 
 @pytest.mark.parametrize("normalized", [True, False])
-@pytest.mark.parametrize("shape,window", [((1, 2, 40, 37), (5, 7)), ((1, 1, 12, 13, 14), (3, 5, 3))])
+@pytest.mark.parametrize(
+    "shape,window", [((1, 2, 40, 37), (5, 7)), ((1, 1, 12, 13, 14), (3, 5, 3))]
+)
 def test_local_std_matches_scipy(compiled, shape, window, normalized, rng):
     x = rng.standard_normal(shape) * 3 + 10
     pads = [(0, 0), (0, 0)] + [(k // 2, k // 2) for k in window]
@@ -78,9 +89,13 @@ def test_local_std_flat_regions_are_finite_with_zero_gradient(compiled):
 @pytest.mark.parametrize("normalized", [True, False])
 def test_gradcheck(compiled, normalized, rng):
     x = torch.from_numpy(rng.standard_normal((1, 2, 9, 8))).requires_grad_()
-    assert torch.autograd.gradcheck(lambda t: compiled.local_std_valid(t, (3, 5), 1e-2, normalized), (x,))
+    assert torch.autograd.gradcheck(
+        lambda t: compiled.local_std_valid(t, (3, 5), 1e-2, normalized), (x,)
+    )
     x3 = torch.from_numpy(rng.standard_normal((1, 1, 6, 7, 5))).requires_grad_()
-    assert torch.autograd.gradcheck(lambda t: compiled.local_std_valid(t, (3, 3, 3), 1e-2, normalized), (x3,))
+    assert torch.autograd.gradcheck(
+        lambda t: compiled.local_std_valid(t, (3, 3, 3), 1e-2, normalized), (x3,)
+    )
     assert torch.autograd.gradcheck(lambda t: compiled.box_sum(t, (3, 5)), (x,))
     assert torch.autograd.gradcheck(lambda t: compiled.box_sum(t, (3, 5), True), (x,))
 
@@ -96,12 +111,16 @@ def test_noncontiguous_and_bitwise_repeatable(compiled, rng):
 
 def test_compiles_under_torch_compile(compiled, rng):
     x = torch.from_numpy(rng.standard_normal((1, 1, 16, 16)))
-    fn = torch.compile(lambda t: compiled.local_std_valid(t, (3, 3), 0.0, True) * 2, backend="eager")
+    fn = torch.compile(
+        lambda t: compiled.local_std_valid(t, (3, 3), 0.0, True) * 2, backend="eager"
+    )
     torch.testing.assert_close(fn(x), 2 * compiled.local_std_valid(x, (3, 3), 0.0, True))
 
 
-@pytest.mark.parametrize("shape,sizes", [((2, 3, 30, 41), (5, 4)), ((1, 1, 9, 10, 11), (3, 1, 5)),
-                                         ((1, 1, 7, 7), (7, 7))])
+@pytest.mark.parametrize(
+    "shape,sizes",
+    [((2, 3, 30, 41), (5, 4)), ((1, 1, 9, 10, 11), (3, 1, 5)), ((1, 1, 7, 7), (7, 7))],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_correlate_matches_scipy(compiled, shape, sizes, dtype, rng):
     x = rng.standard_normal(shape)
@@ -110,8 +129,9 @@ def test_correlate_matches_scipy(compiled, shape, sizes, dtype, rng):
     kernel = taps[0]
     for t in taps[1:]:
         kernel = np.multiply.outer(kernel, t)
-    full = ndi.correlate(x, kernel[None, None], mode="constant",
-                         origin=[0, 0] + [-(k // 2) for k in sizes])
+    full = ndi.correlate(
+        x, kernel[None, None], mode="constant", origin=[0, 0] + [-(k // 2) for k in sizes]
+    )
     # origin shifts SciPy's centered window to start at i: the valid part is the prefix.
     ref = full[(..., *[slice(0, n - k + 1) for n, k in zip(shape[2:], sizes)])]
     tol = 1e-12 if dtype == torch.float64 else 1e-5
@@ -128,13 +148,19 @@ def test_correlate_transpose_is_the_adjoint(compiled, rng):
     xr = x[..., :8, :9].clone().requires_grad_()
     assert torch.autograd.gradcheck(lambda t: compiled.correlate(t, taps), (xr,))
     assert torch.autograd.gradcheck(lambda t: compiled.correlate(t, taps, True), (xr,))
-    torch.library.opcheck(torch.ops.simwarp.correlate.default,
-                          (x, [v for t in taps for v in t], [5, 4], False))
+    torch.library.opcheck(
+        torch.ops.simwarp.correlate.default, (x, [v for t in taps for v in t], [5, 4], False)
+    )
 
 
 # --- local_std_2d: padding and centering inside the kernel ------------------------------
 
-SCIPY_MODES = {"reflect": "reflect", "mirror": "mirror", "constant": "constant", "nearest": "nearest"}
+SCIPY_MODES = {
+    "reflect": "reflect",
+    "mirror": "mirror",
+    "constant": "constant",
+    "nearest": "nearest",
+}
 NUMPY_PAD = {"reflect": "symmetric", "mirror": "reflect", "constant": "constant", "nearest": "edge"}
 
 
@@ -174,9 +200,13 @@ def _padded_std64(x: torch.Tensor, window, padding: str) -> torch.Tensor:
 @pytest.mark.parametrize("padding", ["reflect", "mirror", "constant", "nearest"])
 @pytest.mark.parametrize(
     "shape,window",
-    [((1, 1, 1, 1), (1, 1)), ((2, 3, 17, 23), (5, 7)), ((1, 1, 13, 31), (13, 3)),
-     ((1, 1, 3, 29), (7, 5)),  # window taller than the image: pads longer than the axis
-     ((1, 2, 37, 2), (3, 9))],
+    [
+        ((1, 1, 1, 1), (1, 1)),
+        ((2, 3, 17, 23), (5, 7)),
+        ((1, 1, 13, 31), (13, 3)),
+        ((1, 1, 3, 29), (7, 5)),  # window taller than the image: pads longer than the axis
+        ((1, 2, 37, 2), (3, 9)),
+    ],
 )
 def test_local_std_2d_matches_scipy_and_float64_gradients(compiled, shape, window, padding, rng):
     x = rng.standard_normal(shape) * 3 + 50
@@ -189,8 +219,9 @@ def test_local_std_2d_matches_scipy_and_float64_gradients(compiled, shape, windo
     for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
         xt = torch.from_numpy(x).to(dtype).requires_grad_()
         out = compiled.local_std_2d(xt, window, padding, 0.0, True)
-        np.testing.assert_allclose(out.detach().double().numpy(), ref, rtol=tol,
-                                   atol=tol * ref.max())
+        np.testing.assert_allclose(
+            out.detach().double().numpy(), ref, rtol=tol, atol=tol * ref.max()
+        )
         (grad,) = torch.autograd.grad(out, xt, upstream.to(dtype))
         scale = g_ref.abs().max().item()
         assert (grad.double() - g_ref).abs().max().item() <= 10 * tol * scale
@@ -204,9 +235,13 @@ def test_local_std_2d_gradcheck_and_opcheck(compiled, padding, normalized, rng):
             continue
         x = torch.from_numpy(rng.standard_normal(shape)).requires_grad_()
         assert torch.autograd.gradcheck(
-            lambda t: compiled.local_std_2d(t, window, padding, 1e-2, normalized), (x,))
-        torch.library.opcheck(torch.ops.simwarp.local_std_2d_fwd.default,
-                              (x, list(window), padding, 1e-2, normalized, 1e-14))
+            lambda t, window=window: compiled.local_std_2d(t, window, padding, 1e-2, normalized),
+            (x,),
+        )
+        torch.library.opcheck(
+            torch.ops.simwarp.local_std_2d_fwd.default,
+            (x, list(window), padding, 1e-2, normalized, 1e-14),
+        )
 
 
 def test_local_std_2d_bitwise_on_any_thread_count(compiled, rng):

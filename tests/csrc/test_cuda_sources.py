@@ -100,7 +100,9 @@ def test_bindings_run_the_shared_checks(folder):
             continue
         assert re.search(rf"inline void {op}\(", checks), f"checks.h has no checks::{op}"
         binding = _code(CSRC / folder / f"{file_stem(op)}.cpp")
-        assert f"checks::{op}(" in binding, f"{folder}/{file_stem(op)}.cpp does not call checks::{op}"
+        assert f"checks::{op}(" in binding, (
+            f"{folder}/{file_stem(op)}.cpp does not call checks::{op}"
+        )
 
 
 def test_every_cuda_op_has_kernels_launchers_and_a_binding():
@@ -109,7 +111,9 @@ def test_every_cuda_op_has_kernels_launchers_and_a_binding():
         for suffix in (".cu", ".h", ".cpp"):
             assert (CSRC / "cuda" / f"{stem}{suffix}").is_file(), f"cuda/{stem}{suffix} missing"
         header = f'#include "{stem}.h"'
-        assert header in (CSRC / "cuda" / f"{stem}.cu").read_text(), f"cuda/{stem}.cu lacks {header}"
+        assert header in (CSRC / "cuda" / f"{stem}.cu").read_text(), (
+            f"cuda/{stem}.cu lacks {header}"
+        )
 
 
 def _local_includes(path: Path, seen: set[Path]) -> set[Path]:
@@ -131,7 +135,9 @@ def _local_includes(path: Path, seen: set[Path]) -> set[Path]:
 def test_cuda_sources_include_no_torch_header(source):
     """Device code sees raw pointers and a stream only, so nvcc compiles it alone."""
     for path in _local_includes(source, set()):
-        torch_headers = re.findall(r"#include\s+[<\"]((?:torch|ATen|c10)/[^>\"]+)", path.read_text())
+        torch_headers = re.findall(
+            r"#include\s+[<\"]((?:torch|ATen|c10)/[^>\"]+)", path.read_text()
+        )
         assert not torch_headers, f"{source.name} reaches {torch_headers} through {path.name}"
 
 
@@ -148,9 +154,20 @@ def _require(*tools: str) -> list[str]:
 @pytest.mark.parametrize("source", CU_FILES, ids=lambda p: p.name)
 def test_compiles_with_nvcc_alone(source, tmp_path):
     (nvcc,) = _require("nvcc")
-    cmd = [nvcc, "-c", "-std=c++17", "-gencode", "arch=compute_80,code=sm_80",
-           "-gencode", "arch=compute_90,code=sm_90", "-I", str(CSRC / "include"),
-           str(source), "-o", str(tmp_path / (source.stem + ".o"))]
+    cmd = [
+        nvcc,
+        "-c",
+        "-std=c++17",
+        "-gencode",
+        "arch=compute_80,code=sm_80",
+        "-gencode",
+        "arch=compute_90,code=sm_90",
+        "-I",
+        str(CSRC / "include"),
+        str(source),
+        "-o",
+        str(tmp_path / (source.stem + ".o")),
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
 
@@ -165,16 +182,35 @@ def test_cuda_binding_is_valid_cpp(source, tmp_path):
     nvcc, gxx = _require("nvcc", "g++")
     from torch.utils.cpp_extension import include_paths
 
-    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda",
-             os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))]
-    cuda_include = next((os.path.join(h, "include") for h in homes
-                         if h and os.path.exists(os.path.join(h, "include", "cuda_runtime.h"))), None)
+    homes = [
+        os.environ.get("CUDA_HOME"),
+        os.environ.get("CUDA_PATH"),
+        "/usr/local/cuda",
+        os.path.dirname(os.path.dirname(os.path.realpath(nvcc))),
+    ]
+    cuda_include = next(
+        (
+            os.path.join(h, "include")
+            for h in homes
+            if h and os.path.exists(os.path.join(h, "include", "cuda_runtime.h"))
+        ),
+        None,
+    )
     if cuda_include is None:
         pytest.fail(f"nvcc at {nvcc} but no CUDA include directory with cuda_runtime.h")
     stub = tmp_path / "c10" / "cuda" / "impl"
     stub.mkdir(parents=True)
     (stub / "cuda_cmake_macros.h").write_text("#pragma once\n")
-    cmd = [gxx, "-std=c++17", "-fsyntax-only", f"-I{tmp_path}", *[f"-I{p}" for p in include_paths()],
-           f"-I{cuda_include}", f"-I{CSRC / 'include'}", f"-I{CSRC}", str(source)]
+    cmd = [
+        gxx,
+        "-std=c++17",
+        "-fsyntax-only",
+        f"-I{tmp_path}",
+        *[f"-I{p}" for p in include_paths()],
+        f"-I{cuda_include}",
+        f"-I{CSRC / 'include'}",
+        f"-I{CSRC}",
+        str(source),
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]

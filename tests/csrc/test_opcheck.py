@@ -49,8 +49,9 @@ class Inputs:
         self.dtype, self.layout = dtype, layout
         self.rng = np.random.default_rng(seed)
 
-    def __call__(self, *shape: int, scale: float = 1.0, offset: float = 0.0,
-                 grad: bool = False) -> torch.Tensor:
+    def __call__(
+        self, *shape: int, scale: float = 1.0, offset: float = 0.0, grad: bool = False
+    ) -> torch.Tensor:
         values = self.rng.standard_normal(shape) * scale + offset
         return self.place(torch.from_numpy(values).to(self.dtype), grad)
 
@@ -87,21 +88,41 @@ def _local_std_bwd(make, shape, window, normalize=True):
 
 
 def _local_std_2d_fwd(make, padding):
-    return (make(2, 3, 9, 10, scale=3.0, offset=10.0, grad=True), [3, 5], padding, 1e-2, True, 1e-14)
+    return (
+        make(2, 3, 9, 10, scale=3.0, offset=10.0, grad=True),
+        [3, 5],
+        padding,
+        1e-2,
+        True,
+        1e-14,
+    )
 
 
 def _local_std_2d_bwd(make, padding):
     x = make(2, 3, 9, 10, scale=3.0, offset=10.0)
-    out, s1, flat = torch.ops.simwarp.local_std_2d_fwd(x.contiguous(), [3, 5], padding, 1e-2, True,
-                                                       1e-14)
-    return (make(*out.shape), make.place(out), make.place(s1), make.place(flat), x, [3, 5],
-            padding, True)
+    out, s1, flat = torch.ops.simwarp.local_std_2d_fwd(
+        x.contiguous(), [3, 5], padding, 1e-2, True, 1e-14
+    )
+    return (
+        make(*out.shape),
+        make.place(out),
+        make.place(s1),
+        make.place(flat),
+        x,
+        [3, 5],
+        padding,
+        True,
+    )
 
 
 def _splat_fwd(make, spatial, normalize):
     n, d = 2, len(spatial)
-    return (make(n, 3, *spatial, grad=True), make(n, d, *spatial, scale=1.5, grad=True),
-            normalize, 1e-6)
+    return (
+        make(n, 3, *spatial, grad=True),
+        make(n, d, *spatial, scale=1.5, grad=True),
+        normalize,
+        1e-6,
+    )
 
 
 def _splat_bwd(make, spatial, normalize, with_v_den):
@@ -109,8 +130,7 @@ def _splat_bwd(make, spatial, normalize, with_v_den):
     image, disp = make(n, 3, *spatial), make(n, d, *spatial, scale=1.5)
     out, den = torch.ops.simwarp.splat_fwd(image.contiguous(), disp.contiguous(), normalize, 1e-6)
     v_den = make(*den.shape) if with_v_den else None
-    return (make(*out.shape), v_den, image, disp, make.place(out), make.place(den), normalize,
-            1e-6)
+    return (make(*out.shape), v_den, image, disp, make.place(out), make.place(den), normalize, 1e-6)
 
 
 #: (test id, op name, a function of an Inputs maker giving the op's arguments)
@@ -122,11 +142,17 @@ CASES = [
     ("moments5-2d", "moments5", lambda m: _moments5(m, (2, 3, 12, 13), [3, 5])),  # fused route
     ("moments5-3d", "moments5", lambda m: _moments5(m, (2, 2, 7, 8, 9), [3, 2, 3])),
     ("local_std_fwd-2d", "local_std_fwd", lambda m: _local_std_fwd(m, (2, 3, 11, 12), [3, 5])),
-    ("local_std_fwd-3d", "local_std_fwd",
-     lambda m: _local_std_fwd(m, (1, 2, 7, 8, 9), [3, 2, 3], normalize=False)),
+    (
+        "local_std_fwd-3d",
+        "local_std_fwd",
+        lambda m: _local_std_fwd(m, (1, 2, 7, 8, 9), [3, 2, 3], normalize=False),
+    ),
     ("local_std_bwd-2d", "local_std_bwd", lambda m: _local_std_bwd(m, (2, 3, 11, 12), [3, 5])),
-    ("local_std_bwd-3d", "local_std_bwd",
-     lambda m: _local_std_bwd(m, (1, 2, 7, 8, 9), [3, 2, 3], normalize=False)),
+    (
+        "local_std_bwd-3d",
+        "local_std_bwd",
+        lambda m: _local_std_bwd(m, (1, 2, 7, 8, 9), [3, 2, 3], normalize=False),
+    ),
     ("local_std_2d_fwd-reflect", "local_std_2d_fwd", lambda m: _local_std_2d_fwd(m, "reflect")),
     ("local_std_2d_fwd-valid", "local_std_2d_fwd", lambda m: _local_std_2d_fwd(m, "valid")),
     ("local_std_2d_bwd-reflect", "local_std_2d_bwd", lambda m: _local_std_2d_bwd(m, "reflect")),
@@ -151,6 +177,9 @@ def test_opcheck(compiled, op, make_args, layout, dtype):
 
 def test_every_op_is_checked(compiled):
     """A new op in csrc/ops.cpp needs a case here."""
-    schemas = {s.name.removeprefix("simwarp::") for s in torch._C._jit_get_all_schemas()
-               if s.name.startswith("simwarp::")}
+    schemas = {
+        s.name.removeprefix("simwarp::")
+        for s in torch._C._jit_get_all_schemas()
+        if s.name.startswith("simwarp::")
+    }
     assert schemas == {op for _, op, _ in CASES}

@@ -36,7 +36,7 @@ def splat_plain(image, displacement, normalize=True, eps=1e-6):
             weight = weight * (fracs[k] if b else 1 - fracs[k])
             coord = floors[k] + b
             inside = inside & (coord >= 0) & (coord <= spatial[k] - 1)
-            flat = flat + coord.clamp(0, spatial[k] - 1).long() * math.prod(spatial[k + 1:])
+            flat = flat + coord.clamp(0, spatial[k] - 1).long() * math.prod(spatial[k + 1 :])
         index = torch.where(inside, flat + batch, n * size).reshape(-1)
         num = num.index_add(0, index, values * weight.reshape(-1, 1))
         den = den.index_add(0, index, weight.reshape(-1))
@@ -48,4 +48,3 @@ def splat_plain(image, displacement, normalize=True, eps=1e-6):
     else:
         out = torch.where(landed, num, 0.0)
     return out, den
-

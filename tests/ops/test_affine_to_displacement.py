@@ -22,15 +22,20 @@ class TestAffineToDisplacement:
         image = torch.from_numpy(rng.random(shape))[None, None].to(device)
         matrix = torch.from_numpy(random_affine(rng, len(shape))).to(device)
         field = affine_to_displacement(matrix, shape)
-        torch.testing.assert_close(warp(image, field, padding=padding),
-                                   warp_affine(image, matrix, padding=padding), atol=1e-10, rtol=0)
+        torch.testing.assert_close(
+            warp(image, field, padding=padding),
+            warp_affine(image, matrix, padding=padding),
+            atol=1e-10,
+            rtol=0,
+        )
 
     def test_batch_and_dtype(self, device, rng):
         matrices = torch.from_numpy(np.stack([random_affine(rng, 2) for _ in range(3)])).to(device)
         field = affine_to_displacement(matrices, (6, 7), dtype=torch.float32)
         assert field.shape == (3, 2, 6, 7) and field.dtype == torch.float32
-        torch.testing.assert_close(field[1:2].double(), affine_to_displacement(matrices[1], (6, 7)),
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            field[1:2].double(), affine_to_displacement(matrices[1], (6, 7)), atol=1e-5, rtol=0
+        )
 
     def test_exception(self, device):
         with pytest.raises(ValueError, match="matrix"):

@@ -32,8 +32,9 @@ def test_valid_is_the_interior_of_same(shape, ksize, rng, device):
     x = rng.standard_normal(shape)
     k = rng.standard_normal(ksize)
     ref = ndi.correlate(x, k, mode="constant")[_valid_slice(ksize, shape)]
-    out = fft_cc(torch.from_numpy(x)[None, None].to(device), torch.from_numpy(k).to(device),
-                 mode="valid")
+    out = fft_cc(
+        torch.from_numpy(x)[None, None].to(device), torch.from_numpy(k).to(device), mode="valid"
+    )
     assert out.shape[2:] == ref.shape
     np.testing.assert_allclose(out[0, 0].cpu().numpy(), ref, atol=1e-12)
 
@@ -73,8 +74,9 @@ def test_noncontiguous(rng):
     x = torch.from_numpy(rng.standard_normal((1, 1, 20, 30)))
     xt = x.transpose(-1, -2)
     k = torch.from_numpy(rng.standard_normal((5, 3)))
-    np.testing.assert_allclose(fft_cc(xt, k).numpy(), fft_cc(xt.contiguous(), k).numpy(),
-                               atol=1e-12)
+    np.testing.assert_allclose(
+        fft_cc(xt, k).numpy(), fft_cc(xt.contiguous(), k).numpy(), atol=1e-12
+    )
 
 
 def test_exception():

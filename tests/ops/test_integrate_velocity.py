@@ -31,9 +31,13 @@ class TestIntegrateVelocity:
         torch.testing.assert_close(integrate_velocity(v, steps=0), v)
 
     def test_gradcheck(self, device):
-        v = 0.3 * torch.rand(1, 2, 5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+        v = 0.3 * torch.rand(
+            1, 2, 5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2)
+        )
         v = v.to(device).requires_grad_()
-        assert torch.autograd.gradcheck(lambda x: integrate_velocity(x, steps=2), (v,), eps=1e-6, atol=1e-5)
+        assert torch.autograd.gradcheck(
+            lambda x: integrate_velocity(x, steps=2), (v,), eps=1e-6, atol=1e-5
+        )
 
     def test_exception(self, device):
         v = torch.zeros(1, 2, 8, 9, device=device)

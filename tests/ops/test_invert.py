@@ -19,8 +19,9 @@ class TestInvert:
         d = d.expand(1, 2, 10, 12).contiguous()
         torch.testing.assert_close(invert(d), -d)
 
-    @pytest.mark.parametrize("shape,amplitude", [((64, 64), 2.5), ((32, 32, 32), 2.0)],
-                             ids=SHAPE_IDS)
+    @pytest.mark.parametrize(
+        "shape,amplitude", [((64, 64), 2.5), ((32, 32, 32), 2.0)], ids=SHAPE_IDS
+    )
     def test_compose_with_inverse_is_zero(self, device, rng, shape, amplitude):
         # compose(d, e) is what the iteration solves at the grid nodes (measured ~3e-5 px);
         # compose(e, d) samples e between nodes, so it carries e's linear-interpolation

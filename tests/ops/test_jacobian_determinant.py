@@ -27,8 +27,10 @@ class TestJacobianDeterminant:
     def test_axis_of_length_one(self, device):
         field = torch.zeros(1, 3, 1, 5, 6, dtype=torch.float64, device=device)
         field[:, 2] = 0.5 * torch.arange(6, dtype=torch.float64, device=device)  # ∂d_x/∂x = 0.5
-        torch.testing.assert_close(jacobian_determinant(field), torch.full((1, 1, 1, 5, 6), 1.5,
-                                   dtype=torch.float64, device=device))
+        torch.testing.assert_close(
+            jacobian_determinant(field),
+            torch.full((1, 1, 1, 5, 6), 1.5, dtype=torch.float64, device=device),
+        )
 
     @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
     def test_dtype(self, device, dtype):

@@ -16,8 +16,9 @@ from napari_simwarp.ops import _kernels
 
 def _run(code: str, **env) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **env}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=full_env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=600
+    )
 
 
 def test_requested_backend_validates(monkeypatch):
@@ -47,8 +48,9 @@ def test_no_compiler_falls_back_with_one_warning(tmp_path):
         "    b = _kernels.use_compiled('local_std', torch.zeros(1))\n"
         "print(json.dumps([a, b, [str(x.message) for x in w]]))\n"
     )
-    result = _run(code, CXX="no-such-compiler-xyz", SIMWARP_CACHE_DIR=str(tmp_path),
-                  SIMWARP_BACKEND="auto")
+    result = _run(
+        code, CXX="no-such-compiler-xyz", SIMWARP_CACHE_DIR=str(tmp_path), SIMWARP_BACKEND="auto"
+    )
     assert result.returncode == 0, result.stderr
     used_a, used_b, messages = json.loads(result.stdout.strip().splitlines()[-1])
     assert not used_a and not used_b
@@ -61,15 +63,21 @@ def test_forced_compiled_without_compiler_raises(tmp_path):
         "import torch\n"
         "_kernels.use_compiled('local_std', torch.zeros(1))\n"
     )
-    result = _run(code, CXX="no-such-compiler-xyz", SIMWARP_CACHE_DIR=str(tmp_path),
-                  SIMWARP_BACKEND="compiled")
+    result = _run(
+        code,
+        CXX="no-such-compiler-xyz",
+        SIMWARP_CACHE_DIR=str(tmp_path),
+        SIMWARP_BACKEND="compiled",
+    )
     assert result.returncode != 0
     assert "SIMWARP_BACKEND=compiled, but the kernels could not be built" in result.stderr
 
 
 def test_import_builds_nothing(tmp_path):
-    result = _run("import napari_simwarp.ops; import os; print(os.listdir(os.environ['SIMWARP_CACHE_DIR']))",
-                  SIMWARP_CACHE_DIR=str(tmp_path))
+    result = _run(
+        "import napari_simwarp.ops; import os; print(os.listdir(os.environ['SIMWARP_CACHE_DIR']))",
+        SIMWARP_CACHE_DIR=str(tmp_path),
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
 

@@ -28,11 +28,11 @@ def _sigma(window: int) -> float:
 def _scipy_local_ncc(a: np.ndarray, b: np.ndarray, window: int, kernel: str) -> np.ndarray:
     """Float64 reference from SciPy window means (SciPy "reflect" borders)."""
     if kernel == "box":
-        f = lambda x: ndi.uniform_filter(x, window, mode="reflect")  # noqa: E731
+        f = lambda x: ndi.uniform_filter(x, window, mode="reflect")
     else:
         sigma = _sigma(window)
         # truncate so that the radius int(truncate·σ + 0.5) is window // 2.
-        f = lambda x: ndi.gaussian_filter(x, sigma, mode="reflect", truncate=(window // 2) / sigma)  # noqa: E731
+        f = lambda x: ndi.gaussian_filter(x, sigma, mode="reflect", truncate=(window // 2) / sigma)
     a = a - a.mean()
     b = b - b.mean()
     mu_a, mu_b = f(a), f(b)
@@ -87,7 +87,7 @@ def _window_mean(x: torch.Tensor, window: int, kernel: str) -> torch.Tensor:
 
 
 def _torch_local_ncc(a, b, window, kernel):
-    f = lambda x: _window_mean(x, window, kernel)  # noqa: E731
+    f = lambda x: _window_mean(x, window, kernel)
     mu_a, mu_b = f(a), f(b)
     var_a = f(a * a) - mu_a**2
     var_b = f(b * b) - mu_b**2
@@ -131,10 +131,16 @@ class TestLocalNCC:
         assert out.min() >= -1 and out.max() <= 1
         assert out.min() < -0.5 and out.max() > 0.5  # unrelated textures: both signs
         ones = torch.ones_like(a)
-        torch.testing.assert_close(local_ncc(a, a, window=7, kernel=kernel), ones, atol=1e-5, rtol=0)
-        torch.testing.assert_close(local_ncc(a, -a, window=7, kernel=kernel), -ones, atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            local_ncc(a, a, window=7, kernel=kernel), ones, atol=1e-5, rtol=0
+        )
+        torch.testing.assert_close(
+            local_ncc(a, -a, window=7, kernel=kernel), -ones, atol=1e-5, rtol=0
+        )
         # Invariant to gain and offset of either image.
-        torch.testing.assert_close(local_ncc(a, 3 * a + 100, window=7, kernel=kernel), ones, atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            local_ncc(a, 3 * a + 100, window=7, kernel=kernel), ones, atol=1e-4, rtol=0
+        )
 
     def test_mean_is_mean_of_map(self, device):
         a = torch.rand(2, 2, 30, 26, device=device, dtype=torch.float64)
@@ -171,7 +177,9 @@ class TestLocalNCC:
         a = torch.rand(shape, generator=gen, dtype=torch.float64).to(device).requires_grad_()
         b = torch.rand(shape, generator=gen, dtype=torch.float64).to(device).requires_grad_()
         for reduction in ("none", "mean"):
-            fn = lambda x, y: local_ncc(x, y, window=5 if ndim == 2 else 3, kernel=kernel, reduction=reduction)  # noqa: E731
+            fn = lambda x, y, reduction=reduction: local_ncc(
+                x, y, window=5 if ndim == 2 else 3, kernel=kernel, reduction=reduction
+            )
             assert torch.autograd.gradcheck(fn, (a, b), fast_mode=ndim == 3)
 
     @pytest.mark.parametrize("kernel", ["box", "gaussian"])
@@ -215,7 +223,8 @@ class TestLocalNCC:
         view_a, view_b = big_a[..., ::2, 1::2], big_b[..., 1::2, ::2]
         assert not view_a.is_contiguous()
         torch.testing.assert_close(
-            local_ncc(view_a, view_b, window=5), local_ncc(view_a.contiguous(), view_b.contiguous(), window=5)
+            local_ncc(view_a, view_b, window=5),
+            local_ncc(view_a.contiguous(), view_b.contiguous(), window=5),
         )
 
     @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -224,8 +233,9 @@ class TestLocalNCC:
         b = _t(images.random_smooth(rng, (40, 36)), dtype, device)
         out = local_ncc(a, b, window=7)
         assert out.dtype == dtype
-        torch.testing.assert_close(out.float(), local_ncc(a.detach().float(), b.float(), window=7),
-                                   atol=2e-2, rtol=0)
+        torch.testing.assert_close(
+            out.float(), local_ncc(a.detach().float(), b.float(), window=7), atol=2e-2, rtol=0
+        )
         out.float().mean().backward()
         assert a.grad.dtype == dtype and torch.isfinite(a.grad.float()).all()
 
@@ -233,15 +243,23 @@ class TestLocalNCC:
         """Windows past the direct-sum limit take the prefix-sum route, both ways."""
         a, b = _pair("random", 2, rng)
         out = local_ncc(_t(a, device=device), _t(b, device=device), window=21)
-        np.testing.assert_allclose(out[0, 0].cpu().numpy(), _scipy_local_ncc(a, b, 21, "box"), atol=1e-10)
+        np.testing.assert_allclose(
+            out[0, 0].cpu().numpy(), _scipy_local_ncc(a, b, 21, "box"), atol=1e-10
+        )
         x = torch.rand(1, 1, 30, 28, dtype=torch.float64, device=device, requires_grad=True)
         y = torch.rand(1, 1, 30, 28, dtype=torch.float64, device=device, requires_grad=True)
-        assert torch.autograd.gradcheck(lambda p, q: local_ncc(p, q, window=(19, 21), reduction="mean"), (x, y))
+        assert torch.autograd.gradcheck(
+            lambda p, q: local_ncc(p, q, window=(19, 21), reduction="mean"), (x, y)
+        )
 
     def test_per_axis_window_and_sigma(self, rng):
         a, b = _pair("random", 2, rng)
-        out_iso = local_ncc(_t(a), _t(b), window=(9, 9), kernel="gaussian", sigma=(_sigma(9), _sigma(9)))
-        np.testing.assert_allclose(out_iso[0, 0].numpy(), _scipy_local_ncc(a, b, 9, "gaussian"), atol=1e-10)
+        out_iso = local_ncc(
+            _t(a), _t(b), window=(9, 9), kernel="gaussian", sigma=(_sigma(9), _sigma(9))
+        )
+        np.testing.assert_allclose(
+            out_iso[0, 0].numpy(), _scipy_local_ncc(a, b, 9, "gaussian"), atol=1e-10
+        )
         out = local_ncc(_t(a), _t(b), window=(9, 5))
         assert out.shape == (1, 1, *a.shape)
 

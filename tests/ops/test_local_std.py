@@ -94,8 +94,9 @@ class TestLocalStd:
         x = images.microscopy(rng, (50, 60))
         for padding in PADDINGS:
             out = local_std(_as_tensor(x, device, torch.float64), window=(7, 5), padding=padding)
-            np.testing.assert_allclose(out[0, 0].cpu().numpy(), _scipy_std(x, (7, 5), padding),
-                                       rtol=1e-9, atol=1e-9)
+            np.testing.assert_allclose(
+                out[0, 0].cpu().numpy(), _scipy_std(x, (7, 5), padding), rtol=1e-9, atol=1e-9
+            )
 
     def test_large_image_chunks(self, device, rng):
         # 300 x 2000 float32 is split into several row slabs on the CPU.
@@ -118,11 +119,11 @@ class TestLocalStd:
     def test_unnormalized_energy(self, device, rng, method):
         x = images.random_smooth(rng, (40, 36))
         eps = 1e-6
-        out = local_std(_as_tensor(x, device, torch.float64), window=7, normalize=False, eps=eps,
-                        method=method)
+        out = local_std(
+            _as_tensor(x, device, torch.float64), window=7, normalize=False, eps=eps, method=method
+        )
         variance_sum = 49.0 * _scipy_std(x, 7) ** 2  # S2 - S1²/N
-        np.testing.assert_allclose(out[0, 0].cpu().numpy(), np.sqrt(variance_sum + eps),
-                                   rtol=1e-9)
+        np.testing.assert_allclose(out[0, 0].cpu().numpy(), np.sqrt(variance_sum + eps), rtol=1e-9)
 
     @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
     def test_half_dtypes(self, device, rng, dtype):
@@ -159,11 +160,15 @@ class TestLocalStd:
         ref = local_std(x.contiguous(), window=(5, 3))
         torch.testing.assert_close(local_std(x, window=(5, 3)), ref)
         xt = x.transpose(-1, -2)  # non-contiguous
-        torch.testing.assert_close(local_std(xt, window=(3, 5)), local_std(xt.contiguous(), window=(3, 5)))
+        torch.testing.assert_close(
+            local_std(xt, window=(3, 5)), local_std(xt.contiguous(), window=(3, 5))
+        )
         cl = x.contiguous(memory_format=torch.channels_last)
         torch.testing.assert_close(local_std(cl, window=(5, 3)), ref)
         sliced = torch.rand(1, 3, 40, 60, device=device)[:, ::2, ::2, 1::3]
-        torch.testing.assert_close(local_std(sliced, window=3), local_std(sliced.contiguous(), window=3))
+        torch.testing.assert_close(
+            local_std(sliced, window=3), local_std(sliced.contiguous(), window=3)
+        )
 
     @pytest.mark.parametrize("method", ["box", "fft"])
     @pytest.mark.parametrize("padding", PADDINGS)
@@ -173,8 +178,13 @@ class TestLocalStd:
         x3 = torch.rand(1, 1, 5, 4, 6, dtype=torch.float64, device=device, requires_grad=True)
         cases = ((x2, (3, 5)), (x3, 3)) if method == "box" else ((x2, (3, 5)),)  # FFT: slow
         for x, window in cases:
-            fn = lambda t: local_std(t, window=window, method=method, padding=padding,  # noqa: E731
-                                     normalize=normalized)
+            fn = lambda t, window=window: local_std(
+                t,
+                window=window,
+                method=method,
+                padding=padding,
+                normalize=normalized,
+            )
             assert torch.autograd.gradcheck(fn, (x,))
 
     @pytest.mark.parametrize("kind", ["random", "microscopy"])
@@ -185,7 +195,9 @@ class TestLocalStd:
         x64 = _as_tensor(x, device, torch.float64).requires_grad_()
         (ref,) = torch.autograd.grad(_reference_std_torch(x64, (15, 15), padding), x64, upstream)
         x32 = _as_tensor(x, device).requires_grad_()
-        (grad,) = torch.autograd.grad(local_std(x32, window=15, padding=padding), x32, upstream.float())
+        (grad,) = torch.autograd.grad(
+            local_std(x32, window=15, padding=padding), x32, upstream.float()
+        )
         assert (grad.double() - ref).abs().max() < 1e-4 * ref.abs().max()
 
     def test_gradient_3d_vs_reference(self, device, rng):

@@ -51,8 +51,9 @@ class TestMatchTemplate:
         out = match_template(image, template)
         assert out.shape == (2, 3, 16, 21) and out.dtype == image.dtype
         assert match_template(image, template, pad_input=True).shape == image.shape
-        out3 = match_template(torch.rand(1, 1, 9, 8, 7, device=device),
-                              torch.rand(1, 1, 3, 2, 3, device=device))
+        out3 = match_template(
+            torch.rand(1, 1, 9, 8, 7, device=device), torch.rand(1, 1, 3, 2, 3, device=device)
+        )
         assert out3.shape == (1, 1, 7, 7, 5)
         assert out.abs().max() <= 1 + 1e-6
 
@@ -60,7 +61,12 @@ class TestMatchTemplate:
     @pytest.mark.parametrize("pad_input", [False, True])
     @pytest.mark.parametrize(
         "shape, tshape",
-        [((64, 70), (7, 9)), ((64, 70), (8, 6)), ((20, 22, 18), (5, 3, 5)), ((20, 22, 18), (4, 6, 3))],
+        [
+            ((64, 70), (7, 9)),
+            ((64, 70), (8, 6)),
+            ((20, 22, 18), (5, 3, 5)),
+            ((20, 22, 18), (4, 6, 3)),
+        ],
     )
     def test_against_skimage(self, device, rng, kind, pad_input, shape, tshape):
         img, tpl = _image_and_template(kind, rng, shape, tshape)
@@ -68,15 +74,21 @@ class TestMatchTemplate:
         out = match_template(_as_tensor(img, device), _as_tensor(tpl, device), pad_input=pad_input)
         assert out.shape[2:] == ref.shape
         np.testing.assert_allclose(out[0, 0].cpu().numpy(), ref, rtol=0, atol=1e-4)
-        out32 = match_template(_as_tensor(img, device, torch.float32),
-                               _as_tensor(tpl, device, torch.float32), pad_input=pad_input)
+        out32 = match_template(
+            _as_tensor(img, device, torch.float32),
+            _as_tensor(tpl, device, torch.float32),
+            pad_input=pad_input,
+        )
         np.testing.assert_allclose(out32[0, 0].double().cpu().numpy(), ref, rtol=0, atol=1e-3)
 
     def test_finds_the_template(self, device, rng):
         img, _ = _image_and_template("microscopy", rng, (80, 90), (9, 9))
         tpl = img[30:39, 50:59]
-        out = match_template(_as_tensor(img, device, torch.float32), _as_tensor(tpl, device,
-                             torch.float32), pad_input=True)
+        out = match_template(
+            _as_tensor(img, device, torch.float32),
+            _as_tensor(tpl, device, torch.float32),
+            pad_input=True,
+        )
         assert np.unravel_index(int(out.argmax()), out.shape[2:]) == (34, 54)
         assert abs(float(out.max()) - 1.0) < 1e-5
 
@@ -86,12 +98,14 @@ class TestMatchTemplate:
         out = match_template(image, template)
         for n in range(2):
             for c in range(3):
-                torch.testing.assert_close(out[n, c], match_template(image[n:n + 1, c:c + 1],
-                                                                     template)[0, 0])
+                torch.testing.assert_close(
+                    out[n, c], match_template(image[n : n + 1, c : c + 1], template)[0, 0]
+                )
         per_channel = torch.rand(1, 3, 5, 4, dtype=torch.float64, device=device)
         out = match_template(image, per_channel)
-        torch.testing.assert_close(out[1, 2], match_template(image[1:2, 2:3],
-                                                             per_channel[:, 2:3])[0, 0])
+        torch.testing.assert_close(
+            out[1, 2], match_template(image[1:2, 2:3], per_channel[:, 2:3])[0, 0]
+        )
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
     def test_flat_window_and_template(self, device, dtype):
@@ -103,8 +117,9 @@ class TestMatchTemplate:
         assert (out[..., :8, :] == 0).all() and (out[..., 10:, :] != 0).any()
         grads = torch.autograd.grad(out.sum(), (image, template))
         assert all(torch.isfinite(g).all() for g in grads)
-        flat_template = torch.full((1, 1, 3, 3), 7.3, dtype=dtype, device=device,
-                                   requires_grad=True)
+        flat_template = torch.full(
+            (1, 1, 3, 3), 7.3, dtype=dtype, device=device, requires_grad=True
+        )
         out = match_template(image, flat_template, pad_input=True)
         assert (out == 0).all()
         grads = torch.autograd.grad(out.sum(), (image, flat_template))
@@ -130,18 +145,20 @@ class TestMatchTemplate:
         torch.testing.assert_close(match_template(cl, template)[:, 1:2], ref)
         big = torch.rand(1, 1, 60, 80, dtype=torch.float64, device=device)
         sliced = big[..., ::2, ::2]
-        torch.testing.assert_close(match_template(sliced, template),
-                                   match_template(sliced.contiguous(), template))
+        torch.testing.assert_close(
+            match_template(sliced, template), match_template(sliced.contiguous(), template)
+        )
 
     @pytest.mark.parametrize("pad_input", [False, True])
     def test_gradcheck(self, device, pad_input):
         image = torch.rand(1, 2, 7, 6, dtype=torch.float64, device=device, requires_grad=True)
         template = torch.rand(1, 2, 3, 2, dtype=torch.float64, device=device, requires_grad=True)
-        fn = lambda i, t: match_template(i, t, pad_input=pad_input)  # noqa: E731
+        fn = lambda i, t: match_template(i, t, pad_input=pad_input)
         assert torch.autograd.gradcheck(fn, (image, template))
         image3 = torch.rand(1, 1, 5, 4, 5, dtype=torch.float64, device=device, requires_grad=True)
-        template3 = torch.rand(1, 1, 2, 3, 3, dtype=torch.float64, device=device,
-                               requires_grad=True)
+        template3 = torch.rand(
+            1, 1, 2, 3, 3, dtype=torch.float64, device=device, requires_grad=True
+        )
         assert torch.autograd.gradcheck(fn, (image3, template3))
 
     @pytest.mark.parametrize("kind", ["random", "microscopy"])
@@ -151,12 +168,14 @@ class TestMatchTemplate:
         image64, template64 = _as_tensor(img, device), _as_tensor(tpl, device)
         image64.requires_grad_()
         template64.requires_grad_()
-        refs = torch.autograd.grad(_reference_zncc_torch(image64, template64),
-                                   (image64, template64), upstream)
+        refs = torch.autograd.grad(
+            _reference_zncc_torch(image64, template64), (image64, template64), upstream
+        )
         image32 = _as_tensor(img, device, torch.float32).requires_grad_()
         template32 = _as_tensor(tpl, device, torch.float32).requires_grad_()
-        grads = torch.autograd.grad(match_template(image32, template32), (image32, template32),
-                                    upstream.float())
+        grads = torch.autograd.grad(
+            match_template(image32, template32), (image32, template32), upstream.float()
+        )
         for grad, ref in zip(grads, refs):
             assert (grad.double() - ref).abs().max() < 1e-4 * ref.abs().max()
 
@@ -199,4 +218,6 @@ def test_one_pixel_template_with_pad_input_leaves_the_image_untouched():
     assert torch.equal(image, before)
     assert torch.all(out == 0)  # a 1-pixel template is flat, as in scikit-image
     leaf = image.clone().requires_grad_()
-    match_template(leaf, torch.ones(1, 1, 1, 1, dtype=torch.float64), pad_input=True).sum().backward()
+    match_template(
+        leaf, torch.ones(1, 1, 1, 1, dtype=torch.float64), pad_input=True
+    ).sum().backward()

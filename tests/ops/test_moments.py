@@ -16,7 +16,9 @@ class TestReflectPadding:
     def test_fill_matches_numpy_symmetric(self, device, spatial):
         pads = [(2, 2), (3, 3), (1, 1)][: len(spatial)]
         x = torch.rand(1, 2, *spatial, dtype=torch.float64)
-        buf = torch.zeros(1, 2, *[n + lo + hi for n, (lo, hi) in zip(spatial, pads)], dtype=torch.float64)
+        buf = torch.zeros(
+            1, 2, *[n + lo + hi for n, (lo, hi) in zip(spatial, pads)], dtype=torch.float64
+        )
         buf[(Ellipsis, *[slice(lo, lo + n) for n, (lo, _) in zip(spatial, pads)])] = x
         buf = buf.to(device)
         _reflect_fill_(buf, spatial, pads)

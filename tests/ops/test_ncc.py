@@ -23,8 +23,9 @@ class TestNcc:
         out = ncc(a, a)
         assert out.shape == (2, 3) and out.dtype == a.dtype
         torch.testing.assert_close(out, torch.ones_like(out))
-        assert ncc(torch.rand(1, 1, 4, 5, 6, device=device),
-                   torch.rand(1, 1, 4, 5, 6, device=device)).shape == (1, 1)
+        assert ncc(
+            torch.rand(1, 1, 4, 5, 6, device=device), torch.rand(1, 1, 4, 5, 6, device=device)
+        ).shape == (1, 1)
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
     def test_against_numpy(self, device, rng, dtype):
@@ -34,8 +35,9 @@ class TestNcc:
         a_t = torch.from_numpy(a).to(device=device, dtype=dtype)[:, None]  # (2, 1, H, W)
         b_t = torch.from_numpy(b).to(device=device, dtype=dtype)[:, None]
         out = ncc(a_t, b_t)
-        np.testing.assert_allclose(out[:, 0].double().cpu().numpy(), ref,
-                                   atol=1e-6 if dtype == torch.float32 else 1e-12)
+        np.testing.assert_allclose(
+            out[:, 0].double().cpu().numpy(), ref, atol=1e-6 if dtype == torch.float32 else 1e-12
+        )
 
     def test_3d_against_numpy(self, device, rng):
         a = images.random_smooth(rng, (10, 12, 9))
@@ -66,8 +68,10 @@ class TestNcc:
         ref = ncc(a, b)
         torch.testing.assert_close(ncc(a.transpose(-1, -2), b.transpose(-1, -2)), ref)
         torch.testing.assert_close(ncc(a.contiguous(memory_format=torch.channels_last), b), ref)
-        torch.testing.assert_close(ncc(a[..., ::2, :], b[..., ::2, :]),
-                                   ncc(a[..., ::2, :].contiguous(), b[..., ::2, :].contiguous()))
+        torch.testing.assert_close(
+            ncc(a[..., ::2, :], b[..., ::2, :]),
+            ncc(a[..., ::2, :].contiguous(), b[..., ::2, :].contiguous()),
+        )
 
     def test_gradcheck(self, device):
         for shape in ((2, 2, 5, 4), (1, 1, 3, 4, 3)):

@@ -12,7 +12,12 @@ from napari_simwarp.ops._padding import pad_spatial
 
 @pytest.mark.parametrize(
     "mode,np_mode",
-    [("reflect", "symmetric"), ("mirror", "reflect"), ("nearest", "edge"), ("constant", "constant")],
+    [
+        ("reflect", "symmetric"),
+        ("mirror", "reflect"),
+        ("nearest", "edge"),
+        ("constant", "constant"),
+    ],
 )
 @pytest.mark.parametrize("pads", [[(2, 3), (0, 1)], [(7, 9), (11, 4)], [(1, 1), (2, 0), (3, 5)]])
 def test_matches_numpy_pad(mode, np_mode, pads, rng):

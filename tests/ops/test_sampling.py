@@ -53,15 +53,17 @@ def test_identity_grid_holds_each_pixels_index(shape):
 
 
 class TestPixelToGrid:
-    @pytest.mark.parametrize("shape,in_shape", [((5, 7), (9, 11)), ((3, 4, 5), (6, 7, 8)),
-                                                ((4, 5), (1, 8))])
+    @pytest.mark.parametrize(
+        "shape,in_shape", [((5, 7), (9, 11)), ((3, 4, 5), (6, 7, 8)), ((4, 5), (1, 8))]
+    )
     def test_matches_the_align_corners_formula(self, rng, shape, in_shape):
         coords = rng.uniform(-3, 12, (2, len(shape), *shape))
         grid = pixel_to_grid(_t(coords), in_shape)
         assert grid.shape == (2, *shape, len(shape))
         for n in range(2):
-            np.testing.assert_allclose(grid[n].numpy(), _normalized(coords[n], in_shape),
-                                       rtol=0, atol=1e-14)
+            np.testing.assert_allclose(
+                grid[n].numpy(), _normalized(coords[n], in_shape), rtol=0, atol=1e-14
+            )
 
     @pytest.mark.parametrize("shape", [(6, 9), (4, 5, 7)])
     def test_grid_sample_reads_the_pixels_named(self, rng, shape):
@@ -77,8 +79,9 @@ class TestPixelToGrid:
         coords = np.stack([rng.uniform(0, 9, (6, 7)), rng.uniform(0, 12, (6, 7))])
         grid = pixel_to_grid(_t(coords)[None], image.shape)
         out = F.grid_sample(_t(image)[None, None], grid, align_corners=True)
-        np.testing.assert_allclose(out[0, 0].numpy(), ndi.map_coordinates(image, coords, order=1),
-                                   atol=1e-12)
+        np.testing.assert_allclose(
+            out[0, 0].numpy(), ndi.map_coordinates(image, coords, order=1), atol=1e-12
+        )
 
     def test_component_count_must_match_shape(self):
         with pytest.raises(ValueError, match="coords has 2 components but shape has 3 axes"):
@@ -100,8 +103,9 @@ class TestDisplacementToGrid:
         grid = displacement_to_grid(_t(d), shape)
         positions = np.indices(shape)[None] + d
         for n in range(2):
-            np.testing.assert_allclose(grid[n].numpy(), _normalized(positions[n], shape),
-                                       rtol=0, atol=1e-13)
+            np.testing.assert_allclose(
+                grid[n].numpy(), _normalized(positions[n], shape), rtol=0, atol=1e-13
+            )
 
     def test_origin_and_a_larger_sampled_shape(self, rng):
         d = rng.normal(0, 1, (1, 2, 4, 5))
@@ -114,8 +118,7 @@ class TestDisplacementToGrid:
         image = random_smooth(rng, shape)
         d = rng.uniform(-2, 2, (len(shape), *shape))
         grid = displacement_to_grid(_t(d)[None], shape)
-        out = F.grid_sample(_t(image)[None, None], grid, align_corners=True,
-                            padding_mode="border")
+        out = F.grid_sample(_t(image)[None, None], grid, align_corners=True, padding_mode="border")
         ref = ndi.map_coordinates(image, np.indices(shape) + d, order=1, mode="nearest")
         np.testing.assert_allclose(out[0, 0].numpy(), ref, atol=1e-12)
 
@@ -125,17 +128,22 @@ class TestDisplacementToGrid:
 
 
 class TestAffine:
-    @pytest.mark.parametrize("in_shape,out_shape", [((20, 24), (20, 24)), ((20, 24), (13, 31)),
-                                                    ((9, 11, 10), (7, 12, 8))])
-    def test_affine_grid_sample_reproduces_scipy_affine_transform(self, rng, in_shape,
-                                                                  out_shape):
+    @pytest.mark.parametrize(
+        "in_shape,out_shape",
+        [((20, 24), (20, 24)), ((20, 24), (13, 31)), ((9, 11, 10), (7, 12, 8))],
+    )
+    def test_affine_grid_sample_reproduces_scipy_affine_transform(self, rng, in_shape, out_shape):
         d = len(in_shape)
         image = random_smooth(rng, in_shape)
         matrices = np.stack([_random_affine(rng, d) for _ in range(3)])
         grid = affine_grid(_t(matrices), in_shape, out_shape)
         assert grid.shape == (3, *out_shape, d)
-        out = F.grid_sample(_t(image)[None, None].expand(3, 1, *in_shape), grid,
-                            align_corners=True, padding_mode="border")
+        out = F.grid_sample(
+            _t(image)[None, None].expand(3, 1, *in_shape),
+            grid,
+            align_corners=True,
+            padding_mode="border",
+        )
         for m, got in zip(matrices, out):
             ref = ndi.affine_transform(image, m, output_shape=out_shape, order=1, mode="nearest")
             np.testing.assert_allclose(got[0].numpy(), ref, atol=1e-12)
@@ -192,15 +200,17 @@ class TestGridSample:
         out = grid_sample(images, grids[:1], "linear", "nearest")
         assert out.shape == (3, 2, 5, 8)
         for n in range(3):
-            ref = F.grid_sample(images[n:n + 1], grids[:1], padding_mode="border",
-                                align_corners=True)
-            torch.testing.assert_close(out[n:n + 1], ref, rtol=0, atol=1e-14)
+            ref = F.grid_sample(
+                images[n : n + 1], grids[:1], padding_mode="border", align_corners=True
+            )
+            torch.testing.assert_close(out[n : n + 1], ref, rtol=0, atol=1e-14)
         out = grid_sample(images[1:2], grids, "linear", "mirror")
         assert out.shape == (4, 2, 5, 8)
         for n in range(4):
-            ref = F.grid_sample(images[1:2], grids[n:n + 1], padding_mode="reflection",
-                                align_corners=True)
-            torch.testing.assert_close(out[n:n + 1], ref, rtol=0, atol=1e-14)
+            ref = F.grid_sample(
+                images[1:2], grids[n : n + 1], padding_mode="reflection", align_corners=True
+            )
+            torch.testing.assert_close(out[n : n + 1], ref, rtol=0, atol=1e-14)
 
 
 @pytest.mark.parametrize("margin", [0.0, 0.5, 2.0])
@@ -210,23 +220,30 @@ def test_grid_inside_marks_samples_within_margin_pixels(rng, margin):
     grid = pixel_to_grid(_t(coords)[None], shape)
     inside = grid_inside(grid, shape, margin)
     assert inside.shape == (1, 1, 30, 30)
-    expected = np.all([(c >= -margin) & (c <= n - 1 + margin) for c, n in zip(coords, shape)],
-                      axis=0)
+    expected = np.all(
+        [(c >= -margin) & (c <= n - 1 + margin) for c, n in zip(coords, shape)], axis=0
+    )
     np.testing.assert_array_equal(inside[0, 0].numpy(), expected.astype(float))
     assert 0 < expected.sum() < expected.size  # both kinds of point are tested
 
 
 class TestLevels:
-    @pytest.mark.parametrize("full,level", [((64, 48), (16, 12)), ((30, 21), (15, 11)),
-                                            ((20, 24, 28), (10, 6, 7))])
+    @pytest.mark.parametrize(
+        "full,level", [((64, 48), (16, 12)), ((30, 21), (15, 11)), ((20, 24, 28), (10, 6, 7))]
+    )
     def test_level_to_full_follows_scipy_zoom_grid_mode(self, rng, full, level):
         # A linear ramp zoomed by SciPy over the same field of view (grid_mode=True, the
         # pixel-edge convention): level pixel p holds the ramp at level_to_full(p).
         d = len(full)
         coef = rng.normal(size=d)
         ramp = np.tensordot(coef, np.indices(full).astype(float), axes=1) + 3.0
-        zoomed = ndi.zoom(ramp, [s / b for s, b in zip(level, full)], order=1, grid_mode=True,
-                          mode="grid-constant")
+        zoomed = ndi.zoom(
+            ramp,
+            [s / b for s, b in zip(level, full)],
+            order=1,
+            grid_mode=True,
+            mode="grid-constant",
+        )
         assert zoomed.shape == level
         m = level_to_full(full, level).numpy()
         p = np.indices(level).reshape(d, -1).astype(float)
@@ -256,8 +273,15 @@ class TestLevels:
         level_images = []
         for c in coefs:
             ramp = np.tensordot(c, np.indices(moving_full).astype(float), axes=1)
-            level_images.append(ndi.zoom(ramp, [s / b for s, b in zip(moving_level, moving_full)],
-                                         order=1, grid_mode=True, mode="grid-constant"))
+            level_images.append(
+                ndi.zoom(
+                    ramp,
+                    [s / b for s, b in zip(moving_level, moving_full)],
+                    order=1,
+                    grid_mode=True,
+                    mode="grid-constant",
+                )
+            )
         b = level_matrix(_t(m)[None], moving_full, moving_level, fixed_full, fixed_level)[0]
         p = np.indices(fixed_level).reshape(d, -1).astype(float)
         # The fixed level pixel's center in fixed full-resolution pixels (pixel-center
@@ -271,6 +295,7 @@ class TestLevels:
         ok = np.all((q >= lo) & (q <= hi), axis=0)
         assert ok.sum() > 0.3 * ok.size
         for c, level_image in zip(coefs, level_images):
-            sampled = ndi.affine_transform(level_image, b.numpy(), output_shape=fixed_level,
-                                           order=1, mode="nearest").reshape(-1)
+            sampled = ndi.affine_transform(
+                level_image, b.numpy(), output_shape=fixed_level, order=1, mode="nearest"
+            ).reshape(-1)
             np.testing.assert_allclose(sampled[ok], (c @ target)[ok], atol=1e-9)

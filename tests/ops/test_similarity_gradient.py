@@ -20,8 +20,9 @@ def _grid_sample_warp(image: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """``image(x + d(x))`` by ``grid_sample`` (bilinear, border): image ``(N, C, *S)``,
     d ``(N or 1, D, *S)`` in pixels, array-axis order."""
     n, _, *spatial = image.shape
-    grids = torch.meshgrid(*[torch.arange(s, dtype=d.dtype, device=d.device) for s in spatial],
-                           indexing="ij")
+    grids = torch.meshgrid(
+        *[torch.arange(s, dtype=d.dtype, device=d.device) for s in spatial], indexing="ij"
+    )
     # grid_sample wants (x, y[, z]) normalized to [-1, 1] with corners at the pixel centers.
     coords = [(d[:, k] + grids[k]) * 2 / (s - 1) - 1 for k, s in enumerate(spatial)]
     grid = torch.stack(coords[::-1], dim=-1).expand(n, *spatial, len(spatial))
@@ -75,7 +76,7 @@ def _reference_loss(metric, fixed, warped):
         return (1 - cov / torch.sqrt(va * vb)).mean(dims).sum()
     if metric == "ssim":  # 7 taps, σ = 1.5, data range 1
         taps = _gaussian_taps(7, 1.5, fixed)
-        c1, c2 = 0.01 ** 2, 0.03 ** 2
+        c1, c2 = 0.01**2, 0.03**2
         ma, mb = _window_mean(fixed, taps), _window_mean(warped, taps)
         va = _window_mean(fixed * fixed, taps) - ma * ma
         vb = _window_mean(warped * warped, taps) - mb * mb
@@ -106,8 +107,9 @@ def _textured_pair(shape, device, seed=0):
 
 
 def _blob(spatial, center, sigma, device):
-    grids = torch.meshgrid(*[torch.arange(s, dtype=torch.float64, device=device) for s in spatial],
-                           indexing="ij")
+    grids = torch.meshgrid(
+        *[torch.arange(s, dtype=torch.float64, device=device) for s in spatial], indexing="ij"
+    )
     r2 = sum((g - c) ** 2 for g, c in zip(grids, center))
     return torch.exp(-r2 / (2 * sigma**2))[None, None]
 
@@ -131,7 +133,7 @@ class TestSimilarityGradient:
         shape = (2, 2, 24, 22) if dims == 2 else (1, 1, 12, 11, 10)
         fixed, moving = _textured_pair(shape, device, seed=dims)
         g = torch.Generator().manual_seed(7)
-        d = (torch.rand(shape[0], dims, *shape[2:], generator=g, dtype=torch.float64) * 3 - 1.5)
+        d = torch.rand(shape[0], dims, *shape[2:], generator=g, dtype=torch.float64) * 3 - 1.5
         d = d.to(device)
         ours = similarity_gradient(fixed, moving, d, metric=metric, **_REFERENCE_KW[metric])
         ref = _reference_gradient(metric, fixed, moving, d)
@@ -150,8 +152,11 @@ class TestSimilarityGradient:
         fixed = _blob(spatial, center, 3.0, device) + 0.1
         moving = _blob(spatial, moved, 3.0, device) + 0.1
         d = torch.zeros(1, dims, *spatial, dtype=torch.float64, device=device)
-        field = similarity_gradient(fixed, moving, d, metric=metric, window=7) if metric in (
-            "lncc", "ssim") else similarity_gradient(fixed, moving, d, metric=metric)
+        field = (
+            similarity_gradient(fixed, moving, d, metric=metric, window=7)
+            if metric in ("lncc", "ssim")
+            else similarity_gradient(fixed, moving, d, metric=metric)
+        )
         weight = _blob(spatial, center, 5.0, device)[0, 0]
         mean_vector = (field[0] * weight).sum(tuple(range(1, dims + 1)))
         along = mean_vector[-1]
@@ -181,8 +186,9 @@ class TestSimilarityGradient:
         d = torch.full((1, 2, 20, 20), 0.375, device=device)
         field = similarity_gradient(fixed.to(dtype), moving.to(dtype), d.to(dtype), metric="mse")
         assert field.dtype == dtype
-        ref = similarity_gradient(fixed.to(dtype).double(), moving.to(dtype).double(), d.double(),
-                                  metric="mse")
+        ref = similarity_gradient(
+            fixed.to(dtype).double(), moving.to(dtype).double(), d.double(), metric="mse"
+        )
         tol = {torch.float16: 1e-2, torch.bfloat16: 2e-2}.get(dtype, 1e-5)
         torch.testing.assert_close(field.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
 
@@ -204,8 +210,16 @@ class TestSimilarityGradient:
             (dict(fixed=torch.rand(16, 16)), ValueError, "fixed"),
             (dict(moving=torch.rand(1, 1, 16, 15)), ValueError, "moving"),
             (dict(displacement=torch.zeros(1, 2, 0, 16)), ValueError, "displacement"),
-            (dict(displacement=torch.zeros(1, 3, 16, 16)), ValueError, "displacement must have 2 channels"),
-            (dict(displacement=torch.zeros(1, 2, 16, 17)), ValueError, "displacement.s spatial shape"),
+            (
+                dict(displacement=torch.zeros(1, 3, 16, 16)),
+                ValueError,
+                "displacement must have 2 channels",
+            ),
+            (
+                dict(displacement=torch.zeros(1, 2, 16, 17)),
+                ValueError,
+                "displacement.s spatial shape",
+            ),
             (dict(displacement=torch.zeros(1, 2, 16, 16).int()), TypeError, "displacement"),
             (dict(metric="nmi"), ValueError, "metric"),
             (dict(metric="mse", window=5), TypeError, "window"),
@@ -214,8 +228,11 @@ class TestSimilarityGradient:
         ],
     )
     def test_exception(self, kwargs, error, match):
-        args = dict(fixed=torch.rand(1, 1, 16, 16), moving=torch.rand(1, 1, 16, 16),
-                    displacement=torch.zeros(1, 2, 16, 16))
+        args = dict(
+            fixed=torch.rand(1, 1, 16, 16),
+            moving=torch.rand(1, 1, 16, 16),
+            displacement=torch.zeros(1, 2, 16, 16),
+        )
         args.update(kwargs)
         fixed, moving, d = args.pop("fixed"), args.pop("moving"), args.pop("displacement")
         with pytest.raises(error, match=match):

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from napari_simwarp.ops import splat, warp
-from tests.ops.splat_plain import splat_plain
 from tests.images import random_smooth
+from tests.ops.splat_plain import splat_plain
 
 # Every test runs on the pure torch path and on the compiled kernels (tests/conftest.py).
 pytestmark = pytest.mark.usefixtures("backend")
@@ -23,7 +23,7 @@ def _splat_loops(image: np.ndarray, displacement: np.ndarray, normalize: bool, e
     image ``(N, C, *S)``, displacement ``(N, D, *S)`` float64 arrays; returns
     ``(out (N, C, *S), den (N, *S))``.
     """
-    n, c, *spatial = image.shape
+    n, _c, *spatial = image.shape
     num = np.zeros(image.shape)
     den = np.zeros((n, *spatial))
     for b in range(n):
@@ -38,7 +38,9 @@ def _splat_loops(image: np.ndarray, displacement: np.ndarray, normalize: bool, e
                     num[(b, slice(None), *j)] += w * image[(b, slice(None), *q)]
                     den[(b, *j)] += w
     landed = den > eps
-    out = np.where(landed[:, None], num / np.where(landed, den, 1.0)[:, None] if normalize else num, 0.0)
+    out = np.where(
+        landed[:, None], num / np.where(landed, den, 1.0)[:, None] if normalize else num, 0.0
+    )
     return out, den
 
 
@@ -74,8 +76,9 @@ class TestSplat:
         image = torch.rand(shape, device=device)
         shift = (2, -3) if dims == 2 else (1, -2, 3)
         d = torch.tensor(shift, dtype=torch.float32, device=device).view(1, dims, *[1] * dims)
-        out, weights = splat(image, d.expand(1, dims, *shape[2:]), normalize=normalize,
-                             return_weights=True)
+        out, weights = splat(
+            image, d.expand(1, dims, *shape[2:]), normalize=normalize, return_weights=True
+        )
         expected = torch.roll(image, shifts=shift, dims=tuple(range(2, 2 + dims)))
         # Pixels that received a source pixel hold it exactly; the rest are holes.
         landed = tuple(slice(max(s, 0), n + min(s, 0)) for s, n in zip(shift, shape[2:]))
@@ -101,14 +104,17 @@ class TestSplat:
         # d(x) = x along the last axis: pixel x lands on 2x, so odd columns get nothing.
         image = torch.rand(1, 1, 6, 8, dtype=torch.float64, device=device, requires_grad=True)
         x = torch.arange(8, dtype=torch.float64, device=device)
-        d = torch.stack([torch.zeros(6, 8, dtype=torch.float64, device=device),
-                         x.expand(6, 8)])[None].requires_grad_()
+        d = torch.stack([torch.zeros(6, 8, dtype=torch.float64, device=device), x.expand(6, 8)])[
+            None
+        ].requires_grad_()
         out, weights = splat(image, d, return_weights=True)
         odd = torch.zeros(8, dtype=torch.bool, device=device)
         odd[1::2] = True
         assert torch.all(weights[..., odd] == 0) and torch.all(out[..., odd] == 0)
         assert torch.all(weights[..., ~odd] == 1)
-        ref_out, ref_den = _splat_loops(image.detach().cpu().numpy(), d.detach().cpu().numpy(), True)
+        _ref_out, ref_den = _splat_loops(
+            image.detach().cpu().numpy(), d.detach().cpu().numpy(), True
+        )
         np.testing.assert_array_equal(weights[:, 0].detach().cpu().numpy() == 0, ref_den == 0)
         # No gradient flows through a hole.
         v = torch.zeros_like(out)
@@ -238,8 +244,11 @@ class TestSplat:
         back = warp(splat(image, d), d)
         blur = image
         for axis, ti in enumerate(t):
-            taps = torch.tensor([ti * (1 - ti), 1 - 2 * ti * (1 - ti), ti * (1 - ti)],
-                                dtype=torch.float64, device=device)
+            taps = torch.tensor(
+                [ti * (1 - ti), 1 - 2 * ti * (1 - ti), ti * (1 - ti)],
+                dtype=torch.float64,
+                device=device,
+            )
             kshape = [1, 1] + [1] * dims
             kshape[2 + axis] = 3
             conv = F.conv2d if dims == 2 else F.conv3d
@@ -258,10 +267,14 @@ class TestSplat:
         # constant half-pixel shift (the strongest blur) gives max 0.0103, mean 0.0023.
         rng = np.random.default_rng(0)
         image = torch.from_numpy(random_smooth(rng, (96, 96), 4.0))[None, None].to(device)
-        y, x = torch.meshgrid(torch.arange(96.0, dtype=torch.float64, device=device),
-                              torch.arange(96.0, dtype=torch.float64, device=device), indexing="ij")
-        d = torch.stack([1.5 * torch.sin(2 * np.pi * x / 64),
-                         1.5 * torch.cos(2 * np.pi * y / 48 + 0.3)])[None]
+        y, x = torch.meshgrid(
+            torch.arange(96.0, dtype=torch.float64, device=device),
+            torch.arange(96.0, dtype=torch.float64, device=device),
+            indexing="ij",
+        )
+        d = torch.stack(
+            [1.5 * torch.sin(2 * np.pi * x / 64), 1.5 * torch.cos(2 * np.pi * y / 48 + 0.3)]
+        )[None]
         out, weights = splat(image, d, return_weights=True)
         inner = (..., slice(8, -8), slice(8, -8))
         assert torch.all(weights[inner] > 0.9)  # no holes inside: the map is invertible
@@ -277,14 +290,34 @@ class TestSplat:
             (dict(image=torch.rand(1, 1, 8, 8).long()), TypeError, "image"),
             (dict(image=torch.rand(1, 1, 8, 8) > 0.5), TypeError, "image"),
             (dict(image=torch.rand(1, 1, 8, 8, dtype=torch.complex64)), TypeError, "image"),
-            (dict(image=torch.rand(1, 1, 0, 8), displacement=torch.zeros(1, 2, 0, 8)), ValueError, "image"),
+            (
+                dict(image=torch.rand(1, 1, 0, 8), displacement=torch.zeros(1, 2, 0, 8)),
+                ValueError,
+                "image",
+            ),
             (dict(image=torch.rand(8, 8)), ValueError, "image"),
             (dict(image=np.zeros((1, 1, 8, 8))), TypeError, "image"),
             (dict(displacement=torch.zeros(1, 2, 8, 8).int()), TypeError, "displacement"),
-            (dict(displacement=torch.zeros(1, 3, 8, 8)), ValueError, "displacement must have 2 channels"),
-            (dict(displacement=torch.zeros(1, 2, 8, 7)), ValueError, "displacement.s spatial shape"),
-            (dict(displacement=torch.zeros(1, 3, 8, 8, 8)), ValueError, "displacement must be \\(N, 2, \\*S\\)"),
-            (dict(displacement=torch.zeros(2, 2, 8, 8), image=torch.rand(3, 1, 8, 8)), ValueError, "displacement.s batch size"),
+            (
+                dict(displacement=torch.zeros(1, 3, 8, 8)),
+                ValueError,
+                "displacement must have 2 channels",
+            ),
+            (
+                dict(displacement=torch.zeros(1, 2, 8, 7)),
+                ValueError,
+                "displacement.s spatial shape",
+            ),
+            (
+                dict(displacement=torch.zeros(1, 3, 8, 8, 8)),
+                ValueError,
+                "displacement must be \\(N, 2, \\*S\\)",
+            ),
+            (
+                dict(displacement=torch.zeros(2, 2, 8, 8), image=torch.rand(3, 1, 8, 8)),
+                ValueError,
+                "displacement.s batch size",
+            ),
             (dict(eps=-1.0), ValueError, "eps"),
             (dict(normalize="yes"), TypeError, "normalize"),
         ],

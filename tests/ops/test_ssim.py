@@ -38,7 +38,12 @@ def _pair(kind: str, ndim: int, rng: np.random.Generator):
 
 def _skimage_map(a: np.ndarray, b: np.ndarray, data_range: float) -> np.ndarray:
     _, full = structural_similarity(
-        a, b, full=True, gaussian_weights=True, sigma=1.5, use_sample_covariance=False,
+        a,
+        b,
+        full=True,
+        gaussian_weights=True,
+        sigma=1.5,
+        use_sample_covariance=False,
         data_range=data_range,
     )
     return full
@@ -80,7 +85,7 @@ def _gaussian_conv(x: torch.Tensor, size: int, sigma: float) -> torch.Tensor:
 def _ssim_reference(a, b, window=11, sigma=1.5, data_range=1.0, k1=0.01, k2=0.03):
     """The textbook SSIM map, written with plain torch ops."""
     c1, c2 = (k1 * data_range) ** 2, (k2 * data_range) ** 2
-    f = lambda x: _gaussian_conv(x, window, sigma)  # noqa: E731
+    f = lambda x: _gaussian_conv(x, window, sigma)
     mu_a, mu_b = f(a), f(b)
     var_a = f(a * a) - mu_a**2
     var_b = f(b * b) - mu_b**2
@@ -112,8 +117,9 @@ class TestSSIM:
         """Same padding as scikit-image (SciPy "reflect"), so the whole map matches."""
         a, b, data_range = _pair(kind, ndim, rng)
         expected = _skimage_map(a, b, data_range)
-        out = ssim(_t(a, dtype, device), _t(b, dtype, device), data_range=data_range,
-                   reduction="none")
+        out = ssim(
+            _t(a, dtype, device), _t(b, dtype, device), data_range=data_range, reduction="none"
+        )
         assert out.dtype == dtype
         np.testing.assert_allclose(out[0, 0].double().cpu().numpy(), expected, rtol=0, atol=1e-4)
 
@@ -135,7 +141,9 @@ class TestSSIM:
 
     def test_identical_images_give_one(self, device, rng):
         a = _t(images.random_smooth(rng, (40, 40)), torch.float32, device)
-        torch.testing.assert_close(ssim(a, a, reduction="none"), torch.ones_like(a), atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            ssim(a, a, reduction="none"), torch.ones_like(a), atol=1e-5, rtol=0
+        )
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
     def test_constant_images_are_finite(self, device, dtype):
@@ -156,7 +164,7 @@ class TestSSIM:
         gen = torch.Generator().manual_seed(3)
         a = torch.rand(shape, generator=gen, dtype=torch.float64).to(device).requires_grad_()
         b = torch.rand(shape, generator=gen, dtype=torch.float64).to(device).requires_grad_()
-        fn = lambda x, y: ssim(x, y, window=5, sigma=1.0, data_range=1.0, reduction=reduction)  # noqa: E731
+        fn = lambda x, y: ssim(x, y, window=5, sigma=1.0, data_range=1.0, reduction=reduction)
         assert torch.autograd.gradcheck(fn, (a, b), fast_mode=ndim == 3)
 
     def test_gradcheck_offset_data(self, device):
@@ -164,7 +172,7 @@ class TestSSIM:
         gen = torch.Generator().manual_seed(4)
         a = (50 + torch.rand(1, 1, 9, 10, generator=gen, dtype=torch.float64)).to(device)
         b = (20 + 2 * torch.rand(1, 1, 9, 10, generator=gen, dtype=torch.float64)).to(device)
-        fn = lambda x, y: ssim(x, y, window=5, data_range=60.0, reduction="none")  # noqa: E731
+        fn = lambda x, y: ssim(x, y, window=5, data_range=60.0, reduction="none")
         assert torch.autograd.gradcheck(fn, (a.requires_grad_(), b.requires_grad_()))
 
     def test_gradient_float32_matches_float64_reference(self, device, rng):
@@ -237,8 +245,9 @@ class TestSSIM:
 
     def test_per_axis_window_and_sigma(self, rng):
         a, b, data_range = _pair("random", 2, rng)
-        out = ssim(_t(a), _t(b), window=(11, 11), sigma=(1.5, 1.5), data_range=data_range,
-                   reduction="none")
+        out = ssim(
+            _t(a), _t(b), window=(11, 11), sigma=(1.5, 1.5), data_range=data_range, reduction="none"
+        )
         np.testing.assert_allclose(out[0, 0].numpy(), _skimage_map(a, b, data_range), atol=1e-10)
 
     def test_exception(self, device):
@@ -255,8 +264,11 @@ class TestSSIM:
             (dict(a=(x * 255).to(torch.uint8), b=x), TypeError, "a must be a floating"),
             (dict(a=x, b=x > 0.5), TypeError, "b must be a floating"),
             (dict(a=x.to(torch.complex64), b=x.to(torch.complex64)), TypeError, "a must be real"),
-            (dict(a=x.numpy() if device.type == "cpu" else x.cpu().numpy(), b=x), TypeError,
-             "a must be a torch.Tensor"),
+            (
+                dict(a=x.numpy() if device.type == "cpu" else x.cpu().numpy(), b=x),
+                TypeError,
+                "a must be a torch.Tensor",
+            ),
             (dict(a=x[:, :, :0], b=x[:, :, :0]), ValueError, "a must not be empty"),
             (dict(a=x, b=x, reduction="sum"), ValueError, "reduction must be one of"),
             (dict(a=x, b=x, sigma=0.0), ValueError, "sigma must be positive"),

@@ -33,8 +33,9 @@ def random_affine(rng, d: int) -> np.ndarray:
     return matrix
 
 
-def keys_cubic_reference(image: np.ndarray, coords: np.ndarray, padding: str,
-                         a: float = -0.75) -> np.ndarray:
+def keys_cubic_reference(
+    image: np.ndarray, coords: np.ndarray, padding: str, a: float = -0.75
+) -> np.ndarray:
     """Keys cubic-convolution interpolation of a 2D ``image`` at ``coords`` ``(2, *P)``.
 
     Written independently of torch: a 4 × 4 tap sum with the Keys kernel. "nearest" clamps
@@ -73,8 +74,11 @@ class TestWarp:
     @pytest.mark.parametrize("interpolation", ["nearest", "linear", "cubic"])
     def test_zero_displacement_is_identity(self, device, interpolation):
         image = torch.rand(1, 2, 7, 8, device=device, dtype=torch.float64)
-        out = warp(image, torch.zeros(1, 2, 7, 8, device=device, dtype=torch.float64),
-                   interpolation=interpolation)
+        out = warp(
+            image,
+            torch.zeros(1, 2, 7, 8, device=device, dtype=torch.float64),
+            interpolation=interpolation,
+        )
         torch.testing.assert_close(out, image, atol=1e-12, rtol=0)
 
     def test_integer_shift(self, device):
@@ -90,8 +94,9 @@ class TestWarp:
         image = random_smooth(rng, shape)
         # Amplitude 6 px on a 12-16 px volume: many samples fall outside, testing padding.
         displacement = smooth_field(rng, shape, amplitude=6.0)
-        expected = ndi.map_coordinates(image, np.indices(shape) + displacement, order=1,
-                                       mode=padding)
+        expected = ndi.map_coordinates(
+            image, np.indices(shape) + displacement, order=1, mode=padding
+        )
         out = warp(to_torch(image, device)[None], to_torch(displacement, device), padding=padding)
         assert np.abs(out[0, 0].cpu().numpy() - expected).max() <= 1e-5
 
@@ -101,8 +106,9 @@ class TestWarp:
         # grid_sample cannot place a sample off a length-1 axis; zeros padding must still fade.
         image = rng.random(shape)
         displacement = rng.uniform(-1.5, 1.5, (len(shape),) + shape)
-        expected = ndi.map_coordinates(image, np.indices(shape) + displacement, order=1,
-                                       mode=padding)
+        expected = ndi.map_coordinates(
+            image, np.indices(shape) + displacement, order=1, mode=padding
+        )
         out = warp(to_torch(image, device)[None], to_torch(displacement, device), padding=padding)
         assert np.abs(out[0, 0].cpu().numpy() - expected).max() <= 1e-10
 
@@ -113,8 +119,12 @@ class TestWarp:
         displacement = smooth_field(rng, shape, amplitude=5.0)
         coords = np.indices(shape) + displacement
         expected = keys_cubic_reference(image, coords, padding)
-        out = warp(to_torch(image, device)[None], to_torch(displacement, device),
-                   interpolation="cubic", padding=padding)
+        out = warp(
+            to_torch(image, device)[None],
+            to_torch(displacement, device),
+            interpolation="cubic",
+            padding=padding,
+        )
         assert np.abs(out[0, 0].cpu().numpy() - expected).max() <= 1e-10
 
     def test_cubic_near_scipy_bspline_in_interior(self, device, rng):
@@ -124,10 +134,16 @@ class TestWarp:
         shape = (64, 64)
         image = random_smooth(rng, shape, sigma=2.0)
         displacement = smooth_field(rng, shape, amplitude=4.0, sigma=6.0)
-        expected = ndi.map_coordinates(image, np.indices(shape) + displacement, order=3,
-                                       mode="nearest")
-        out = warp(to_torch(image, device)[None], to_torch(displacement, device),
-                   interpolation="cubic")[0, 0].cpu().numpy()
+        expected = ndi.map_coordinates(
+            image, np.indices(shape) + displacement, order=3, mode="nearest"
+        )
+        out = (
+            warp(
+                to_torch(image, device)[None], to_torch(displacement, device), interpolation="cubic"
+            )[0, 0]
+            .cpu()
+            .numpy()
+        )
         interior = (slice(8, -8),) * 2
         assert np.abs(out - expected)[interior].max() <= 0.03
 
@@ -135,11 +151,15 @@ class TestWarp:
         shape = (20, 24)
         image = rng.random(shape)
         # Keep fractional parts away from .5, where rounding conventions differ.
-        displacement = np.round(rng.uniform(-3, 3, (2,) + shape)) + rng.uniform(-0.3, 0.3, (2,) + shape)
-        expected = ndi.map_coordinates(image, np.indices(shape) + displacement, order=0,
-                                       mode="nearest")
-        out = warp(to_torch(image, device)[None], to_torch(displacement, device),
-                   interpolation="nearest")
+        displacement = np.round(rng.uniform(-3, 3, (2,) + shape)) + rng.uniform(
+            -0.3, 0.3, (2,) + shape
+        )
+        expected = ndi.map_coordinates(
+            image, np.indices(shape) + displacement, order=0, mode="nearest"
+        )
+        out = warp(
+            to_torch(image, device)[None], to_torch(displacement, device), interpolation="nearest"
+        )
         np.testing.assert_array_equal(out[0, 0].cpu().numpy(), expected)
 
     def test_broadcast_batch(self, device):
@@ -170,15 +190,18 @@ class TestWarp:
         field = torch.randn(1, 8, 9, 2, device=device, dtype=torch.float64).permute(0, 3, 2, 1)
         torch.testing.assert_close(warp(image, field), warp(image.contiguous(), field.contiguous()))
 
-    @pytest.mark.parametrize("interpolation,padding,shape", [
-        ("linear", "nearest", (5, 6)),
-        ("linear", "grid-constant", (5, 6)),
-        ("linear", "mirror", (5, 6)),
-        ("linear", "reflect", (5, 6)),
-        ("cubic", "nearest", (5, 6)),
-        ("linear", "nearest", (3, 4, 5)),
-        ("linear", "grid-constant", (3, 4, 5)),
-    ])
+    @pytest.mark.parametrize(
+        "interpolation,padding,shape",
+        [
+            ("linear", "nearest", (5, 6)),
+            ("linear", "grid-constant", (5, 6)),
+            ("linear", "mirror", (5, 6)),
+            ("linear", "reflect", (5, 6)),
+            ("cubic", "nearest", (5, 6)),
+            ("linear", "nearest", (3, 4, 5)),
+            ("linear", "grid-constant", (3, 4, 5)),
+        ],
+    )
     def test_gradcheck(self, device, interpolation, padding, shape):
         generator = torch.Generator().manual_seed(0)
         d = len(shape)
@@ -191,7 +214,9 @@ class TestWarp:
         field = field.to(device).requires_grad_()
         assert torch.autograd.gradcheck(
             lambda i, f: warp(i, f, interpolation=interpolation, padding=padding),
-            (image, field), eps=1e-6, atol=1e-6,
+            (image, field),
+            eps=1e-6,
+            atol=1e-6,
         )
 
     def test_exception(self, device):
@@ -228,8 +253,11 @@ class TestWarp:
         with pytest.raises(ValueError, match="padding must be one of"):
             warp(image, field, padding="constant")
         with pytest.raises(ValueError, match="interpolation"):
-            warp(torch.rand(1, 1, 4, 5, 6, device=device), torch.zeros(1, 3, 4, 5, 6, device=device),
-                 interpolation="cubic")
+            warp(
+                torch.rand(1, 1, 4, 5, 6, device=device),
+                torch.zeros(1, 3, 4, 5, 6, device=device),
+                interpolation="cubic",
+            )
 
 
 class TestWarpAffine:
@@ -240,15 +268,21 @@ class TestWarpAffine:
         torch.testing.assert_close(out, image[..., :5, :6])
 
     @pytest.mark.parametrize("padding", PADDINGS)
-    @pytest.mark.parametrize("shape,output_shape", [((40, 50), (33, 61)), ((12, 14, 16), (10, 17, 13))],
-                             ids=["2d", "3d"])
+    @pytest.mark.parametrize(
+        "shape,output_shape", [((40, 50), (33, 61)), ((12, 14, 16), (10, 17, 13))], ids=["2d", "3d"]
+    )
     def test_against_scipy_affine_transform(self, device, rng, shape, output_shape, padding):
         image = random_smooth(rng, shape)
         matrix = random_affine(rng, len(shape))
-        expected = ndi.affine_transform(image, matrix, output_shape=output_shape, order=1,
-                                        mode=padding)
-        out = warp_affine(to_torch(image, device)[None], torch.from_numpy(matrix).to(device),
-                          output_shape=output_shape, padding=padding)
+        expected = ndi.affine_transform(
+            image, matrix, output_shape=output_shape, order=1, mode=padding
+        )
+        out = warp_affine(
+            to_torch(image, device)[None],
+            torch.from_numpy(matrix).to(device),
+            output_shape=output_shape,
+            padding=padding,
+        )
         assert out.shape[2:] == output_shape
         assert np.abs(out[0, 0].cpu().numpy() - expected).max() <= 1e-5
 
@@ -279,8 +313,12 @@ class TestWarpAffine:
         image = torch.rand(1, 1, 6, 7, dtype=torch.float64, device=device, requires_grad=True)
         # (2, 3): gradcheck perturbs every entry, and a homogeneous last row must stay exact.
         # Entries chosen so that every sample lies >= 0.01 px from an integer (no kinks).
-        matrix = torch.tensor([[0.93, 0.113, 0.27], [-0.071, 1.04, 0.33]],
-                              dtype=torch.float64, device=device, requires_grad=True)
+        matrix = torch.tensor(
+            [[0.93, 0.113, 0.27], [-0.071, 1.04, 0.33]],
+            dtype=torch.float64,
+            device=device,
+            requires_grad=True,
+        )
         assert torch.autograd.gradcheck(
             lambda i, m: warp_affine(i, m, padding="nearest"), (image, matrix), eps=1e-6, atol=1e-6
         )

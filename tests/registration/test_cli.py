@@ -22,8 +22,17 @@ def test_cli_register_files(tmp_path, rng):
     fixed, moving = affine_pair(rng, shape, m)
     tifffile.imwrite(tmp_path / "fixed.tif", (fixed * 1000).astype(np.uint16))
     np.save(tmp_path / "moving.npy", moving)
-    args = _parse([str(tmp_path / "fixed.tif"), str(tmp_path / "moving.npy"), "-o",
-                   str(tmp_path / "out" / "warped.tif"), "--model", "translation", "--quiet"])
+    args = _parse(
+        [
+            str(tmp_path / "fixed.tif"),
+            str(tmp_path / "moving.npy"),
+            "-o",
+            str(tmp_path / "out" / "warped.tif"),
+            "--model",
+            "translation",
+            "--quiet",
+        ]
+    )
     assert args.func(args) == 0
     warped = tifffile.imread(tmp_path / "out" / "warped.tif")
     assert warped.shape == shape and warped.dtype == moving.dtype  # the moving file's dtype
@@ -32,8 +41,15 @@ def test_cli_register_files(tmp_path, rng):
 
 
 def test_cli_missing_file_is_a_clear_error(tmp_path, capsys):
-    code = _cli.main(["register", str(tmp_path / "nope.tif"), str(tmp_path / "b.npy"),
-                      "-o", str(tmp_path / "o.tif")])
+    code = _cli.main(
+        [
+            "register",
+            str(tmp_path / "nope.tif"),
+            str(tmp_path / "b.npy"),
+            "-o",
+            str(tmp_path / "o.tif"),
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert "napari-simwarp register: error:" in err and "does not exist" in err

@@ -17,15 +17,20 @@ def test_phase_correlation_follows_the_displacement_convention(rng):
     d = np.array([3.0, -5.0])  # ref(x) = frame(x + d)  <=>  frame(y) = ref(y - d)
     frame = ndi.shift(ref, d, order=3, mode="nearest")
     # scikit-image's order and sign: the shift s with ref(x) = frame(x - s), i.e. s = -d.
-    est = phase_correlation(torch.tensor(ref, dtype=torch.float32)[None, None],
-                            torch.tensor(frame, dtype=torch.float32)[None, None])
+    est = phase_correlation(
+        torch.tensor(ref, dtype=torch.float32)[None, None],
+        torch.tensor(frame, dtype=torch.float32)[None, None],
+    )
     np.testing.assert_allclose(est[0].numpy(), -d, atol=0.3)
 
 
-@pytest.mark.parametrize("shape,shifts", [
-    ((96, 80), [(3.4, -5.7), (-7.2, 2.5), (0.0, 0.0), (-1.45, -0.6), (0.3, 0.8)]),
-    ((48, 40, 52), [(2.6, -1.3, 4.1), (-3.3, 0.7, -2.2), (0.4, -0.6, 0.2)]),
-])
+@pytest.mark.parametrize(
+    "shape,shifts",
+    [
+        ((96, 80), [(3.4, -5.7), (-7.2, 2.5), (0.0, 0.0), (-1.45, -0.6), (0.3, 0.8)]),
+        ((48, 40, 52), [(2.6, -1.3, 4.1), (-3.3, 0.7, -2.2), (0.4, -0.6, 0.2)]),
+    ],
+)
 def test_phase_correlation_matches_scikit_image(rng, shape, shifts):
     # phase_correlation(reference, moving) keeps phase_cross_correlation's argument order
     # and sign: the returned s satisfies scipy.ndimage.shift(moving, s) ≈ reference.
@@ -35,19 +40,26 @@ def test_phase_correlation_matches_scikit_image(rng, shape, shifts):
     scene = textured(rng, tuple(n + 2 * pad for n in shape))
     crop = tuple(slice(pad, pad + n) for n in shape)
     reference = scene[crop]
-    moving = np.stack([ndi.shift(scene, -np.asarray(s), order=3)[crop]
-                       + rng.normal(0, 0.01, shape) for s in shifts])
-    est = phase_correlation(torch.tensor(reference, dtype=torch.float32)[None, None],
-                            torch.tensor(moving, dtype=torch.float32)[:, None])
+    moving = np.stack(
+        [
+            ndi.shift(scene, -np.asarray(s), order=3)[crop] + rng.normal(0, 0.01, shape)
+            for s in shifts
+        ]
+    )
+    est = phase_correlation(
+        torch.tensor(reference, dtype=torch.float32)[None, None],
+        torch.tensor(moving, dtype=torch.float32)[:, None],
+    )
     assert est.shape == (len(shifts), len(shape)) and est.dtype == torch.float32
     # scikit-image on the same mean-free, Hann-windowed images (as its docs advise for
     # non-periodic images; unwindowed, the border's own zero-shift peak pulls its
     # sub-pixel estimate of small shifts by up to 1 px here).
     hann = functools.reduce(np.multiply.outer, [np.hanning(n) for n in shape])
-    prepared = lambda x: hann * (x - x.mean())  # noqa: E731
+    prepared = lambda x: hann * (x - x.mean())
     for got, m, true in zip(est.numpy(), moving, shifts):
-        expected, _, _ = phase_cross_correlation(prepared(reference), prepared(m),
-                                                 upsample_factor=20)
+        expected, _, _ = phase_cross_correlation(
+            prepared(reference), prepared(m), upsample_factor=20
+        )
         np.testing.assert_allclose(got, expected, atol=0.25)
         np.testing.assert_allclose(got, true, atol=0.3)
 
@@ -104,7 +116,10 @@ def test_refinement_widens_its_box_instead_of_crashing(rng):
 
     f = ndi.gaussian_filter(rng.random((64, 64)), 6).astype(np.float32)
     m = ndi.shift(f, (5.0, 0.0), order=3, mode="nearest")
-    shifts, _, _ = refine_translation(torch.from_numpy(m)[None, None],
-                                      torch.from_numpy(f)[None, None], torch.zeros(1, 2),
-                                      iterations=20)
+    shifts, _, _ = refine_translation(
+        torch.from_numpy(m)[None, None],
+        torch.from_numpy(f)[None, None],
+        torch.zeros(1, 2),
+        iterations=20,
+    )
     np.testing.assert_allclose(shifts[0].numpy(), [5.0, 0.0], atol=0.1)

@@ -23,8 +23,9 @@ def _set(model: LinearModel, shift, linear=()) -> None:
     with torch.no_grad():
         model.shift.copy_(torch.as_tensor(shift, dtype=model.shift.dtype).view_as(model.shift))
         if model.linear.numel():
-            model.linear.copy_(torch.as_tensor(linear, dtype=model.linear.dtype)
-                               .view_as(model.linear))
+            model.linear.copy_(
+                torch.as_tensor(linear, dtype=model.linear.dtype).view_as(model.linear)
+            )
 
 
 def _level_to_full(full, level) -> np.ndarray:
@@ -54,8 +55,9 @@ class TestLinearModelMatrix:
         _set(model, shift, [angle * model.radius])
         assert model.radius == 30.0
         rot = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
-        np.testing.assert_allclose(model.matrix()[0].detach().numpy(),
-                                   centered_affine(rot, shift, shape), atol=1e-12)
+        np.testing.assert_allclose(
+            model.matrix()[0].detach().numpy(), centered_affine(rot, shift, shape), atol=1e-12
+        )
 
     def test_rigid_3d_is_the_rotation_of_its_rotation_vector(self):
         shape = (16, 20, 24)
@@ -63,8 +65,11 @@ class TestLinearModelMatrix:
         rotvec = np.array([0.1, -0.25, 0.15])
         _set(model, (0.5, 1.0, -1.5), rotvec * model.radius)
         rot = Rotation.from_rotvec(rotvec).as_matrix()
-        np.testing.assert_allclose(model.matrix()[0].detach().numpy(),
-                                   centered_affine(rot, (0.5, 1.0, -1.5), shape), atol=1e-12)
+        np.testing.assert_allclose(
+            model.matrix()[0].detach().numpy(),
+            centered_affine(rot, (0.5, 1.0, -1.5), shape),
+            atol=1e-12,
+        )
 
     def test_similarity_scales_the_rotation(self):
         shape = (30, 30)
@@ -79,31 +84,46 @@ class TestLinearModelMatrix:
     @pytest.mark.parametrize("shape", [(24, 32), (10, 12, 14)])
     def test_affine_with_an_initial_matrix(self, rng, shape):
         d = len(shape)
-        model = LinearModel("affine", shape, shape, 2, dtype=torch.float64,
-                            init=centered_affine(np.diag([1.1] * d), [1.0] * d, shape))
+        model = LinearModel(
+            "affine",
+            shape,
+            shape,
+            2,
+            dtype=torch.float64,
+            init=centered_affine(np.diag([1.1] * d), [1.0] * d, shape),
+        )
         linear = np.eye(d) + rng.normal(0, 0.1, (2, d, d))
         shift = rng.normal(0, 2, (2, d))
         _set(model, shift, (linear - np.eye(d)).reshape(2, -1) * model.radius)
         m = model.matrix().detach().numpy()
         init = centered_affine(np.diag([1.1] * d), [1.0] * d, shape)
         for n in range(2):
-            np.testing.assert_allclose(m[n], init @ centered_affine(linear[n], shift[n], shape),
-                                       atol=1e-12)
+            np.testing.assert_allclose(
+                m[n], init @ centered_affine(linear[n], shift[n], shape), atol=1e-12
+            )
 
     def test_parameter_counts(self):
-        counts = {kind: (LinearModel(kind, (8, 8), (8, 8), 1).linear.shape[1],
-                         LinearModel(kind, (8, 8, 8), (8, 8, 8), 1).linear.shape[1])
-                  for kind in ("translation", "rigid", "similarity", "affine")}
-        assert counts == {"translation": (0, 0), "rigid": (1, 3), "similarity": (2, 4),
-                          "affine": (4, 9)}
+        counts = {
+            kind: (
+                LinearModel(kind, (8, 8), (8, 8), 1).linear.shape[1],
+                LinearModel(kind, (8, 8, 8), (8, 8, 8), 1).linear.shape[1],
+            )
+            for kind in ("translation", "rigid", "similarity", "affine")
+        }
+        assert counts == {
+            "translation": (0, 0),
+            "rigid": (1, 3),
+            "similarity": (2, 4),
+            "affine": (4, 9),
+        }
 
 
 class TestLinearModelWarp:
-    @pytest.mark.parametrize("fixed_shape,moving_shape", [((40, 48), (40, 48)),
-                                                          ((36, 40), (44, 38)),
-                                                          ((16, 18, 20), (18, 16, 20))])
-    def test_full_resolution_equals_scipy_affine_transform(self, rng, fixed_shape,
-                                                           moving_shape):
+    @pytest.mark.parametrize(
+        "fixed_shape,moving_shape",
+        [((40, 48), (40, 48)), ((36, 40), (44, 38)), ((16, 18, 20), (18, 16, 20))],
+    )
+    def test_full_resolution_equals_scipy_affine_transform(self, rng, fixed_shape, moving_shape):
         d = len(fixed_shape)
         moving = random_smooth(rng, moving_shape)
         model = LinearModel("affine", fixed_shape, moving_shape, 1, dtype=torch.float64)
@@ -120,27 +140,34 @@ class TestLinearModelWarp:
         assert 0 < expected.sum() < expected.size
         np.testing.assert_array_equal(inside[0, 0].numpy().reshape(-1), expected.astype(float))
 
-    @pytest.mark.parametrize("fixed_shape,fixed_level,moving_shape,moving_level", [
-        ((64, 48), (16, 12), (64, 48), (16, 12)),
-        ((60, 44), (30, 22), (52, 64), (13, 16)),
-        ((32, 24, 40), (16, 12, 20), (32, 24, 40), (8, 6, 10)),
-    ])
-    def test_coarser_level_equals_scipy_on_the_level(self, rng, fixed_shape, fixed_level,
-                                                     moving_shape, moving_level):
+    @pytest.mark.parametrize(
+        "fixed_shape,fixed_level,moving_shape,moving_level",
+        [
+            ((64, 48), (16, 12), (64, 48), (16, 12)),
+            ((60, 44), (30, 22), (52, 64), (13, 16)),
+            ((32, 24, 40), (16, 12, 20), (32, 24, 40), (8, 6, 10)),
+        ],
+    )
+    def test_coarser_level_equals_scipy_on_the_level(
+        self, rng, fixed_shape, fixed_level, moving_shape, moving_level
+    ):
         # The full-resolution matrix, expressed between the two levels' pixels (same field
         # of view, pixel centers), is what SciPy must apply to the moving level.
         d = len(fixed_shape)
         moving_lvl = random_smooth(rng, moving_level, sigma=1.5)
         model = LinearModel("rigid", fixed_shape, moving_shape, 1, dtype=torch.float64)
-        _set(model, rng.normal(0, 3, d), rng.normal(0, 0.1, model.linear.shape[1])
-             * model.radius)
+        _set(model, rng.normal(0, 3, d), rng.normal(0, 0.1, model.linear.shape[1]) * model.radius)
         m = model.matrix()[0].detach().numpy()
-        at_level = (np.linalg.inv(_level_to_full(moving_shape, moving_level)) @ m
-                    @ _level_to_full(fixed_shape, fixed_level))
+        at_level = (
+            np.linalg.inv(_level_to_full(moving_shape, moving_level))
+            @ m
+            @ _level_to_full(fixed_shape, fixed_level)
+        )
         warped, inside = model.warp(torch.from_numpy(moving_lvl)[None, None], fixed_level)
         assert warped.shape[2:] == fixed_level
-        ref = ndi.affine_transform(moving_lvl, at_level, output_shape=fixed_level, order=1,
-                                   mode="nearest")
+        ref = ndi.affine_transform(
+            moving_lvl, at_level, output_shape=fixed_level, order=1, mode="nearest"
+        )
         np.testing.assert_allclose(warped[0, 0].detach().numpy(), ref, atol=1e-10)
         p = np.indices(fixed_level).reshape(d, -1)
         q = at_level[:d, :d] @ p + at_level[:d, d:]
@@ -192,8 +219,9 @@ class TestDenseModel:
         model.set_level((16, 13))  # coarse levels: at least 2 control points per axis
         assert model.field.shape == (2, 2, 2, 2)
 
-    @pytest.mark.parametrize("shape,level", [((64, 48), (32, 24)), ((64, 48), (64, 48)),
-                                             ((24, 32, 16), (12, 16, 8))])
+    @pytest.mark.parametrize(
+        "shape,level", [((64, 48), (32, 24)), ((64, 48), (64, 48)), ((24, 32, 16), (12, 16, 8))]
+    )
     def test_displacement_is_the_upsampled_field_in_level_pixels(self, rng, shape, level):
         d = len(shape)
         control = tuple(n // 8 for n in shape)
@@ -202,8 +230,13 @@ class TestDenseModel:
         out = model.displacement(level).detach().numpy()[0]
         assert out.shape == (d, *level)
         for axis in range(d):
-            up = ndi.zoom(field[0, axis], [n / c for n, c in zip(level, control)], order=1,
-                          grid_mode=True, mode="nearest")
+            up = ndi.zoom(
+                field[0, axis],
+                [n / c for n, c in zip(level, control)],
+                order=1,
+                grid_mode=True,
+                mode="nearest",
+            )
             # full-resolution pixels → level pixels along this component's axis
             np.testing.assert_allclose(out[axis], up * level[axis] / shape[axis], atol=1e-10)
 
@@ -270,8 +303,11 @@ class TestDenseModel:
         deformable = self._model("deformable", shape, field)
         ts = deformable.transforms()
         assert [type(t) for t in ts] == [DisplacementTransform] * 2
-        np.testing.assert_allclose(ts[1].to_displacement(shape),
-                                   deformable.displacement(shape)[1].detach().numpy(), atol=1e-5)
+        np.testing.assert_allclose(
+            ts[1].to_displacement(shape),
+            deformable.displacement(shape)[1].detach().numpy(),
+            atol=1e-5,
+        )
         velocity = self._model("diffeomorphic", shape, field).transforms()
         assert [type(t) for t in velocity] == [VelocityTransform] * 2
         init = rng.normal(0, 0.5, (2, *shape))

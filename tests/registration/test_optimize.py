@@ -38,14 +38,17 @@ def test_level_iterations_default_to_the_models(model):
     assert its == [DEFAULTS[model]["iterations"]] * 3
 
 
-@pytest.mark.parametrize("shape,full_resolution,expected", [
-    ((256, 256), None, [10, 10, 10]),  # 256² is not larger than 256²: kept
-    ((257, 256), None, [10, 10, 0]),  # larger: the finest level is skipped
-    ((64, 64, 64), None, [10, 10, 10]),
-    ((65, 64, 64), None, [10, 10, 0]),
-    ((1024, 1024), True, [10, 10, 10]),
-    ((32, 32), False, [10, 10, 0]),
-])
+@pytest.mark.parametrize(
+    "shape,full_resolution,expected",
+    [
+        ((256, 256), None, [10, 10, 10]),  # 256² is not larger than 256²: kept
+        ((257, 256), None, [10, 10, 0]),  # larger: the finest level is skipped
+        ((64, 64, 64), None, [10, 10, 10]),
+        ((65, 64, 64), None, [10, 10, 0]),
+        ((1024, 1024), True, [10, 10, 10]),
+        ((32, 32), False, [10, 10, 0]),
+    ],
+)
 def test_level_iterations_full_resolution_rule(shape, full_resolution, expected):
     assert level_iterations(10, "affine", shape, 3, full_resolution) == expected
 
@@ -62,7 +65,10 @@ def test_level_iterations_never_skip_the_only_level_and_take_lists():
 def test_make_schedule_defaults_per_model(model):
     s = make_schedule(model, None, None, 1e-4, None, 5, "lncc", None)
     assert (s.lr, s.iterations, s.reg_weight) == (
-        DEFAULTS[model]["lr"], DEFAULTS[model]["iterations"], DEFAULTS[model]["reg_weight"])
+        DEFAULTS[model]["lr"],
+        DEFAULTS[model]["iterations"],
+        DEFAULTS[model]["reg_weight"],
+    )
     # Dense fields need a smoothness prior; linear models have none to weigh.
     assert (s.reg_weight > 0) == (model in ("deformable", "diffeomorphic"))
     assert s.optimizer == "adam" and s.metric_options == {} and s.metric == "lncc"
@@ -70,25 +76,29 @@ def test_make_schedule_defaults_per_model(model):
 
 def test_make_schedule_takes_the_users_values():
     s = make_schedule("deformable", 0.25, [4, 2], 1e-3, 0.0, 2, "ssim", 7, optimizer="lbfgs")
-    assert (s.lr, s.iterations, s.tol, s.reg_weight, s.report_every) == (0.25, [4, 2], 1e-3,
-                                                                          0.0, 2)
+    assert (s.lr, s.iterations, s.tol, s.reg_weight, s.report_every) == (0.25, [4, 2], 1e-3, 0.0, 2)
     assert (s.optimizer, s.metric, s.metric_options) == ("lbfgs", "ssim", {"window": 7})
 
 
 def test_make_schedule_rejects_an_unknown_optimizer():
-    with pytest.raises(ValueError, match="optimizer must be one of 'auto', 'adam', 'lbfgs', got 'sgd'"):
+    with pytest.raises(
+        ValueError, match="optimizer must be one of 'auto', 'adam', 'lbfgs', got 'sgd'"
+    ):
         make_schedule("affine", None, None, 1e-4, None, 5, "lncc", None, optimizer="sgd")
 
 
-@pytest.mark.parametrize("metric,options,shape,window", [
-    ("lncc", {}, (64, 64), 9),  # the default window, where it fits
-    ("lncc", {}, (6, 20), 5),  # shrunk to the largest odd size that fits
-    ("lncc", {}, (8, 8), 7),
-    ("lncc", {"window": 15}, (10, 40), 9),
-    ("lncc", {"window": 5}, (64, 64), 5),
-    ("ssim", {}, (64, 64), 11),
-    ("ssim", {}, (4, 9, 30), 3),
-])
+@pytest.mark.parametrize(
+    "metric,options,shape,window",
+    [
+        ("lncc", {}, (64, 64), 9),  # the default window, where it fits
+        ("lncc", {}, (6, 20), 5),  # shrunk to the largest odd size that fits
+        ("lncc", {}, (8, 8), 7),
+        ("lncc", {"window": 15}, (10, 40), 9),
+        ("lncc", {"window": 5}, (64, 64), 5),
+        ("ssim", {}, (64, 64), 11),
+        ("ssim", {}, (4, 9, 30), 3),
+    ],
+)
 def test_level_loss_shrinks_the_window_on_small_levels(metric, options, shape, window):
     loss = level_loss(Schedule(metric=metric, metric_options=options), shape)
     assert isinstance(loss, {"lncc": LocalNCCLoss, "ssim": SSIMLoss}[metric])
@@ -110,18 +120,24 @@ def _translation_case(rng, shift, shape=(48, 48), levels=2, metric="ncc", **sche
     fixed = random_smooth(rng, shape, sigma=3.0)
     moving = ndi.shift(fixed, shift, order=3, mode="nearest")
     shapes = level_shapes(shape, levels)
-    as_t = lambda a: torch.from_numpy(a.astype(np.float32))[None, None]  # noqa: E731
+    as_t = lambda a: torch.from_numpy(a.astype(np.float32))[None, None]
     model = LinearModel("translation", shape, shape, 1)
     sched = Schedule(metric=metric, **schedule)
-    return (model, build_pyramid(as_t(fixed), shapes), build_pyramid(as_t(moving), shapes),
-            [None] * levels, sched)
+    return (
+        model,
+        build_pyramid(as_t(fixed), shapes),
+        build_pyramid(as_t(moving), shapes),
+        [None] * levels,
+        sched,
+    )
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "lbfgs"])
 def test_optimize_recovers_a_known_translation(rng, optimizer):
     shift = (2.3, -1.6)
     model, fixed, moving, weights, schedule = _translation_case(
-        rng, shift, iterations=60, optimizer=optimizer)
+        rng, shift, iterations=60, optimizer=optimizer
+    )
     history = []
     stopped, best = drive(optimize(model, fixed, moving, weights, schedule, history))
     assert not stopped
@@ -132,7 +148,8 @@ def test_optimize_recovers_a_known_translation(rng, optimizer):
 
 def test_optimize_stops_within_one_iteration_when_sent_true(rng):
     model, fixed, moving, weights, schedule = _translation_case(
-        rng, (2.0, 1.0), iterations=50, report_every=1)
+        rng, (2.0, 1.0), iterations=50, report_every=1
+    )
     history = []
     run = optimize(model, fixed, moving, weights, schedule, history)
     first = next(run)
@@ -152,7 +169,8 @@ def test_optimize_keeps_the_best_parameters_when_the_loss_goes_up(rng):
     # Near the answer with a huge step, Adam overshoots: later iterates are worse than
     # earlier ones, and the run must end on the best parameters it evaluated.
     model, fixed, moving, weights, schedule = _translation_case(
-        rng, (0.4, -0.3), levels=1, metric="mse", lr=6.0, iterations=8, patience=100)
+        rng, (0.4, -0.3), levels=1, metric="mse", lr=6.0, iterations=8, patience=100
+    )
     history = []
     drive(optimize(model, fixed, moving, weights, schedule, history))
     assert history[-1] > min(history) + 1e-4  # the loss did go up

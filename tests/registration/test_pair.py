@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from napari_simwarp.registration import register, register_iter
 from napari_simwarp.ops import jacobian_determinant
+from napari_simwarp.registration import register, register_iter
 from tests.registration.cases import affine_pair, centered_affine, corner_error, deformed_pair
 
 
@@ -42,9 +42,14 @@ def test_other_metrics_converge(affine_case, metric):
     assert corner_error(result.transform.matrix, m, fixed.shape) < 0.3
 
 
-@pytest.mark.parametrize("model,lin", [
-    ("translation", np.eye(2)), ("rigid", _rotation(8)), ("similarity", _rotation(-5) * 1.06),
-])
+@pytest.mark.parametrize(
+    "model,lin",
+    [
+        ("translation", np.eye(2)),
+        ("rigid", _rotation(8)),
+        ("similarity", _rotation(-5) * 1.06),
+    ],
+)
 def test_constrained_models(model, lin):
     rng = np.random.default_rng(3)
     shape = (96, 96)
@@ -132,16 +137,19 @@ def test_generator_send_stop_returns_result(affine_case):
     assert result.stopped and result.warped.shape == fixed.shape
 
 
-@pytest.mark.parametrize("fixed,moving,kwargs,match", [
-    (np.zeros((8, 8)), np.zeros((8, 8, 8)), {}, "dimensionality"),
-    (np.full((16, 16), np.nan), np.ones((16, 16)), {}, "NaN"),
-    (np.zeros((0, 16)), np.ones((16, 16)), {}, "empty"),
-    (np.ones((16, 16)), np.random.rand(16, 16), {}, "constant"),
-    (np.random.rand(16, 16), np.random.rand(16, 16), {"model": "bspline"}, "model"),
-    (np.random.rand(16, 16), np.random.rand(16, 16), {"metric": "mi"}, "metric"),
-    (np.random.rand(16, 16), np.random.rand(20, 16), {"model": "deformable"}, "same shape"),
-    (np.random.rand(16), np.random.rand(16), {}, "2-D or 3-D"),
-])
+@pytest.mark.parametrize(
+    "fixed,moving,kwargs,match",
+    [
+        (np.zeros((8, 8)), np.zeros((8, 8, 8)), {}, "dimensionality"),
+        (np.full((16, 16), np.nan), np.ones((16, 16)), {}, "NaN"),
+        (np.zeros((0, 16)), np.ones((16, 16)), {}, "empty"),
+        (np.ones((16, 16)), np.random.rand(16, 16), {}, "constant"),
+        (np.random.rand(16, 16), np.random.rand(16, 16), {"model": "bspline"}, "model"),
+        (np.random.rand(16, 16), np.random.rand(16, 16), {"metric": "mi"}, "metric"),
+        (np.random.rand(16, 16), np.random.rand(20, 16), {"model": "deformable"}, "same shape"),
+        (np.random.rand(16), np.random.rand(16), {}, "2-D or 3-D"),
+    ],
+)
 def test_bad_input_errors(fixed, moving, kwargs, match):
     with pytest.raises(ValueError, match=match):
         register(fixed, moving, **kwargs)

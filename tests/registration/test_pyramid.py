@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -32,15 +33,29 @@ def _levels_by_definition(shape, min_size, max_levels) -> int:
     return best
 
 
-@pytest.mark.parametrize("shape", [(512, 512), (256, 300), (100, 64), (40, 40), (31, 200),
-                                   (8, 8), (128, 96, 96), (48, 64, 40), (20, 20, 20)])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (512, 512),
+        (256, 300),
+        (100, 64),
+        (40, 40),
+        (31, 200),
+        (8, 8),
+        (128, 96, 96),
+        (48, 64, 40),
+        (20, 20, 20),
+    ],
+)
 @pytest.mark.parametrize("max_levels", [3, 5])
 def test_auto_levels_keeps_the_coarsest_side_above_the_minimum(shape, max_levels):
     default = 32 if len(shape) == 2 else 16
     assert auto_levels(shape, max_levels=max_levels) == _levels_by_definition(
-        shape, default, max_levels)
+        shape, default, max_levels
+    )
     assert auto_levels(shape, min_size=10, max_levels=max_levels) == _levels_by_definition(
-        shape, 10, max_levels)
+        shape, 10, max_levels
+    )
 
 
 def test_auto_levels_of_a_tiny_image_is_one():
@@ -48,14 +63,15 @@ def test_auto_levels_of_a_tiny_image_is_one():
     assert auto_levels((10, 10, 10)) == 1
 
 
-@pytest.mark.parametrize("shape,levels", [((100, 37), 3), ((64, 48), 4), ((9, 30, 17), 5),
-                                          ((256, 256), 1)])
+@pytest.mark.parametrize(
+    "shape,levels", [((100, 37), 3), ((64, 48), 4), ((9, 30, 17), 5), ((256, 256), 1)]
+)
 def test_level_shapes_halve_from_the_finest(shape, levels):
     shapes = level_shapes(shape, levels)
     assert len(shapes) == levels and shapes[-1] == tuple(shape)
     for k, s in enumerate(reversed(shapes)):
         assert s == tuple(max(1, int(np.round(n / 2**k))) for n in shape)
-    assert all(all(a <= b for a, b in zip(c, f)) for c, f in zip(shapes, shapes[1:]))
+    assert all(all(a <= b for a, b in zip(c, f)) for c, f in itertools.pairwise(shapes))
 
 
 @pytest.mark.parametrize("sigma", [0.5, 1.0, 1.7, 3.0])
@@ -82,9 +98,16 @@ def test_gaussian_blur_with_no_sigma_returns_the_input():
     assert gaussian_blur(x, 0) is x
 
 
-@pytest.mark.parametrize("shape,new", [((32, 40), (16, 20)), ((30, 21), (11, 8)),
-                                       ((10, 12), (25, 31)), ((12, 10, 14), (6, 5, 7)),
-                                       ((6, 8, 5), (11, 16, 9))])
+@pytest.mark.parametrize(
+    "shape,new",
+    [
+        ((32, 40), (16, 20)),
+        ((30, 21), (11, 8)),
+        ((10, 12), (25, 31)),
+        ((12, 10, 14), (6, 5, 7)),
+        ((6, 8, 5), (11, 16, 9)),
+    ],
+)
 def test_resize_matches_scipy_zoom_over_the_same_field_of_view(rng, shape, new):
     image = rng.random(shape)
     zoom = [m / n for m, n in zip(new, shape)]
@@ -104,7 +127,8 @@ def _block_means(image: np.ndarray, shape) -> np.ndarray:
     """Means over the blocks of ``image`` that each pixel of ``shape`` covers (integer factors)."""
     factors = [n // m for n, m in zip(image.shape, shape)]
     return image.reshape([v for m, f in zip(shape, factors) for v in (m, f)]).mean(
-        axis=tuple(range(1, 2 * len(shape), 2)))
+        axis=tuple(range(1, 2 * len(shape), 2))
+    )
 
 
 @pytest.mark.parametrize("shape", [(64, 48), (32, 24, 40)])
@@ -120,8 +144,9 @@ def test_build_pyramid_levels_cover_the_same_field_of_view(rng, shape):
     assert levels[-1] is x
     inner = tuple(slice(3, -3) for _ in shape)  # the blurs' reach of the borders
     for level, s in zip(levels[:-1], shapes):
-        np.testing.assert_allclose(level[0, 0].numpy()[inner], _block_means(ramp, s)[inner],
-                                   rtol=0, atol=1e-10)
+        np.testing.assert_allclose(
+            level[0, 0].numpy()[inner], _block_means(ramp, s)[inner], rtol=0, atol=1e-10
+        )
 
 
 @pytest.mark.parametrize("shape", [(64, 48), (32, 24, 40)])

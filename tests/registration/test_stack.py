@@ -49,10 +49,15 @@ def test_callback_stops(drift_case):
     assert result.stopped and len(seen) == 1 and len(result.transforms) == len(stack)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"reference": "last"}, "reference"), ({"reference": 99}, "out of range"),
-    ({"model": "spline"}, "model"), ({"batch_size": 0}, "batch_size"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"reference": "last"}, "reference"),
+        ({"reference": 99}, "out of range"),
+        ({"model": "spline"}, "model"),
+        ({"batch_size": 0}, "batch_size"),
+    ],
+)
 def test_stack_errors(drift_case, kwargs, match):
     with pytest.raises(ValueError, match=match):
         register_stack(drift_case[0][:3], **kwargs)

@@ -71,19 +71,23 @@ def test_displacement_resize_rescales_components(rng):
     np.testing.assert_allclose(up, 2.0, atol=1e-5)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: AffineTransform(np.eye(4), "rigid"),
-    lambda: DisplacementTransform(np.zeros((2, 8, 9))),
-    lambda: VelocityTransform(np.ones((3, 4, 5, 6)), steps=5),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: AffineTransform(np.eye(4), "rigid"),
+        lambda: DisplacementTransform(np.zeros((2, 8, 9))),
+        lambda: VelocityTransform(np.ones((3, 4, 5, 6)), steps=5),
+    ],
+)
 def test_save_load_roundtrip(tmp_path, make):
     t = make()
     path = t.save(tmp_path / "t")
     assert path.suffix == ".npz"
     back = load_transform(path)
     assert type(back) is type(t) and back.kind == t.kind
-    np.testing.assert_array_equal(back.to_displacement((4, 5, 6)[: t.ndim]),
-                                  t.to_displacement((4, 5, 6)[: t.ndim]))
+    np.testing.assert_array_equal(
+        back.to_displacement((4, 5, 6)[: t.ndim]), t.to_displacement((4, 5, 6)[: t.ndim])
+    )
 
 
 def test_bad_transform_inputs(tmp_path):

@@ -14,8 +14,9 @@ def test_pair_snapshots_and_stop():
     from scipy import ndimage as ndi
 
     moving = ndi.shift(fixed, (2.0, -1.0), order=1, mode="nearest")
-    run = RegistrationRun(fixed, moving, RunSettings(model="translation", iterations=200,
-                                                     levels=1, report_every=1))
+    run = RegistrationRun(
+        fixed, moving, RunSettings(model="translation", iterations=200, levels=1, report_every=1)
+    )
     gen = run.snapshots()
     first = next(gen)
     assert first.warped.shape == fixed.shape and first.displacement.shape[1:] == (2, 2)

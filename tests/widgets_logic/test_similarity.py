@@ -8,7 +8,9 @@ import torch
 
 from napari_simwarp import ops
 from napari_simwarp.widgets_logic.similarity import (
-    SimilarityModel, SimilarityParams, display_for,
+    SimilarityModel,
+    SimilarityParams,
+    display_for,
 )
 
 

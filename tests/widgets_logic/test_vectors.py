@@ -25,8 +25,9 @@ def test_field_to_vectors_samples_the_cell_centers():
 def test_field_to_vectors_reads_the_field_at_each_position_scaled_and_offset(rng):
     field = rng.normal(size=(3, 7, 9, 10))
     v = field_to_vectors(field, 3, scale=2.5, offset=(10.0, -1.0, 0.5))
-    z, y, x = np.meshgrid(np.arange(1, 7, 3), np.arange(1, 9, 3), np.arange(1, 10, 3),
-                          indexing="ij")
+    z, y, x = np.meshgrid(
+        np.arange(1, 7, 3), np.arange(1, 9, 3), np.arange(1, 10, 3), indexing="ij"
+    )
     idx = (z.ravel(), y.ravel(), x.ravel())
     assert v.shape == (z.size, 2, 3) and v.dtype == np.float32
     np.testing.assert_array_equal(v[:, 0], np.stack(idx, 1) + [10.0, -1.0, 0.5])

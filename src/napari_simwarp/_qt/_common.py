@@ -18,7 +18,7 @@ def notify_info(msg: str) -> None:
 
 
 def layer_by_name(viewer, name: str):
-    return viewer.layers[name] if name in viewer.layers else None
+    return viewer.layers[name] if name in viewer.layers else None  # noqa: SIM401 (LayerList has no .get)
 
 
 def put_layer(viewer, kind: str, name: str, data, like=None, **props):

@@ -38,8 +38,14 @@ def build_demo_viewer(viewer, device: str = "auto") -> dict:
     layers["time-lapse"].visible = False
     size = TEMPLATE_SIZE
     box = np.array([[0, 0], [0, size], [size, size], [size, 0]], float) + TEMPLATE_CORNER - 0.5
-    shapes = viewer.add_shapes([box], shape_type="rectangle", name="template box",
-                               edge_color="cyan", face_color="transparent", edge_width=2)
+    shapes = viewer.add_shapes(
+        [box],
+        shape_type="rectangle",
+        name="template box",
+        edge_color="cyan",
+        face_color="transparent",
+        edge_width=2,
+    )
 
     sim = SimilarityMapWidget(viewer)
     match = TemplateMatchingWidget(viewer)

@@ -7,16 +7,25 @@ from typing import TYPE_CHECKING
 import napari.layers
 import numpy as np
 from magicgui.widgets import (
-    ComboBox, FloatSpinBox, Label, PushButton, SpinBox, create_widget,
+    ComboBox,
+    FloatSpinBox,
+    Label,
+    PushButton,
+    SpinBox,
+    create_widget,
 )
 from napari.qt.threading import create_worker
 
 from ..widgets_logic.matching import (
-    BOXES_LAYER, MAP_LAYER, POINTS_LAYER, match, rectangle_slices,
+    BOXES_LAYER,
+    MAP_LAYER,
+    POINTS_LAYER,
+    match,
+    rectangle_slices,
 )
 from ._common import (
-    WorkerWidget,
     BackendLabel,
+    WorkerWidget,
     device_choices,
     layer_image,
     notify_error,
@@ -43,27 +52,53 @@ class TemplateMatchingWidget(WorkerWidget):
 
     task = "template matching"
 
-
     def __init__(self, napari_viewer: napari.viewer.Viewer):
         super().__init__()
         self._viewer = napari_viewer
         self._image = create_widget(name="image", annotation=napari.layers.Image, label="image")
-        self._source = ComboBox(name="source", choices=list(SOURCES), value=SOURCES[0], label="template from")
-        self._shapes = create_widget(name="shapes", annotation=napari.layers.Shapes, label="rectangle",
-                                     options={"nullable": True})
-        self._template = create_widget(name="template", annotation=napari.layers.Image, label="template",
-                                       options={"nullable": True})
+        self._source = ComboBox(
+            name="source", choices=list(SOURCES), value=SOURCES[0], label="template from"
+        )
+        self._shapes = create_widget(
+            name="shapes",
+            annotation=napari.layers.Shapes,
+            label="rectangle",
+            options={"nullable": True},
+        )
+        self._template = create_widget(
+            name="template",
+            annotation=napari.layers.Image,
+            label="template",
+            options={"nullable": True},
+        )
         self._k = SpinBox(name="k", value=5, min=1, max=1000, label="top k")
-        self._threshold = FloatSpinBox(name="threshold", value=0.5, min=-1.0, max=1.0, step=0.05,
-                                       label="threshold")
-        self._distance = SpinBox(name="distance", value=0, min=0, max=10000, label="min distance (0: auto)")
-        self._device = ComboBox(name="device", choices=device_choices(), value="auto", label="device")
+        self._threshold = FloatSpinBox(
+            name="threshold", value=0.5, min=-1.0, max=1.0, step=0.05, label="threshold"
+        )
+        self._distance = SpinBox(
+            name="distance", value=0, min=0, max=10000, label="min distance (0: auto)"
+        )
+        self._device = ComboBox(
+            name="device", choices=device_choices(), value="auto", label="device"
+        )
         self._run = PushButton(text="Find matches")
         self._status = Label(value="")
         self._backend = BackendLabel(lambda: self._device.value)
-        self.extend([self._image, self._source, self._shapes, self._template, self._k,
-                     self._threshold, self._distance, self._device, self._run, self._status,
-                     self._backend])
+        self.extend(
+            [
+                self._image,
+                self._source,
+                self._shapes,
+                self._template,
+                self._k,
+                self._threshold,
+                self._distance,
+                self._device,
+                self._run,
+                self._status,
+                self._backend,
+            ]
+        )
         self._source.changed.connect(self._update_visibility)
         self._device.changed.connect(self._backend.refresh)
         self._run.changed.connect(self.run)
@@ -104,11 +139,17 @@ class TemplateMatchingWidget(WorkerWidget):
             notify_error("template matching", exc)
             return
         self._status.value = f"matching a {'×'.join(map(str, template.shape))} template…"
-        worker = create_worker(match, image, template, k=int(self._k.value),
-                               threshold=float(self._threshold.value),
-                               min_distance=int(self._distance.value) or None,
-                               device=self._device.value, _ignore_errors=True,
-                               _progress={"desc": "Template matching"})
+        worker = create_worker(
+            match,
+            image,
+            template,
+            k=int(self._k.value),
+            threshold=float(self._threshold.value),
+            min_distance=int(self._distance.value) or None,
+            device=self._device.value,
+            _ignore_errors=True,
+            _progress={"desc": "Template matching"},
+        )
         worker.returned.connect(self._show)
         worker.errored.connect(self._on_error)
         worker.finished.connect(self._on_finished)
@@ -120,22 +161,48 @@ class TemplateMatchingWidget(WorkerWidget):
             return
         self.result = result
         image = self._image.value
-        put_layer(self._viewer, "image", MAP_LAYER, result.zncc, like=image, colormap="bwr",
-                  contrast_limits=(-1.0, 1.0), opacity=0.6, blending="translucent")
+        put_layer(
+            self._viewer,
+            "image",
+            MAP_LAYER,
+            result.zncc,
+            like=image,
+            colormap="bwr",
+            contrast_limits=(-1.0, 1.0),
+            opacity=0.6,
+            blending="translucent",
+        )
         features = {"score": result.scores.astype(np.float32)}
         ndim = result.zncc.ndim
-        put_layer(self._viewer, "points", POINTS_LAYER,
-                  result.centers.astype(np.float32).reshape(-1, ndim), like=image,
-                  features=features, size=max(4, min(result.template_shape) // 4),
-                  face_color="yellow", text={"string": "{score:.2f}", "color": "yellow",
-                                             "anchor": "upper_left", "size": 9})
+        put_layer(
+            self._viewer,
+            "points",
+            POINTS_LAYER,
+            result.centers.astype(np.float32).reshape(-1, ndim),
+            like=image,
+            features=features,
+            size=max(4, min(result.template_shape) // 4),
+            face_color="yellow",
+            text={"string": "{score:.2f}", "color": "yellow", "anchor": "upper_left", "size": 9},
+        )
         if ndim == 2:
-            put_layer(self._viewer, "shapes", BOXES_LAYER, list(result.boxes()), like=image,
-                      shape_type="rectangle", edge_color="yellow", face_color="transparent",
-                      edge_width=2)
+            put_layer(
+                self._viewer,
+                "shapes",
+                BOXES_LAYER,
+                list(result.boxes()),
+                like=image,
+                shape_type="rectangle",
+                edge_color="yellow",
+                face_color="transparent",
+                edge_width=2,
+            )
         else:  # no boxes in 3D: an earlier 2D run's boxes would no longer match the points
             remove_layer(self._viewer, BOXES_LAYER)
         n = len(result.scores)
-        best = f", best {result.scores[0]:.3f} at {tuple(int(c) for c in result.centers[0])}" \
-            if n else ""
+        best = (
+            f", best {result.scores[0]:.3f} at {tuple(int(c) for c in result.centers[0])}"
+            if n
+            else ""
+        )
         self._status.value = f"{n} match(es){best} in {result.seconds:.2f} s"

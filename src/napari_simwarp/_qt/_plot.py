@@ -32,14 +32,19 @@ class LossPlot(QWidget):
             span = hi - lo if hi > lo else 1.0
             w, h, m = self.width(), self.height(), 6
             n = len(self.values) - 1
-            poly = QPolygonF([QPointF(m + (w - 2 * m) * i / n,
-                                      m + 12 + (h - 2 * m - 12) * (hi - v) / span)
-                              for i, v in enumerate(self.values)])
+            poly = QPolygonF(
+                [
+                    QPointF(m + (w - 2 * m) * i / n, m + 12 + (h - 2 * m - 12) * (hi - v) / span)
+                    for i, v in enumerate(self.values)
+                ]
+            )
             p.setPen(QPen(QColor(255, 170, 0), 1.5))
             p.drawPolyline(poly)
         if self.values:
             p.setPen(QColor(220, 220, 220))
-            p.drawText(self.rect().adjusted(0, 2, -6, 0),
-                       int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignTop),
-                       f"{self.values[-1]:.4g}")
+            p.drawText(
+                self.rect().adjusted(0, 2, -6, 0),
+                int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignTop),
+                f"{self.values[-1]:.4g}",
+            )
         p.end()

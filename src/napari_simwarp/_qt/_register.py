@@ -7,18 +7,27 @@ from typing import TYPE_CHECKING
 import napari.layers
 import numpy as np
 from magicgui.widgets import (
-    CheckBox, ComboBox, Label, PushButton, SpinBox, create_widget,
+    CheckBox,
+    ComboBox,
+    Label,
+    PushButton,
+    SpinBox,
+    create_widget,
 )
 from napari.qt.threading import create_worker
 
+from ..widgets_logic.geometry import apply_transforms, layer_affine
 from ..widgets_logic.registration import (
-    DISPLACEMENT_LAYER, GRADIENT_LAYER, REFERENCES, WARPED_LAYER, RegistrationRun,
+    DISPLACEMENT_LAYER,
+    GRADIENT_LAYER,
+    REFERENCES,
+    WARPED_LAYER,
+    RegistrationRun,
     RunSettings,
 )
-from ..widgets_logic.geometry import apply_transforms, layer_affine
 from ._common import (
-    WorkerWidget,
     BackendLabel,
+    WorkerWidget,
     device_choices,
     layer_image,
     notify_error,
@@ -49,37 +58,64 @@ class RegisterWidget(WorkerWidget):
 
     task = "registration"
 
-
     def __init__(self, napari_viewer: napari.viewer.Viewer):
         from ..registration import METRICS, MODELS
 
         super().__init__()
         self._viewer = napari_viewer
-        self._mode = ComboBox(name="mode", choices=list(MODES), value="pair (2D / 3D)", label="mode")
-        self._fixed = create_widget(name="fixed", annotation=napari.layers.Image, label="fixed",
-                                    options={"nullable": True})
+        self._mode = ComboBox(
+            name="mode", choices=list(MODES), value="pair (2D / 3D)", label="mode"
+        )
+        self._fixed = create_widget(
+            name="fixed", annotation=napari.layers.Image, label="fixed", options={"nullable": True}
+        )
         self._moving = create_widget(name="moving", annotation=napari.layers.Image, label="moving")
-        self._reference = ComboBox(name="reference", choices=list(REFERENCES), value="first", label="reference")
+        self._reference = ComboBox(
+            name="reference", choices=list(REFERENCES), value="first", label="reference"
+        )
         self._model = ComboBox(name="model", choices=list(MODELS), value="affine", label="model")
         self._metric = ComboBox(name="metric", choices=list(METRICS), value="lncc", label="metric")
-        self._levels = SpinBox(name="levels", value=0, min=0, max=8, label="pyramid levels (0: auto)")
-        self._iterations = SpinBox(name="iterations", value=0, min=0, max=10000,
-                                   label="iterations / level (0: default)")
-        self._device = ComboBox(name="device", choices=device_choices(), value="auto", label="device")
+        self._levels = SpinBox(
+            name="levels", value=0, min=0, max=8, label="pyramid levels (0: auto)"
+        )
+        self._iterations = SpinBox(
+            name="iterations", value=0, min=0, max=10000, label="iterations / level (0: default)"
+        )
+        self._device = ComboBox(
+            name="device", choices=device_choices(), value="auto", label="device"
+        )
         self._gradient = CheckBox(value=True, text="show similarity gradient")
         self._run_btn = PushButton(text="Register")
         self._cancel_btn = PushButton(text="Cancel", enabled=False)
         self._status = Label(value="")
         self._backend = BackendLabel(lambda: self._device.value)
         self._save_btn = PushButton(text="Save transform…", enabled=False)
-        self._apply_to = create_widget(name="apply_to", annotation=napari.layers.Layer, label="apply to",
-                                       options={"nullable": True})
+        self._apply_to = create_widget(
+            name="apply_to",
+            annotation=napari.layers.Layer,
+            label="apply to",
+            options={"nullable": True},
+        )
         self._apply_btn = PushButton(text="Apply transform to layer", enabled=False)
         self._affine_btn = PushButton(text="Show on moving layer's affine", enabled=False)
-        self.extend([self._mode, self._fixed, self._moving, self._reference, self._model,
-                     self._metric, self._levels, self._iterations, self._device,
-                     self._gradient, self._run_btn, self._cancel_btn, self._status,
-                     self._backend])
+        self.extend(
+            [
+                self._mode,
+                self._fixed,
+                self._moving,
+                self._reference,
+                self._model,
+                self._metric,
+                self._levels,
+                self._iterations,
+                self._device,
+                self._gradient,
+                self._run_btn,
+                self._cancel_btn,
+                self._status,
+                self._backend,
+            ]
+        )
         self._plot = LossPlot()
         self.native.layout().addWidget(self._plot)
         self.extend([self._save_btn, self._apply_to, self._apply_btn, self._affine_btn])
@@ -112,11 +148,17 @@ class RegisterWidget(WorkerWidget):
             self._model.value = "translation"
 
     def settings(self) -> RunSettings:
-        return RunSettings(mode=self.mode, model=self._model.value, metric=self._metric.value,
-                           levels=int(self._levels.value) or "auto",
-                           iterations=int(self._iterations.value) or None,
-                           device=self._device.value, reference=self._reference.value,
-                           show_gradient=bool(self._gradient.value), min_interval=0.2)
+        return RunSettings(
+            mode=self.mode,
+            model=self._model.value,
+            metric=self._metric.value,
+            levels=int(self._levels.value) or "auto",
+            iterations=int(self._iterations.value) or None,
+            device=self._device.value,
+            reference=self._reference.value,
+            show_gradient=bool(self._gradient.value),
+            min_interval=0.2,
+        )
 
     # -- running ------------------------------------------------------------------------
     def run(self, *_):
@@ -138,9 +180,11 @@ class RegisterWidget(WorkerWidget):
             remove_layer(self._viewer, GRADIENT_LAYER)
         self.snapshots_shown = 0
         self._plot.set_values([])
-        worker = create_worker(run.snapshots, _ignore_errors=True,
-                               _progress={"total": run.expected_steps() + 1,
-                                          "desc": "Registering"})
+        worker = create_worker(
+            run.snapshots,
+            _ignore_errors=True,
+            _progress={"total": run.expected_steps() + 1, "desc": "Registering"},
+        )
         worker.yielded.connect(self._show)
         worker.errored.connect(self._on_error)
         worker.finished.connect(self._on_finished)
@@ -161,8 +205,9 @@ class RegisterWidget(WorkerWidget):
         done = not running and self._run is not None and self._run.result is not None
         self._save_btn.enabled = done
         self._apply_btn.enabled = done
-        linear = done and hasattr(self._run.transforms[0], "matrix") and \
-            len(self._run.transforms) == 1
+        linear = (
+            done and hasattr(self._run.transforms[0], "matrix") and len(self._run.transforms) == 1
+        )
         self._affine_btn.enabled = linear
 
     def _show(self, snap):
@@ -173,20 +218,46 @@ class RegisterWidget(WorkerWidget):
         name = WARPED_LAYER.format(moving=moving.name if moving is not None else "moving")
         if snap.warped is not None:
             limits = tuple(moving.contrast_limits) if moving is not None else None
-            put_layer(self._viewer, "image", name, snap.warped, like=fixed,
-                      colormap="magenta", blending="additive",
-                      **({"contrast_limits": limits} if limits else {}))
+            put_layer(
+                self._viewer,
+                "image",
+                name,
+                snap.warped,
+                like=fixed,
+                colormap="magenta",
+                blending="additive",
+                **({"contrast_limits": limits} if limits else {}),
+            )
         if snap.displacement is not None:
             # Display length: the longest arrow spans about one grid cell (data unscaled).
-            norms = np.linalg.norm(snap.displacement[:, 1], axis=1) if len(
-                snap.displacement) else np.zeros(1)
+            norms = (
+                np.linalg.norm(snap.displacement[:, 1], axis=1)
+                if len(snap.displacement)
+                else np.zeros(1)
+            )
             top = float(norms.max()) if norms.size else 0.0
             length = min(max(0.9 * self._run.spacing / top, 1.0), 20.0) if top > 0 else 1.0
-            put_layer(self._viewer, "vectors", DISPLACEMENT_LAYER, snap.displacement,
-                      like=fixed, edge_color="yellow", edge_width=1.5, length=length)
+            put_layer(
+                self._viewer,
+                "vectors",
+                DISPLACEMENT_LAYER,
+                snap.displacement,
+                like=fixed,
+                edge_color="yellow",
+                edge_width=1.5,
+                length=length,
+            )
         if snap.gradient is not None:
-            put_layer(self._viewer, "vectors", GRADIENT_LAYER, snap.gradient, like=fixed,
-                      edge_color="cyan", edge_width=1.0, length=1.0)
+            put_layer(
+                self._viewer,
+                "vectors",
+                GRADIENT_LAYER,
+                snap.gradient,
+                like=fixed,
+                edge_color="cyan",
+                edge_width=1.0,
+                length=1.0,
+            )
         self.snapshots_shown += 1
         self._status.value = snap.describe()
 
@@ -221,8 +292,9 @@ class RegisterWidget(WorkerWidget):
     def _ask_save(self, *_):
         from qtpy.QtWidgets import QFileDialog
 
-        path, _ = QFileDialog.getSaveFileName(self.native, "Save transform", "transform.npz",
-                                              "Transforms (*.npz)")
+        path, _ = QFileDialog.getSaveFileName(
+            self.native, "Save transform", "transform.npz", "Transforms (*.npz)"
+        )
         if path:
             try:
                 saved = self.save_transform(path)
@@ -239,8 +311,10 @@ class RegisterWidget(WorkerWidget):
             if not ts:
                 raise ValueError("run a registration first")
             if getattr(layer, "rgb", False):
-                raise ValueError(f"{layer.name!r} is an RGB layer: split its channels first "
-                                 "(Layers › Split RGB) and apply the transform to each")
+                raise ValueError(
+                    f"{layer.name!r} is an RGB layer: split its channels first "
+                    "(Layers › Split RGB) and apply the transform to each"
+                )
             labels = isinstance(layer, napari.layers.Labels)
             fixed = self._fixed_layer if self._run.settings.mode == "pair" else None
             shape = tuple(np.shape(fixed.data)) if fixed is not None else None
@@ -249,8 +323,13 @@ class RegisterWidget(WorkerWidget):
             notify_error("applying the transform", exc)
             return None
         kind = "labels" if labels else "image"
-        return put_layer(self._viewer, kind, WARPED_LAYER.format(moving=layer.name), out,
-                         like=fixed if fixed is not None else layer)
+        return put_layer(
+            self._viewer,
+            kind,
+            WARPED_LAYER.format(moving=layer.name),
+            out,
+            like=fixed if fixed is not None else layer,
+        )
 
     def show_affine(self, *_):
         """Show the moving layer aligned through its ``affine`` (no resampling)."""
@@ -262,8 +341,9 @@ class RegisterWidget(WorkerWidget):
             if layer is None or layer not in self._viewer.layers:
                 raise ValueError("the moving layer is gone")
             fixed = self._fixed_layer
-            layer.affine = layer_affine(ts[0], (fixed.scale, fixed.translate),
-                                        (layer.scale, layer.translate))
+            layer.affine = layer_affine(
+                ts[0], (fixed.scale, fixed.translate), (layer.scale, layer.translate)
+            )
         except ValueError as exc:
             notify_error("showing the affine", exc)
 

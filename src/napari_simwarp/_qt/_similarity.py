@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 import napari.layers
 from magicgui.widgets import (
-    CheckBox, ComboBox, FloatSpinBox, Label, PushButton, SpinBox, create_widget,
+    CheckBox,
+    ComboBox,
+    FloatSpinBox,
+    Label,
+    PushButton,
+    SpinBox,
+    create_widget,
 )
 from napari.qt.threading import create_worker
 from qtpy.QtCore import QTimer
 
 from ..widgets_logic.similarity import (
-    METRICS, RESULT_LAYER, SimilarityModel, SimilarityParams, needs_second,
+    METRICS,
+    RESULT_LAYER,
+    SimilarityModel,
+    SimilarityParams,
+    needs_second,
 )
 from ._common import (
-    WorkerWidget,
     BackendLabel,
+    WorkerWidget,
     device_choices,
     layer_image,
     notify_error,
@@ -42,26 +53,49 @@ class SimilarityMapWidget(WorkerWidget):
 
     task = "similarity map"
 
-
     def __init__(self, napari_viewer: napari.viewer.Viewer):
         super().__init__()
         self._viewer = napari_viewer
         self._model = SimilarityModel()
         self._image = create_widget(name="image", annotation=napari.layers.Image, label="image")
-        self._second = create_widget(name="second", annotation=napari.layers.Image, label="moving / template",
-                                     options={"nullable": True})
-        self._metric = ComboBox(name="metric", choices=list(METRICS), value="local std", label="metric")
+        self._second = create_widget(
+            name="second",
+            annotation=napari.layers.Image,
+            label="moving / template",
+            options={"nullable": True},
+        )
+        self._metric = ComboBox(
+            name="metric", choices=list(METRICS), value="local std", label="metric"
+        )
         self._window = SpinBox(name="window", value=15, min=1, max=255, step=2, label="window")
-        self._sigma = FloatSpinBox(name="sigma", value=1.5, min=0.1, max=50.0, step=0.1, label="sigma")
-        self._kernel = ComboBox(name="kernel", choices=["box", "gaussian"], value="box", label="NCC kernel")
-        self._device = ComboBox(name="device", choices=device_choices(), value="auto", label="device")
+        self._sigma = FloatSpinBox(
+            name="sigma", value=1.5, min=0.1, max=50.0, step=0.1, label="sigma"
+        )
+        self._kernel = ComboBox(
+            name="kernel", choices=["box", "gaussian"], value="box", label="NCC kernel"
+        )
+        self._device = ComboBox(
+            name="device", choices=device_choices(), value="auto", label="device"
+        )
         self._live = CheckBox(name="live", label="", value=True, text="live update")
         self._compute = PushButton(text="Compute")
         self._status = Label(value="")
         self._backend = BackendLabel(lambda: self._device.value)
-        self.extend([self._image, self._second, self._metric, self._window, self._sigma,
-                     self._kernel, self._device, self._live, self._compute, self._status,
-                     self._backend])
+        self.extend(
+            [
+                self._image,
+                self._second,
+                self._metric,
+                self._window,
+                self._sigma,
+                self._kernel,
+                self._device,
+                self._live,
+                self._compute,
+                self._status,
+                self._backend,
+            ]
+        )
 
         self._timer = QTimer()
         self._timer.setSingleShot(True)
@@ -98,8 +132,11 @@ class SimilarityMapWidget(WorkerWidget):
             layer.events.data.disconnect(self._schedule)
         # Never watch our own result layer: each result written into it would schedule
         # the next computation, for ever.
-        self._watched = [lay for lay in (self._image.value, self._second.value)
-                         if lay is not None and lay.name != RESULT_LAYER]
+        self._watched = [
+            lay
+            for lay in (self._image.value, self._second.value)
+            if lay is not None and lay.name != RESULT_LAYER
+        ]
         for layer in self._watched:
             layer.events.data.connect(self._schedule)
         self._schedule()
@@ -107,8 +144,9 @@ class SimilarityMapWidget(WorkerWidget):
     def _update_visibility(self):
         metric = self._metric.value
         self._window.enabled = metric != "ZNCC (template)"
-        self._sigma.enabled = metric == "SSIM" or (metric == "local NCC"
-                                                   and self._kernel.value == "gaussian")
+        self._sigma.enabled = metric == "SSIM" or (
+            metric == "local NCC" and self._kernel.value == "gaussian"
+        )
         self._kernel.enabled = metric == "local NCC"
 
     def _schedule(self, *_):
@@ -118,8 +156,12 @@ class SimilarityMapWidget(WorkerWidget):
 
     # -- computing -----------------------------------------------------------------------
     def params(self) -> SimilarityParams:
-        return SimilarityParams(metric=self._metric.value, window=int(self._window.value),
-                                sigma=float(self._sigma.value), kernel=self._kernel.value)
+        return SimilarityParams(
+            metric=self._metric.value,
+            window=int(self._window.value),
+            sigma=float(self._sigma.value),
+            kernel=self._kernel.value,
+        )
 
     def compute(self, *_):
         """Start a computation now (or as soon as the running one ends)."""
@@ -134,8 +176,10 @@ class SimilarityMapWidget(WorkerWidget):
         second = self._second.value
         if RESULT_LAYER in (image.name, getattr(second, "name", None)):
             # The map would overwrite its own input (input layers are never modified).
-            notify_error("similarity map", ValueError(
-                f"choose an input other than the {RESULT_LAYER!r} result layer"))
+            notify_error(
+                "similarity map",
+                ValueError(f"choose an input other than the {RESULT_LAYER!r} result layer"),
+            )
             self._status.value = "the result layer cannot be an input"
             return
         if needs_second(params.metric) and second is None:
@@ -153,8 +197,7 @@ class SimilarityMapWidget(WorkerWidget):
             return
         request = self._model.new_request()
         self._status.value = f"computing {params.metric}…"
-        worker = create_worker(self._model.compute, request, a, b, params,
-                               _ignore_errors=True)
+        worker = create_worker(self._model.compute, request, a, b, params, _ignore_errors=True)
         worker.returned.connect(self._show)
         worker.errored.connect(self._on_error)
         worker.finished.connect(self._on_finished)
@@ -164,11 +207,20 @@ class SimilarityMapWidget(WorkerWidget):
     def _show(self, result):
         if self._closed or not self._model.is_current(result.request_id):
             return  # stale: a newer request supersedes it
-        put_layer(self._viewer, "image", result.name, result.data, like=self._image.value,
-                  colormap=result.colormap, contrast_limits=result.contrast_limits)
+        put_layer(
+            self._viewer,
+            "image",
+            result.name,
+            result.data,
+            like=self._image.value,
+            colormap=result.colormap,
+            contrast_limits=result.contrast_limits,
+        )
         self.results_shown += 1
-        self._status.value = (f"{result.params.metric}, window {result.params.window}: "
-                              f"{result.seconds * 1000:.0f} ms on {result.device}")
+        self._status.value = (
+            f"{result.params.metric}, window {result.params.window}: "
+            f"{result.seconds * 1000:.0f} ms on {result.device}"
+        )
 
     def _on_finished(self):
         super()._on_finished()
@@ -183,11 +235,10 @@ class SimilarityMapWidget(WorkerWidget):
 
 def _refresh_stopper(timer):
     """Drop pending refreshes and stop the debounce ``timer`` (captured while it exists)."""
+
     def stop(widget) -> None:
         widget._pending = False
-        try:
+        with contextlib.suppress(RuntimeError):  # already deleted with the widget
             timer.stop()
-        except RuntimeError:  # already deleted with the widget
-            pass
 
     return stop

@@ -56,12 +56,15 @@ def read_image(path, *, what: str = "image", notes: list | None = None) -> np.nd
     if not path.exists():
         raise ImageFileError(f"{where} does not exist")
     if path.is_dir():
-        raise ImageFileError(f"{where} is a directory, expected an image file "
-                             f"({', '.join(READ_SUFFIXES)})")
+        raise ImageFileError(
+            f"{where} is a directory, expected an image file ({', '.join(READ_SUFFIXES)})"
+        )
     suffix = path.suffix.lower()
     if suffix not in READ_SUFFIXES:
-        raise ImageFileError(f"{where} has an unsupported type {suffix or '(no suffix)'!r}; "
-                             f"expected one of {', '.join(READ_SUFFIXES)}")
+        raise ImageFileError(
+            f"{where} has an unsupported type {suffix or '(no suffix)'!r}; "
+            f"expected one of {', '.join(READ_SUFFIXES)}"
+        )
     try:
         if suffix == ".npy":
             image, samples = np.load(path, allow_pickle=False), False
@@ -76,8 +79,9 @@ def read_image(path, *, what: str = "image", notes: list | None = None) -> np.nd
         raise
     except Exception as exc:  # a corrupt or foreign file: say which, not a traceback
         reason = " ".join(str(exc).split()).split(". ")[0][:160]
-        raise ImageFileError(f"{where} could not be read as {suffix[1:].upper()} "
-                             f"({type(exc).__name__}: {reason})") from exc
+        raise ImageFileError(
+            f"{where} could not be read as {suffix[1:].upper()} ({type(exc).__name__}: {reason})"
+        ) from exc
     if samples:
         image = _to_grey(image, where, notes)
     return _check_grey(image, where)
@@ -95,9 +99,11 @@ def _read_tiff(path: pathlib.Path, where: str):
         axes = series.axes
         image = series.asarray()
     if "C" in axes and image.shape[axes.index("C")] > 1:
-        raise ImageFileError(f"{where} has {image.shape[axes.index('C')]} channels (axes "
-                             f"{axes!r}); register one channel at a time (save it as its "
-                             "own file)")
+        raise ImageFileError(
+            f"{where} has {image.shape[axes.index('C')]} channels (axes "
+            f"{axes!r}); register one channel at a time (save it as its "
+            "own file)"
+        )
     return image, axes.endswith("S") and image.shape[-1] in (2, 3, 4)
 
 
@@ -115,16 +121,19 @@ def _to_grey(image: np.ndarray, where: str, notes: list | None) -> np.ndarray:
         else:
             grey = values.astype(image.dtype)
         kind = "RGBA (alpha dropped)" if channels == 4 else "RGB"
-        message = (f"{where} is {kind}: converted to luminance "
-                   f"{LUMINANCE[0]} R + {LUMINANCE[1]} G + {LUMINANCE[2]} B")
+        message = (
+            f"{where} is {kind}: converted to luminance "
+            f"{LUMINANCE[0]} R + {LUMINANCE[1]} G + {LUMINANCE[2]} B"
+        )
     if notes is not None:
         notes.append(message)
     return grey
 
 
 def _check_grey(image: np.ndarray, where: str) -> np.ndarray:
-    if image.dtype == object or not (np.issubdtype(image.dtype, np.number)
-                                     or image.dtype == np.bool_):
+    if image.dtype == object or not (
+        np.issubdtype(image.dtype, np.number) or image.dtype == np.bool_
+    ):
         raise ImageFileError(f"{where} holds {image.dtype} data, expected numbers")
     if np.iscomplexobj(image):
         raise ImageFileError(f"{where} holds complex numbers, expected real ones")
@@ -132,8 +141,7 @@ def _check_grey(image: np.ndarray, where: str) -> np.ndarray:
         raise ImageFileError(f"{where} is empty (shape {image.shape})")
     squeezed = image.squeeze() if image.ndim > 3 else image
     if squeezed.ndim not in (2, 3):
-        raise ImageFileError(f"{where} has shape {image.shape}; expected a 2-D or 3-D grey "
-                             "image")
+        raise ImageFileError(f"{where} has shape {image.shape}; expected a 2-D or 3-D grey image")
     return squeezed
 
 
@@ -157,10 +165,14 @@ def check_target(path, *, what: str, inputs: dict, overwrite: bool = False) -> p
     path = pathlib.Path(path)
     where = _describe(what, path)
     for name, source in inputs.items():
-        if source is not None and (_same_file(path, pathlib.Path(source))
-                                   or path.resolve() == pathlib.Path(source).resolve()):
-            raise ImageFileError(f"{where} is the {name} input file; input files are never "
-                                 "written over: choose another output")
+        if source is not None and (
+            _same_file(path, pathlib.Path(source))
+            or path.resolve() == pathlib.Path(source).resolve()
+        ):
+            raise ImageFileError(
+                f"{where} is the {name} input file; input files are never "
+                "written over: choose another output"
+            )
     if path.is_dir():
         raise ImageFileError(f"{where} is a directory; give a file name")
     if path.exists() and not overwrite:
@@ -172,13 +184,16 @@ def check_target(path, *, what: str, inputs: dict, overwrite: bool = False) -> p
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as exc:
-        raise ImageFileError(f"{where} cannot be written: {str(existing)!r} is not a writable "
-                             f"folder ({exc.strerror or exc})") from exc
+        raise ImageFileError(
+            f"{where} cannot be written: {str(existing)!r} is not a writable "
+            f"folder ({exc.strerror or exc})"
+        ) from exc
     return path
 
 
-def check_output_path(path, *, what: str, inputs: dict, overwrite: bool = False,
-                      dtype=None) -> pathlib.Path:
+def check_output_path(
+    path, *, what: str, inputs: dict, overwrite: bool = False, dtype=None
+) -> pathlib.Path:
     """:func:`check_target` for an image file, and its type against ``dtype``.
 
     The suffix must be one of :data:`WRITE_SUFFIXES`; a PNG holds 8- or 16-bit integers
@@ -188,13 +203,17 @@ def check_output_path(path, *, what: str, inputs: dict, overwrite: bool = False,
     where = _describe(what, path)
     suffix = path.suffix.lower()
     if suffix not in WRITE_SUFFIXES:
-        raise ImageFileError(f"{where} has an unsupported output type "
-                             f"{suffix or '(no suffix)'!r}; use one of "
-                             f"{', '.join(WRITE_SUFFIXES)}")
+        raise ImageFileError(
+            f"{where} has an unsupported output type "
+            f"{suffix or '(no suffix)'!r}; use one of "
+            f"{', '.join(WRITE_SUFFIXES)}"
+        )
     if dtype is not None and suffix == ".png" and np.dtype(dtype) not in (np.uint8, np.uint16):
-        raise ImageFileError(f"{where}: PNG holds 8- or 16-bit integers, not {np.dtype(dtype)}; "
-                             "write .tif or .npy to keep the data as it is, or choose "
-                             "--dtype uint8 or uint16 (values are rounded and clipped)")
+        raise ImageFileError(
+            f"{where}: PNG holds 8- or 16-bit integers, not {np.dtype(dtype)}; "
+            "write .tif or .npy to keep the data as it is, or choose "
+            "--dtype uint8 or uint16 (values are rounded and clipped)"
+        )
     return check_target(path, what=what, inputs=inputs, overwrite=overwrite)
 
 

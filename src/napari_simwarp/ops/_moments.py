@@ -115,6 +115,7 @@ def _strip_regions(spatial: Sequence[int], pads: Sequence[tuple[int, int]], axis
     Axes before ``axis`` span their whole padded length (already filled when ``axis`` is
     filled, so corners come out right), axes after it only their interior.
     """
+
     def region(along: slice):
         idx = []
         for j, (n, (before, _)) in enumerate(zip(spatial, pads)):
@@ -129,7 +130,10 @@ def _strip_regions(spatial: Sequence[int], pads: Sequence[tuple[int, int]], axis
     n, (before, after) = spatial[axis], pads[axis]
     return (
         (region(slice(0, before)), region(slice(before, 2 * before))),
-        (region(slice(before + n, before + n + after)), region(slice(before + n - after, before + n))),
+        (
+            region(slice(before + n, before + n + after)),
+            region(slice(before + n - after, before + n)),
+        ),
     )
 
 
@@ -160,7 +164,6 @@ def _reflect_fold_(grad: torch.Tensor, spatial: Sequence[int], pads) -> torch.Te
             if grad[strip].numel():
                 grad[source].add_(grad[strip].flip(dim))
     return grad[(Ellipsis, *[slice(b, b + n) for n, (b, _) in zip(spatial, pads)])]
-
 
 
 def _centered_moments(
@@ -219,8 +222,7 @@ class _MomentMap(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, a, b, window: Window, metric: MomentMetric, reduction: str,
-                impl: ModuleType):
+    def forward(ctx, a, b, window: Window, metric: MomentMetric, reduction: str, impl: ModuleType):
         need_partials = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         with torch.no_grad():
             centered, shifts, moments = _centered_moments(a, b, window, impl)
@@ -309,8 +311,11 @@ def moment_map(
     # float32 (docs/maths.md §1.3). The moments and the metric run in float64 wherever
     # the device has it, as local_std's sums do (float32 for half types on MPS).
     acc = accumulate_dtype(compute_dtype(out_dtype), a.device)
-    invalid = invalid_a if invalid_b is None else (
-        invalid_b if invalid_a is None else invalid_a | invalid_b)
+    invalid = (
+        invalid_a
+        if invalid_b is None
+        else (invalid_b if invalid_a is None else invalid_a | invalid_b)
+    )
     if invalid is None:
         return _MomentMap.apply(a.to(acc), b.to(acc), window, metric, reduction, impl).to(out_dtype)
     # NaN exactly where a window (through the reflected border) saw a non-finite pixel.

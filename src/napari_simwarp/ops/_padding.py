@@ -32,8 +32,12 @@ from ._validation import check_choice
 PADDINGS = ("reflect", "mirror", "nearest", "constant")
 
 #: torch's names, refused with a pointer to SciPy's name for the same thing.
-TORCH_NAMES = {"zeros": "constant", "border": "nearest", "replicate": "nearest",
-               "reflection": "mirror"}
+TORCH_NAMES = {
+    "zeros": "constant",
+    "border": "nearest",
+    "replicate": "nearest",
+    "reflection": "mirror",
+}
 
 
 def check_padding(padding, choices: Sequence[str] = PADDINGS, name: str = "padding") -> str:

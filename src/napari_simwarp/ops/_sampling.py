@@ -44,8 +44,12 @@ INTERPOLATIONS = ("nearest", "linear", "cubic")
 WARP_PADDINGS = ("grid-constant", "nearest", "mirror", "reflect")
 
 _GRID_SAMPLE_MODE = {"nearest": "nearest", "linear": "bilinear", "cubic": "bicubic"}
-_GRID_SAMPLE_PADDING = {"grid-constant": "zeros", "nearest": "border", "mirror": "reflection",
-                        "reflect": "reflection"}
+_GRID_SAMPLE_PADDING = {
+    "grid-constant": "zeros",
+    "nearest": "border",
+    "mirror": "reflection",
+    "reflect": "reflection",
+}
 
 
 def identity_grid(shape: Sequence[int], *, dtype=None, device=None) -> torch.Tensor:
@@ -94,8 +98,10 @@ def pixel_to_grid(coords: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     d = coords.shape[1]
     if len(shape) != d:
         raise ValueError(f"coords has {d} components but shape has {len(shape)} axes")
-    components = [coords[:, axis] * scale + offset
-                  for axis, (scale, offset) in enumerate(normalizing_scale(shape))]
+    components = [
+        coords[:, axis] * scale + offset
+        for axis, (scale, offset) in enumerate(normalizing_scale(shape))
+    ]
     # Planes stacked in (x, y[, z]) order on dim 1, moved last as a view (see
     # displacement_to_grid for why not an interleaved stack).
     return torch.stack(components[::-1], dim=1).movedim(1, -1)
@@ -133,7 +139,9 @@ def displacement_to_grid(
     for axis, (scale, offset) in enumerate(normalizing_scale(shape)):
         view = [1] * d
         view[axis] = out_shape[axis]
-        positions = torch.arange(out_shape[axis], dtype=displacement.dtype, device=displacement.device)
+        positions = torch.arange(
+            out_shape[axis], dtype=displacement.dtype, device=displacement.device
+        )
         base = ((positions + origin[axis]) * scale + offset).view(1, *view)
         # One fused broadcast kernel per component: base + scale * d.
         components.append(torch.add(base, displacement[:, axis], alpha=scale))
@@ -179,7 +187,6 @@ def affine_to_theta(
     return theta[:, :d]
 
 
-
 def _pad_singleton_axes(image: torch.Tensor, padding: str):
     """Zero-pad every spatial axis of length 1 by one pixel each side (for "zeros" only).
 
@@ -202,8 +209,9 @@ def _pad_singleton_axes(image: torch.Tensor, padding: str):
     return F.pad(image, pad), [1.0 if s else 0.0 for s in single]
 
 
-def grid_sample(image: torch.Tensor, grid: torch.Tensor, interpolation: str,
-                padding: str) -> torch.Tensor:
+def grid_sample(
+    image: torch.Tensor, grid: torch.Tensor, interpolation: str, padding: str
+) -> torch.Tensor:
     """``grid_sample`` with SciPy's boundary names and batch broadcasting.
 
     Parameters
@@ -224,11 +232,13 @@ def grid_sample(image: torch.Tensor, grid: torch.Tensor, interpolation: str,
     align_corners = padding != "reflect"
     if not align_corners:
         # The same pixel positions in align_corners=False units: u · (n - 1) / n.
-        scale = torch.tensor([(m - 1) / m for m in reversed(image.shape[2:])],
-                             dtype=grid.dtype, device=grid.device)
+        scale = torch.tensor(
+            [(m - 1) / m for m in reversed(image.shape[2:])], dtype=grid.dtype, device=grid.device
+        )
         grid = grid * scale
-    options = dict(mode=mode, padding_mode=_GRID_SAMPLE_PADDING[padding],
-                   align_corners=align_corners)
+    options = dict(
+        mode=mode, padding_mode=_GRID_SAMPLE_PADDING[padding], align_corners=align_corners
+    )
     if grid.shape[0] == 1 and n > 1:
         # One field for the whole batch: fold the batch into channels, one pass.
         folded = image.reshape(1, n * c, *image.shape[2:])
@@ -240,7 +250,10 @@ def grid_sample(image: torch.Tensor, grid: torch.Tensor, interpolation: str,
 
 
 def sample_displaced(
-    image: torch.Tensor, displacement: torch.Tensor, *, interpolation: str = "linear",
+    image: torch.Tensor,
+    displacement: torch.Tensor,
+    *,
+    interpolation: str = "linear",
     padding: str = "nearest",
 ) -> torch.Tensor:
     """``image(x + d(x))`` (no input checks): :func:`warp`'s engine.
@@ -292,8 +305,9 @@ def homogeneous(matrix: torch.Tensor) -> torch.Tensor:
     return torch.cat([matrix, last], dim=1)
 
 
-def affine_grid(matrix: torch.Tensor, in_shape: Sequence[int],
-                out_shape: Sequence[int]) -> torch.Tensor:
+def affine_grid(
+    matrix: torch.Tensor, in_shape: Sequence[int], out_shape: Sequence[int]
+) -> torch.Tensor:
     """The normalized sampling grid of a pixel affine, through ``F.affine_grid``.
 
     ``matrix`` ``(M, D + 1, D + 1)`` maps output pixels to input pixels (array-axis order);
@@ -306,8 +320,13 @@ def affine_grid(matrix: torch.Tensor, in_shape: Sequence[int],
     return F.affine_grid(theta, size, align_corners=True)
 
 
-def sample_affine(image: torch.Tensor, matrix: torch.Tensor, out_shape: Sequence[int],
-                  interpolation: str, padding: str) -> torch.Tensor:
+def sample_affine(
+    image: torch.Tensor,
+    matrix: torch.Tensor,
+    out_shape: Sequence[int],
+    interpolation: str,
+    padding: str,
+) -> torch.Tensor:
     """``image(A x + t)`` over an ``out_shape`` grid (no checks): :func:`warp_affine`'s engine.
 
     ``image`` ``(N, C, *S)`` in its compute dtype, ``matrix`` ``(M, D + 1, D + 1)``;
@@ -327,14 +346,18 @@ def grid_inside(grid: torch.Tensor, shape: Sequence[int], margin: float = 0.5) -
     """1 where a normalized grid ``(N, *S_out, D)`` samples within ``margin`` pixels of the
     image of spatial ``shape`` (``[-margin, n - 1 + margin]`` per axis), as ``(N, 1, *S_out)``.
     """
-    limits = torch.tensor([1.0 + 2.0 * margin / (n - 1) if n > 1 else float("inf")
-                           for n in reversed(list(shape))], dtype=grid.dtype, device=grid.device)
+    limits = torch.tensor(
+        [1.0 + 2.0 * margin / (n - 1) if n > 1 else float("inf") for n in reversed(list(shape))],
+        dtype=grid.dtype,
+        device=grid.device,
+    )
     inside = (grid.abs() <= limits).all(dim=-1)
     return inside.unsqueeze(1).to(grid.dtype)
 
 
-def level_to_full(full_shape: Sequence[int], level_shape: Sequence[int],
-                  dtype=torch.float64, device=None) -> torch.Tensor:
+def level_to_full(
+    full_shape: Sequence[int], level_shape: Sequence[int], dtype=torch.float64, device=None
+) -> torch.Tensor:
     """Homogeneous ``(D + 1, D + 1)`` map from a pyramid level's pixels to full-resolution ones.
 
     Every level covers the same field of view (pixel-center convention), so pixel ``p`` of
@@ -349,8 +372,13 @@ def level_to_full(full_shape: Sequence[int], level_shape: Sequence[int],
     return out
 
 
-def level_matrix(matrix: torch.Tensor, moving_full: Sequence[int], moving_level: Sequence[int],
-                 fixed_full: Sequence[int], fixed_level: Sequence[int]) -> torch.Tensor:
+def level_matrix(
+    matrix: torch.Tensor,
+    moving_full: Sequence[int],
+    moving_level: Sequence[int],
+    fixed_full: Sequence[int],
+    fixed_level: Sequence[int],
+) -> torch.Tensor:
     """A full-resolution fixed → moving pixel matrix ``(M, D + 1, D + 1)`` at one level.
 
     ``L_moving⁻¹ · matrix · L_fixed`` with ``L`` from :func:`level_to_full`: the same

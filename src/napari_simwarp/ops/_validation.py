@@ -14,6 +14,7 @@ import torch
 
 from ._numerics import compute_dtype
 
+
 def check_image(x, name: str, *, ndim: Sequence[int] = (4, 5)) -> torch.Tensor:
     """Check that ``x`` is a non-empty floating tensor shaped ``(N, C, *S)``.
 
@@ -118,7 +119,6 @@ def check_choice(value, name: str, choices: Sequence[str]) -> str:
     return value
 
 
-
 def check_positive(value, name: str) -> float:
     """A finite, strictly positive real number, as a float."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -134,12 +134,10 @@ def check_sigma(sigma, ndim: int, name: str = "sigma") -> tuple[float, ...]:
     if isinstance(sigma, Sequence) and not isinstance(sigma, str):
         if len(sigma) != ndim:
             raise ValueError(
-                f"{name} must have one value per spatial axis ({ndim}), got {len(sigma)}: "
-                f"{sigma!r}"
+                f"{name} must have one value per spatial axis ({ndim}), got {len(sigma)}: {sigma!r}"
             )
         return tuple(check_positive(s, name) for s in sigma)
     return (check_positive(sigma, name),) * ndim
-
 
 
 def check_bool(value, name: str) -> bool:
@@ -170,8 +168,9 @@ def check_pair(a, b, name_a: str = "a", name_b: str = "b") -> tuple[torch.dtype,
     return out_dtype, compute_dtype(out_dtype)
 
 
-def check_kernel_like(kernel: torch.Tensor, x: torch.Tensor, name: str, x_name: str,
-                      *, fits: bool = True) -> None:
+def check_kernel_like(
+    kernel: torch.Tensor, x: torch.Tensor, name: str, x_name: str, *, fits: bool = True
+) -> None:
     """Check a kernel/template ``(N or 1, C or 1, *K)`` for images ``x`` ``(N, C, *S)``.
 
     Its batch and channel counts must be 1 (broadcast) or match ``x``'s; with ``fits``,
@@ -195,8 +194,7 @@ def check_batches(n_first: int, n_second: int, name_first: str, name_second: str
     """Raise unless two batch sizes match or one of them is 1 (and is broadcast)."""
     if n_first != n_second and 1 not in (n_first, n_second):
         raise ValueError(
-            f"{name_second}'s batch size ({n_second}) must be 1 or match {name_first}'s "
-            f"({n_first})"
+            f"{name_second}'s batch size ({n_second}) must be 1 or match {name_first}'s ({n_first})"
         )
 
 
@@ -258,10 +256,14 @@ def check_displacement(
         )
     if like is not None:
         check_same_device(like, displacement, like_name, name)
-    if finite and not bool(torch.isfinite(displacement.detach().sum())) and not bool(
-            torch.isfinite(displacement.detach()).all()):
-        raise ValueError(f"{name} contains NaN or infinite values; every displacement must "
-                         "be finite")
+    if (
+        finite
+        and not bool(torch.isfinite(displacement.detach().sum()))
+        and not bool(torch.isfinite(displacement.detach()).all())
+    ):
+        raise ValueError(
+            f"{name} contains NaN or infinite values; every displacement must be finite"
+        )
     return displacement
 
 
@@ -308,4 +310,3 @@ def check_matrix(matrix, image: torch.Tensor, name: str = "matrix") -> torch.Ten
                 f"transform), got {last.tolist()}"
             )
     return batched
-

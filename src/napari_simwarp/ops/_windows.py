@@ -56,7 +56,5 @@ def make_window(kind: str, sizes: Sequence[int], sigma: Sequence[float] | None =
     """A :class:`Window` of odd ``sizes`` per axis; ``sigma`` per axis for ``"gaussian"``."""
     if kind == "box":
         return Window(tuple((1.0,) * k for k in sizes), is_box=True)
-    taps = tuple(
-        (1.0,) if k == 1 else tuple(gaussian_kernel1d(k, s)) for k, s in zip(sizes, sigma)
-    )
+    taps = tuple((1.0,) if k == 1 else tuple(gaussian_kernel1d(k, s)) for k, s in zip(sizes, sigma))
     return Window(taps, is_box=False)

@@ -11,7 +11,9 @@ from ._sampling import affine_coordinates
 from ._validation import check_matrix
 
 
-def affine_to_displacement(matrix, shape: Sequence[int], *, dtype=None, device=None) -> torch.Tensor:
+def affine_to_displacement(
+    matrix, shape: Sequence[int], *, dtype=None, device=None
+) -> torch.Tensor:
     """The displacement field of an affine: ``d(x) = A x + t - x``.
 
     ``warp(image, affine_to_displacement(matrix, S))`` equals

@@ -34,7 +34,9 @@ def compose(d1: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
     check_field(d1, "d1")
     check_displacement(d2, tuple(d1.shape[2:]), name="d2", like=d1, like_name="d1")
     if d1.shape[0] != d2.shape[0] and 1 not in (d1.shape[0], d2.shape[0]):
-        raise ValueError(f"d1 and d2 batch sizes must match or be 1, got {d1.shape[0]} and {d2.shape[0]}")
+        raise ValueError(
+            f"d1 and d2 batch sizes must match or be 1, got {d1.shape[0]} and {d2.shape[0]}"
+        )
     dtype = torch.promote_types(compute_dtype(d1.dtype), compute_dtype(d2.dtype))
     a, b = d1.to(dtype), d2.to(dtype)
     return (b + resample_field(a, b)).to(d1.dtype)

@@ -16,6 +16,7 @@ from ._numerics import flat_threshold_factor
 from ._validation import check_choice, check_sigma
 from ._windows import KERNELS, make_window
 
+
 class _LocalNCCMetric(MomentMetric):
     """``ρ = C / sqrt(Va Vb)`` from the moments ``(Σa, Σb, Σa², Σb², Σab)``, window weight ``n``.
 
@@ -103,8 +104,10 @@ def local_ncc(
     sizes = check_moment_inputs(a, b, window, reduction)
     check_choice(kernel, "kernel", KERNELS)
     if kernel == "gaussian":
-        sigmas = check_sigma(sigma, len(sizes)) if sigma is not None else tuple(
-            max(k - 1, 1) / 6.0 for k in sizes
+        sigmas = (
+            check_sigma(sigma, len(sizes))
+            if sigma is not None
+            else tuple(max(k - 1, 1) / 6.0 for k in sizes)
         )
     elif sigma is not None:
         raise ValueError(f"sigma is only used with kernel='gaussian', got kernel={kernel!r}")

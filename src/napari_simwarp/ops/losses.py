@@ -24,11 +24,11 @@ from collections.abc import Sequence
 
 import torch
 
+from ._numerics import flat_threshold_factor
+from ._validation import check_choice, check_pair
 from .local_ncc import local_ncc
 from .ncc import ncc
 from .ssim import ssim
-from ._numerics import flat_threshold_factor
-from ._validation import check_choice, check_pair
 
 #: reductions of the losses over the batch.
 REDUCTIONS = ("mean", "sum", "none")
@@ -61,15 +61,21 @@ class SimilarityLoss(torch.nn.Module):
     def per_image(self, fixed, moving, weight):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def forward(self, fixed: torch.Tensor, moving: torch.Tensor,
-                weight: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, fixed: torch.Tensor, moving: torch.Tensor, weight: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The loss of ``moving`` ``(N, C, *S)`` against ``fixed`` ``(N or 1, C, *S)``.
 
         Returns a scalar ("mean", "sum") or ``(N,)`` ("none"), in the compute dtype.
         """
-        if (isinstance(fixed, torch.Tensor) and isinstance(moving, torch.Tensor)
-                and fixed.shape != moving.shape and fixed.dim() == moving.dim()
-                and fixed.shape[0] == 1 and fixed.shape[1:] == moving.shape[1:]):
+        if (
+            isinstance(fixed, torch.Tensor)
+            and isinstance(moving, torch.Tensor)
+            and fixed.shape != moving.shape
+            and fixed.dim() == moving.dim()
+            and fixed.shape[0] == 1
+            and fixed.shape[1:] == moving.shape[1:]
+        ):
             fixed = fixed.expand_as(moving)  # one reference for many moving images
         # Anything else that differs is check_pair's error, which names fixed and moving.
         check_pair(fixed, moving, "fixed", "moving")
@@ -120,8 +126,13 @@ class NCCLoss(SimilarityLoss):
 class LocalNCCLoss(SimilarityLoss):
     """``1 −`` mean local NCC per image (:func:`~napari_simwarp.ops.local_ncc`)."""
 
-    def __init__(self, window: int | Sequence[int] = 9, kernel: str = "box",
-                 sigma: float | Sequence[float] | None = None, reduction: str = "mean"):
+    def __init__(
+        self,
+        window: int | Sequence[int] = 9,
+        kernel: str = "box",
+        sigma: float | Sequence[float] | None = None,
+        reduction: str = "mean",
+    ):
         super().__init__(reduction)
         self.window, self.kernel, self.sigma = window, kernel, sigma
 
@@ -133,15 +144,34 @@ class LocalNCCLoss(SimilarityLoss):
 class SSIMLoss(SimilarityLoss):
     """``1 −`` mean SSIM per image (:func:`~napari_simwarp.ops.ssim`)."""
 
-    def __init__(self, window: int | Sequence[int] = 11, sigma: float | Sequence[float] = 1.5,
-                 data_range: float = 1.0, k1: float = 0.01, k2: float = 0.03,
-                 reduction: str = "mean"):
+    def __init__(
+        self,
+        window: int | Sequence[int] = 11,
+        sigma: float | Sequence[float] = 1.5,
+        data_range: float = 1.0,
+        k1: float = 0.01,
+        k2: float = 0.03,
+        reduction: str = "mean",
+    ):
         super().__init__(reduction)
-        self.window, self.sigma, self.data_range, self.k1, self.k2 = window, sigma, data_range, k1, k2
+        self.window, self.sigma, self.data_range, self.k1, self.k2 = (
+            window,
+            sigma,
+            data_range,
+            k1,
+            k2,
+        )
 
     def per_image(self, fixed, moving, weight):
-        s = ssim(fixed, moving, window=self.window, sigma=self.sigma,
-                 data_range=self.data_range, k1=self.k1, k2=self.k2)
+        s = ssim(
+            fixed,
+            moving,
+            window=self.window,
+            sigma=self.sigma,
+            data_range=self.data_range,
+            k1=self.k1,
+            k2=self.k2,
+        )
         return 1.0 - _weighted_mean(s, weight)
 
 
@@ -149,12 +179,17 @@ class SSIMLoss(SimilarityLoss):
 LOSSES = {"ncc": NCCLoss, "lncc": LocalNCCLoss, "ssim": SSIMLoss, "mse": MSELoss}
 
 #: metric name → the options its loss takes (besides ``reduction``).
-LOSS_OPTIONS = {"ncc": (), "lncc": ("window", "kernel", "sigma"),
-                "ssim": ("window", "sigma", "data_range", "k1", "k2"), "mse": ()}
+LOSS_OPTIONS = {
+    "ncc": (),
+    "lncc": ("window", "kernel", "sigma"),
+    "ssim": ("window", "sigma", "data_range", "k1", "k2"),
+    "mse": (),
+}
 
 
-def loss_for(metric: str, *, reduction: str = "mean", caller: str = "loss_for",
-             **options) -> SimilarityLoss:
+def loss_for(
+    metric: str, *, reduction: str = "mean", caller: str = "loss_for", **options
+) -> SimilarityLoss:
     """The loss module of a metric name, with its options checked by name.
 
     An option the metric does not take is a TypeError that names it and lists what the

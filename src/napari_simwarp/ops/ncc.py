@@ -75,6 +75,7 @@ def ncc(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     score = score.clamp(-1.0, 1.0)
     for m in invalid:
         if m is not None:
-            score = score.masked_fill(m.flatten(2).any(-1)[(...,) + (None,) * len(dims)],
-                                      float("nan"))
+            score = score.masked_fill(
+                m.flatten(2).any(-1)[(...,) + (None,) * len(dims)], float("nan")
+            )
     return score.reshape(a.shape[0], a.shape[1]).to(out_dtype)

@@ -55,8 +55,9 @@ def similarity_gradient(fixed, moving, displacement, *, metric="lncc", **kw):
     (no graph is kept: this is for display and inspection, not for training).
     """
     check_pair(fixed, moving, "fixed", "moving")
-    check_displacement(displacement, tuple(fixed.shape[2:]), like=fixed, like_name="fixed",
-                       batch=fixed.shape[0])
+    check_displacement(
+        displacement, tuple(fixed.shape[2:]), like=fixed, like_name="fixed", batch=fixed.shape[0]
+    )
     # Each image's field is the gradient of its own loss: the losses are summed.
     loss_fn = loss_for(metric, reduction="sum", caller="similarity_gradient", **kw)
 

@@ -69,8 +69,9 @@ def splat(image, displacement, *, normalize=True, eps=1e-6, return_weights=False
     """
     check_image(image, "image")
     # Non-finite displacements are allowed: such a source pixel lands nowhere (documented).
-    check_displacement(displacement, tuple(image.shape[2:]), like=image, batch=image.shape[0],
-                       finite=False)
+    check_displacement(
+        displacement, tuple(image.shape[2:]), like=image, batch=image.shape[0], finite=False
+    )
     check_bool(normalize, "normalize")
     eps = check_nonnegative(eps, "eps")
     check_bool(return_weights, "return_weights")
@@ -87,5 +88,3 @@ def splat(image, displacement, *, normalize=True, eps=1e-6, return_weights=False
     if return_weights:
         return out, weights.to(image.dtype)
     return out
-
-

@@ -29,7 +29,10 @@ def check_warp_modes(interpolation: str, padding: str, spatial_dims: int) -> str
 
 
 def warp(
-    image: torch.Tensor, displacement: torch.Tensor, *, interpolation: str = "linear",
+    image: torch.Tensor,
+    displacement: torch.Tensor,
+    *,
+    interpolation: str = "linear",
     padding: str = "nearest",
 ) -> torch.Tensor:
     """Backward-warp ``image`` by a displacement field: ``out(x) = image(x + d(x))``.
@@ -63,6 +66,7 @@ def warp(
     padding = check_warp_modes(interpolation, padding, len(spatial))
 
     dtype = torch.promote_types(compute_dtype(image.dtype), compute_dtype(displacement.dtype))
-    out = sample_displaced(image.to(dtype), displacement.to(dtype), interpolation=interpolation,
-                           padding=padding)
+    out = sample_displaced(
+        image.to(dtype), displacement.to(dtype), interpolation=interpolation, padding=padding
+    )
     return out.to(image.dtype)

@@ -32,10 +32,13 @@ def _check_output_shape(output_shape, spatial: tuple[int, ...]) -> tuple[int, ..
     return shape
 
 
-
 def warp_affine(
-    image: torch.Tensor, matrix, *, output_shape: Sequence[int] | None = None,
-    interpolation: str = "linear", padding: str = "grid-constant",
+    image: torch.Tensor,
+    matrix,
+    *,
+    output_shape: Sequence[int] | None = None,
+    interpolation: str = "linear",
+    padding: str = "grid-constant",
 ) -> torch.Tensor:
     """Backward-warp ``image`` by an affine: ``out(x) = image(A x + t)``.
 
@@ -72,6 +75,7 @@ def warp_affine(
 
     dtype = compute_dtype(image.dtype)
     theta_dtype = torch.promote_types(dtype, compute_dtype(batched.dtype))
-    out = sample_affine(image.to(dtype), homogeneous(batched.to(theta_dtype)), out_shape,
-                        interpolation, padding)
+    out = sample_affine(
+        image.to(dtype), homogeneous(batched.to(theta_dtype)), out_shape, interpolation, padding
+    )
     return out.to(image.dtype)

@@ -28,8 +28,7 @@ def drive(run: Generator, callback: Callable[[Any], object] | None = None):
         signal = bool(callback(progress)) if callback is not None else None
 
 
-def relay(run: Generator, convert: Callable[[Any], Any],
-          stop: Callable[[], bool] | None = None):
+def relay(run: Generator, convert: Callable[[Any], Any], stop: Callable[[], bool] | None = None):
     """A generator over ``run`` yielding ``convert(progress)`` for each of its snapshots.
 
     A true value sent into it, or ``stop()`` turning true, is passed on to ``run`` as its

@@ -24,10 +24,11 @@ def to_tensor(x, name: str, *, ndim=(2, 3), leading: int = 0) -> torch.Tensor:
     else:
         try:
             arr = np.asarray(x)
-        except Exception as exc:  # noqa: BLE001 - reported with the argument's name
+        except Exception as exc:
             raise TypeError(f"{name} must be an array-like, got {type(x).__name__}") from exc
-        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number)
-                                       or arr.dtype == np.bool_):
+        if arr.dtype == object or not (
+            np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_
+        ):
             raise TypeError(f"{name} must hold numbers, got dtype {arr.dtype}")
         if np.iscomplexobj(arr):
             raise TypeError(f"{name} must be real, got dtype {arr.dtype}")
@@ -45,8 +46,10 @@ def to_tensor(x, name: str, *, ndim=(2, 3), leading: int = 0) -> torch.Tensor:
         raise ValueError(f"{name} must be {kind} ({what}), got shape {tuple(t.shape)}")
     t = t if t.dtype == torch.float64 else t.to(torch.float32)
     if not bool(torch.isfinite(t).all()):
-        raise ValueError(f"{name} contains NaN or Inf values; replace them (e.g. "
-                         f"numpy.nan_to_num) or mask them out")
+        raise ValueError(
+            f"{name} contains NaN or Inf values; replace them (e.g. "
+            f"numpy.nan_to_num) or mask them out"
+        )
     return t
 
 
@@ -58,13 +61,15 @@ def robust_range(t: torch.Tensor, name: str, low: float = 0.5, high: float = 99.
     flat = t.reshape(-1)
     step = max(1, flat.numel() // 200_000)
     sample = flat[::step].double()
-    lo, hi = torch.quantile(sample, torch.tensor([low / 100, high / 100], dtype=torch.float64,
-                                                 device=sample.device)).tolist()
+    lo, hi = torch.quantile(
+        sample, torch.tensor([low / 100, high / 100], dtype=torch.float64, device=sample.device)
+    ).tolist()
     if not hi > lo:
         lo, hi = float(t.min()), float(t.max())
     if not hi > lo:
-        raise ValueError(f"{name} is constant (every value is {lo:g}); there is nothing to "
-                         "align it by")
+        raise ValueError(
+            f"{name} is constant (every value is {lo:g}); there is nothing to align it by"
+        )
     return lo, hi
 
 
@@ -88,8 +93,9 @@ def estimate_bytes(n_pairs: int, shape, metric: str, dense: bool) -> int:
     return int(n_pairs * pixels * 4 * maps * 4 / 3)  # the pyramid adds about a third
 
 
-def check_memory(n_pairs: int, shape, metric: str, dense: bool, device: torch.device, *,
-                 advice: str) -> None:
+def check_memory(
+    n_pairs: int, shape, metric: str, dense: bool, device: torch.device, *, advice: str
+) -> None:
     """Raise a MemoryError with the figures when the run cannot fit on ``device``.
 
     ``advice`` says what the caller's user can change (only options that caller takes).
@@ -100,4 +106,5 @@ def check_memory(n_pairs: int, shape, metric: str, dense: bool, device: torch.de
         raise MemoryError(
             f"registering {n_pairs} pair(s) of shape {tuple(shape)} with metric {metric!r} "
             f"needs about {need / 2**30:.2f} GiB on {device}, but only {free / 2**30:.2f} GiB "
-            f"is free; {advice}")
+            f"is free; {advice}"
+        )

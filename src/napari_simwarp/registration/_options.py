@@ -57,7 +57,7 @@ def optional_non_negative(value, name: str) -> float | None:
 
 
 def levels(value) -> str | int:
-    """"auto" (or None) or an int >= 1."""
+    """ "auto" (or None) or an int >= 1."""
     if value is None or value == "auto":
         return "auto"
     value = _int(value, "levels")
@@ -112,12 +112,16 @@ def init_matrix(value, ndim: int) -> np.ndarray | None:
     if isinstance(value, AffineTransform):
         value = value.matrix
     elif isinstance(value, Transform):
-        raise TypeError(f"init must be a matrix or an AffineTransform for a linear model, got "
-                        f"a {type(value).__name__}")
+        raise TypeError(
+            f"init must be a matrix or an AffineTransform for a linear model, got "
+            f"a {type(value).__name__}"
+        )
     m = _array(value, "init")
     if m.shape != (ndim + 1, ndim + 1):
-        raise ValueError(f"init must be a ({ndim + 1}, {ndim + 1}) homogeneous matrix for "
-                         f"{ndim}-D images, got shape {m.shape}")
+        raise ValueError(
+            f"init must be a ({ndim + 1}, {ndim + 1}) homogeneous matrix for "
+            f"{ndim}-D images, got shape {m.shape}"
+        )
     return m
 
 
@@ -130,8 +134,10 @@ def init_field(value, shape) -> np.ndarray | None:
     d = value.to_displacement(shape) if isinstance(value, Transform) else _array(value, "init")
     expected = (len(shape), *shape)
     if d.shape != expected and d.shape != (1, *expected):
-        raise ValueError(f"init must be a displacement field of shape {expected} (or a "
-                         f"Transform) for images of shape {tuple(shape)}, got {d.shape}")
+        raise ValueError(
+            f"init must be a displacement field of shape {expected} (or a "
+            f"Transform) for images of shape {tuple(shape)}, got {d.shape}"
+        )
     if not np.isfinite(d).all():
         raise ValueError("init must be finite, got NaN or infinite displacements")
     return d.reshape(expected)

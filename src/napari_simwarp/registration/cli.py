@@ -40,7 +40,9 @@ def levels_option(text: str):
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive int, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected 'auto' or a positive int, got {text!r}"
+        ) from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected 'auto' or a positive int, got {text!r}")
     return value
@@ -58,8 +60,10 @@ class ProgressReport:
 
     def __call__(self, progress) -> bool:
         levels = progress.levels
-        text = (f"level {progress.level + 1}/{levels}  iteration {progress.iteration:4d}  "
-                f"loss {progress.loss:.5f}")
+        text = (
+            f"level {progress.level + 1}/{levels}  iteration {progress.iteration:4d}  "
+            f"loss {progress.loss:.5f}"
+        )
         if self.terminal:
             bar = "#" * (progress.level + 1) + "." * (levels - progress.level - 1)
             self.stream.write(f"\r  [{bar}] {text}   ")
@@ -90,24 +94,44 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("fixed", help="fixed (reference) image file: .tif, .png, .jpg or .npy")
     p.add_argument("moving", help="moving image file: .tif, .png, .jpg or .npy")
-    p.add_argument("-o", "--out", required=True,
-                   help="output image file: .tif, .tiff, .png or .npy")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace OUT and OUT.transform.npz if they exist (never an input)")
-    p.add_argument("--dtype", default="same", choices=("same", *OUTPUT_DTYPES),
-                   help="dtype of OUT (default: the moving file's; integers are rounded "
-                   "and clipped, never rescaled)")
+    p.add_argument(
+        "-o", "--out", required=True, help="output image file: .tif, .tiff, .png or .npy"
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace OUT and OUT.transform.npz if they exist (never an input)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="same",
+        choices=("same", *OUTPUT_DTYPES),
+        help="dtype of OUT (default: the moving file's; integers are rounded "
+        "and clipped, never rescaled)",
+    )
     p.add_argument("--model", default="affine", choices=MODELS)
     p.add_argument("--metric", default="lncc", choices=METRICS)
-    p.add_argument("--levels", default="auto", type=levels_option,
-                   help="pyramid levels: auto or a positive int (default: auto)")
+    p.add_argument(
+        "--levels",
+        default="auto",
+        type=levels_option,
+        help="pyramid levels: auto or a positive int (default: auto)",
+    )
     p.add_argument("--iterations", type=int, default=None, help="most iterations per level")
     p.add_argument("--lr", type=float, default=None, help="initial step, pixels per level")
     p.add_argument("--window", type=int, default=None, help="lncc/ssim window (odd)")
-    p.add_argument("--grid-spacing", type=float, default=8.0,
-                   help="deformable: control-grid spacing in pixels (default 8)")
-    p.add_argument("--regularization", type=float, default=None,
-                   help="deformable: smoothness weight (default 0.05)")
+    p.add_argument(
+        "--grid-spacing",
+        type=float,
+        default=8.0,
+        help="deformable: control-grid spacing in pixels (default 8)",
+    )
+    p.add_argument(
+        "--regularization",
+        type=float,
+        default=None,
+        help="deformable: smoothness weight (default 0.05)",
+    )
     p.add_argument("--mask", default=None, help="mask file for the fixed image (non-zero = use)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
     p.add_argument("--quiet", action="store_true", help="no progress display")
@@ -130,28 +154,42 @@ def run(args) -> int:
     mask = read_image(args.mask, what="--mask", notes=notes) if args.mask else None
     dtype = moving.dtype if args.dtype == "same" else np.dtype(args.dtype)
     inputs = {"fixed": args.fixed, "moving": args.moving, "--mask": args.mask}
-    out = check_output_path(args.out, what="-o", inputs=inputs, overwrite=args.overwrite,
-                            dtype=dtype)
-    transform_out = check_target(transform_path(out), what="the transform file", inputs=inputs,
-                                 overwrite=args.overwrite)
+    out = check_output_path(
+        args.out, what="-o", inputs=inputs, overwrite=args.overwrite, dtype=dtype
+    )
+    transform_out = check_target(
+        transform_path(out), what="the transform file", inputs=inputs, overwrite=args.overwrite
+    )
     for note in notes:
         print(f"napari-simwarp register: note: {note}", file=sys.stderr)
     progress = ProgressReport() if not args.quiet else None
     try:
-        result = register(fixed, moving, model=args.model, metric=args.metric, mask=mask,
-                          levels=args.levels, iterations=args.iterations, lr=args.lr,
-                          window=args.window, grid_spacing=args.grid_spacing,
-                          regularization=args.regularization, device=args.device,
-                          callback=progress)
+        result = register(
+            fixed,
+            moving,
+            model=args.model,
+            metric=args.metric,
+            mask=mask,
+            levels=args.levels,
+            iterations=args.iterations,
+            lr=args.lr,
+            window=args.window,
+            grid_spacing=args.grid_spacing,
+            regularization=args.regularization,
+            device=args.device,
+            callback=progress,
+        )
     finally:
         if progress is not None:
             progress.close()
     write_image(out, result.warped, dtype=dtype)
     result.transform.save(transform_out)
     if not args.quiet:
-        print(f"{args.model}/{args.metric}: final loss {result.loss_history[-1]:.5f} after "
-              f"{len(result.loss_history)} evaluations in {result.seconds:.2f} s on "
-              f"{result.device}")
+        print(
+            f"{args.model}/{args.metric}: final loss {result.loss_history[-1]:.5f} after "
+            f"{len(result.loss_history)} evaluations in {result.seconds:.2f} s on "
+            f"{result.device}"
+        )
         print(f"wrote {out}")
         print(f"wrote {transform_out}")
     return 0

@@ -94,14 +94,17 @@ def phase_correlation(reference: torch.Tensor, moving: torch.Tensor) -> torch.Te
     shifts = peak.to(frames.dtype)
     idx = torch.arange(n, device=frames.device)
     for axis, size in enumerate(shape):
-        def value(offset):
+
+        def value(offset, axis=axis, size=size):
             p = peak.clone()
             p[:, axis] = (p[:, axis] + offset) % size
             return corr[(idx, *p.unbind(1))]
+
         left, center, right = value(-1), value(0), value(1)
         denom = left - 2 * center + right
-        frac = torch.where(denom.abs() > 1e-12, 0.5 * (left - right) / denom,
-                           torch.zeros_like(denom))
+        frac = torch.where(
+            denom.abs() > 1e-12, 0.5 * (left - right) / denom, torch.zeros_like(denom)
+        )
         shifts[:, axis] = shifts[:, axis] + frac.clamp(-0.5, 0.5)
     sizes = torch.tensor(shape, dtype=frames.dtype, device=frames.device)
     # Wrapped into [-n/2, n/2) before the sign flip, so the result is in (-n/2, n/2] as
@@ -109,8 +112,9 @@ def phase_correlation(reference: torch.Tensor, moving: torch.Tensor) -> torch.Te
     return -torch.where(shifts >= sizes / 2, shifts - sizes, shifts)
 
 
-def shifted(frames: torch.Tensor, shifts: torch.Tensor, *,
-            use_grid_sample: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def shifted(
+    frames: torch.Tensor, shifts: torch.Tensor, *, use_grid_sample: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``frames(x + d)`` over the whole frame, bilinear, and where it is defined.
 
     Parameters
@@ -139,8 +143,9 @@ def shifted(frames: torch.Tensor, shifts: torch.Tensor, *,
         sizes = torch.tensor(shape, dtype=frames.dtype, device=frames.device)
         valid = ((pos >= 0) & (pos <= sizes - 1)).all(dim=-1).unsqueeze(1).to(frames.dtype)
         grid = ((pos + 0.5) * (2.0 / sizes) - 1).flip(-1)
-        warped = F.grid_sample(src, grid, mode="bilinear", padding_mode="border",
-                               align_corners=False)
+        warped = F.grid_sample(
+            src, grid, mode="bilinear", padding_mode="border", align_corners=False
+        )
         return warped * valid, valid
     warped = frames.new_zeros((n, 1, *shape))
     valid = frames.new_zeros((n, 1, *shape))
@@ -259,8 +264,13 @@ def select_shifts(frames, references, candidates, *, sigma: float = 1.0) -> torc
     return _rescue(fs, rs, _select(fs, rs, list(candidates)))
 
 
-def masked_ncc_shift(references: torch.Tensor, frames: torch.Tensor, *,
-                     min_overlap: float = MIN_OVERLAP, max_side: int = 128) -> torch.Tensor:
+def masked_ncc_shift(
+    references: torch.Tensor,
+    frames: torch.Tensor,
+    *,
+    min_overlap: float = MIN_OVERLAP,
+    max_side: int = 128,
+) -> torch.Tensor:
     """The integer shift ``d`` ``(N, D)`` that maximizes the ZNCC over the overlap.
 
     Every shift that keeps at least ``min_overlap`` of the frame is scored at once by FFTs
@@ -338,22 +348,48 @@ class TranslationStep(NamedTuple):
     shifts: torch.Tensor  # (N, D), after the step
 
 
-def refine_translation(frames, references, shifts, *, iterations: int = 10,
-                       tol: float = 1e-3, sigma: float = 1.0, callback=None,
-                       alternatives=None, reference_mask=None):
+def refine_translation(
+    frames,
+    references,
+    shifts,
+    *,
+    iterations: int = 10,
+    tol: float = 1e-3,
+    sigma: float = 1.0,
+    callback=None,
+    alternatives=None,
+    reference_mask=None,
+):
     """:func:`refine_translation_iter` run to the end; ``callback(step)`` true stops it.
 
     Returns ``(shifts, loss per frame, stopped)``.
     """
-    return drive(refine_translation_iter(frames, references, shifts, iterations=iterations,
-                                         tol=tol, sigma=sigma, alternatives=alternatives,
-                                         reference_mask=reference_mask),
-                 callback)
+    return drive(
+        refine_translation_iter(
+            frames,
+            references,
+            shifts,
+            iterations=iterations,
+            tol=tol,
+            sigma=sigma,
+            alternatives=alternatives,
+            reference_mask=reference_mask,
+        ),
+        callback,
+    )
 
 
-def refine_translation_iter(frames, references, shifts, *, iterations: int = 10,
-                            tol: float = 1e-3, sigma: float = 1.0, alternatives=None,
-                            reference_mask=None):
+def refine_translation_iter(
+    frames,
+    references,
+    shifts,
+    *,
+    iterations: int = 10,
+    tol: float = 1e-3,
+    sigma: float = 1.0,
+    alternatives=None,
+    reference_mask=None,
+):
     """Gauss–Newton (inverse compositional) refinement of per-frame shifts.
 
     Minimizes ``Σ_x (F̃(x + d) − R̃(x))²`` over the overlap (the pixels ``x`` with ``x + d``
@@ -399,8 +435,9 @@ def refine_translation_iter(frames, references, shifts, *, iterations: int = 10,
         hessian = torch.einsum("nip,njp->nij", g, g).double()
         # A whisper of ridge keeps a frame without texture on the overlap solvable (step 0).
         ridge = 1e-9 * hessian.diagonal(dim1=1, dim2=2).sum(-1).clamp_min(1e-30)
-        hessian = hessian + ridge[:, None, None] * torch.eye(d, dtype=hessian.dtype,
-                                                            device=hessian.device)
+        hessian = hessian + ridge[:, None, None] * torch.eye(
+            d, dtype=hessian.dtype, device=hessian.device
+        )
         step = torch.linalg.solve(hessian, b.double().unsqueeze(-1))[..., 0]
         shifts = torch.maximum(torch.minimum(shifts - step.to(shifts.dtype), reach), -reach)
         if (yield TranslationStep(iteration, loss, shifts)):

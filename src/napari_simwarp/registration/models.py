@@ -26,15 +26,28 @@ class LinearModel:
     translation, which is what lets the optimizer move them independently.
     """
 
-    def __init__(self, kind: str, fixed_shape, moving_shape, batch: int, *, init=None,
-                 dtype=torch.float32, device="cpu"):
+    def __init__(
+        self,
+        kind: str,
+        fixed_shape,
+        moving_shape,
+        batch: int,
+        *,
+        init=None,
+        dtype=torch.float32,
+        device="cpu",
+    ):
         self.kind = kind
         self.fixed_shape = tuple(fixed_shape)
         self.moving_shape = tuple(moving_shape)
         d = self.ndim = len(fixed_shape)
         self.radius = max(max(self.fixed_shape) / 2.0, 1.0)
-        n_lin = {"translation": 0, "rigid": 1 if d == 2 else 3,
-                 "similarity": (1 if d == 2 else 3) + 1, "affine": d * d}[kind]
+        n_lin = {
+            "translation": 0,
+            "rigid": 1 if d == 2 else 3,
+            "similarity": (1 if d == 2 else 3) + 1,
+            "affine": d * d,
+        }[kind]
         self.shift = torch.zeros(batch, d, dtype=dtype, device=device, requires_grad=True)
         self.linear = torch.zeros(batch, n_lin, dtype=dtype, device=device, requires_grad=True)
         # The initial matrix is kept in float64 (MPS has no float64: float32 there).
@@ -46,8 +59,9 @@ class LinearModel:
             m0 = torch.as_tensor(init, dtype=wide, device=device)
             m0 = m0.reshape(-1, d + 1, d + 1).expand(batch, -1, -1)
         self.init = m0.clone()
-        self.center = torch.tensor([(n - 1) / 2 for n in self.fixed_shape], dtype=dtype,
-                                   device=device)
+        self.center = torch.tensor(
+            [(n - 1) / 2 for n in self.fixed_shape], dtype=dtype, device=device
+        )
 
     def parameters(self) -> list[torch.Tensor]:
         return [self.shift, self.linear] if self.linear.shape[1] else [self.shift]
@@ -69,8 +83,14 @@ class LinearModel:
             skew[:, 0, 1], skew[:, 1, 0] = -q[:, 0], q[:, 0]
         else:
             a, b, c = q[:, 0], q[:, 1], q[:, 2]
-            skew = torch.stack([torch.stack([0 * a, -c, b], -1), torch.stack([c, 0 * a, -a], -1),
-                                torch.stack([-b, a, 0 * a], -1)], -2)
+            skew = torch.stack(
+                [
+                    torch.stack([0 * a, -c, b], -1),
+                    torch.stack([c, 0 * a, -a], -1),
+                    torch.stack([-b, a, 0 * a], -1),
+                ],
+                -2,
+            )
         rot = torch.linalg.matrix_exp(skew)
         if self.kind == "similarity":
             rot = rot * torch.exp(q[:, k]).view(n, 1, 1)
@@ -96,8 +116,9 @@ class LinearModel:
         a sample fell within half a pixel of the moving level.
         """
         moving_level = tuple(moving.shape[2:])
-        matrix = level_matrix(self.matrix(), self.moving_shape, moving_level,
-                              self.fixed_shape, shape)
+        matrix = level_matrix(
+            self.matrix(), self.moving_shape, moving_level, self.fixed_shape, shape
+        )
         grid = affine_grid(matrix.to(moving.dtype), moving_level, shape)
         warped = grid_sample(moving, grid, "linear", "nearest")
         return warped, grid_inside(grid.detach(), moving_level)
@@ -137,8 +158,18 @@ class DenseModel:
     spatial derivative of the displacement (dimensionless).
     """
 
-    def __init__(self, kind: str, shape, batch: int, *, grid_spacing: float = 8.0,
-                 steps: int = 7, init=None, dtype=torch.float32, device="cpu"):
+    def __init__(
+        self,
+        kind: str,
+        shape,
+        batch: int,
+        *,
+        grid_spacing: float = 8.0,
+        steps: int = 7,
+        init=None,
+        dtype=torch.float32,
+        device="cpu",
+    ):
         self.kind = kind
         self.shape = tuple(shape)
         self.ndim = len(shape)
@@ -149,13 +180,14 @@ class DenseModel:
         self.init = None
         if init is not None:
             self.init = torch.as_tensor(init, dtype=dtype, device=device).reshape(
-                -1, self.ndim, *self.shape)
+                -1, self.ndim, *self.shape
+            )
 
     def parameters(self) -> list[torch.Tensor]:
         return [self.field]
 
     def _control_shape(self, level_shape):
-        return tuple(max(2, int(math.ceil(n / self.grid_spacing))) for n in level_shape)
+        return tuple(max(2, math.ceil(n / self.grid_spacing)) for n in level_shape)
 
     def set_level(self, level_shape) -> None:
         cshape = self._control_shape(level_shape)
@@ -167,8 +199,9 @@ class DenseModel:
 
     def _rescale(self, d: torch.Tensor, from_shape, to_shape) -> torch.Tensor:
         """A displacement in pixels of a grid ``from_shape`` to pixels of ``to_shape``."""
-        scale = torch.tensor([t / f for t, f in zip(to_shape, from_shape)], dtype=d.dtype,
-                             device=d.device)
+        scale = torch.tensor(
+            [t / f for t, f in zip(to_shape, from_shape)], dtype=d.dtype, device=d.device
+        )
         return d * scale.view(1, -1, *([1] * self.ndim))
 
     def displacement(self, shape, field=None) -> torch.Tensor:

@@ -57,8 +57,10 @@ class Schedule:
             return self.iterations
         its = list(self.iterations)
         if len(its) != levels:
-            raise ValueError(f"iterations must be an int or a list of {levels} ints (one per "
-                             f"level, coarse to fine), got {self.iterations!r}")
+            raise ValueError(
+                f"iterations must be an int or a list of {levels} ints (one per "
+                f"level, coarse to fine), got {self.iterations!r}"
+            )
         return int(its[level])
 
 
@@ -85,8 +87,10 @@ class Progress:
         return self.transforms[0]
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(level={self.level + 1}/{self.levels}, "
-                f"iteration={self.iteration}, loss={self.loss:.6g})")
+        return (
+            f"{type(self).__name__}(level={self.level + 1}/{self.levels}, "
+            f"iteration={self.iteration}, loss={self.loss:.6g})"
+        )
 
 
 @dataclass(kw_only=True)
@@ -116,8 +120,7 @@ class RunResult:
     warnings: list = field(default_factory=list)
 
 
-def optimize(model, fixed_levels, moving_levels, weight_levels, schedule: Schedule,
-             history: list):
+def optimize(model, fixed_levels, moving_levels, weight_levels, schedule: Schedule, history: list):
     """Run ``model`` coarse → fine; yields :class:`Progress`, returns ``(stopped, best)``.
 
     Parameters
@@ -142,7 +145,9 @@ def optimize(model, fixed_levels, moving_levels, weight_levels, schedule: Schedu
         lr = lr0
         state = {"best": model.snapshot(), "best_loss": None, "total": math.inf}
 
-        def evaluate(state=state, fixed=fixed, moving=moving, weight=weight, shape=shape):
+        def evaluate(
+            state=state, fixed=fixed, moving=moving, weight=weight, shape=shape, loss_fn=loss_fn
+        ):
             """Loss at the current parameters, with gradients; keeps the best per pair."""
             warped, valid = model.warp(moving, shape)
             w = valid if weight is None else valid * weight
@@ -151,8 +156,7 @@ def optimize(model, fixed_levels, moving_levels, weight_levels, schedule: Schedu
                 per_pair = per_pair + schedule.reg_weight * model.regularizer()
             values = per_pair.detach()
             if not torch.isfinite(values).all():
-                raise FloatingPointError(
-                    "the loss became NaN or Inf; lower lr or check the inputs")
+                raise FloatingPointError("the loss became NaN or Inf; lower lr or check the inputs")
             # The loss belongs to the parameters before the step: keep them if better.
             if state["best_loss"] is None:
                 state["best_loss"], state["best"] = values.clone(), model.snapshot()
@@ -160,8 +164,10 @@ def optimize(model, fixed_levels, moving_levels, weight_levels, schedule: Schedu
                 better = values < state["best_loss"]
                 if bool(better.any()):
                     current = model.snapshot()
-                    state["best"] = [torch.where(better.view(-1, *([1] * (c.dim() - 1))), c, b)
-                                     for c, b in zip(current, state["best"])]
+                    state["best"] = [
+                        torch.where(better.view(-1, *([1] * (c.dim() - 1))), c, b)
+                        for c, b in zip(current, state["best"])
+                    ]
                     state["best_loss"] = torch.minimum(state["best_loss"], values)
             total = float(values.mean())
             history.append(total)
@@ -170,11 +176,17 @@ def optimize(model, fixed_levels, moving_levels, weight_levels, schedule: Schedu
             return per_pair.detach().sum()
 
         if schedule.optimizer == "lbfgs":
-            optimizer = torch.optim.LBFGS(model.parameters(), lr=1.0, max_iter=1,
-                                          history_size=10, line_search_fn="strong_wolfe",
-                                          tolerance_grad=1e-12, tolerance_change=1e-12)
+            optimizer = torch.optim.LBFGS(
+                model.parameters(),
+                lr=1.0,
+                max_iter=1,
+                history_size=10,
+                line_search_fn="strong_wolfe",
+                tolerance_grad=1e-12,
+                tolerance_change=1e-12,
+            )
 
-            def closure():
+            def closure(optimizer=optimizer):
                 optimizer.zero_grad(set_to_none=True)
                 return evaluate()
         else:
@@ -198,8 +210,9 @@ def optimize(model, fixed_levels, moving_levels, weight_levels, schedule: Schedu
                 evaluate()
                 optimizer.step()
                 total = state["total"]
-                if total < reference - schedule.tol * max(abs(reference), 1e-6) or \
-                        not math.isfinite(reference):
+                if total < reference - schedule.tol * max(
+                    abs(reference), 1e-6
+                ) or not math.isfinite(reference):
                     reference, since_progress = min(total, reference), 0
                 else:
                     since_progress += 1
@@ -213,8 +226,9 @@ def optimize(model, fixed_levels, moving_levels, weight_levels, schedule: Schedu
             best = state["best"]
             if schedule.report_every and iteration % schedule.report_every == 0:
                 values = [b.clone() for b in best]
-                signal = yield Progress(level, levels, iteration, total,
-                                        lambda values=values: model.transforms(values))
+                signal = yield Progress(
+                    level, levels, iteration, total, lambda values=values: model.transforms(values)
+                )
                 if signal:
                     stopped = True
                     break
@@ -265,8 +279,10 @@ def level_iterations(iterations, model, shape, levels, full_resolution):
     if not isinstance(iterations, (int, np.integer)):
         its = [int(n) for n in iterations]
         if len(its) != levels:
-            raise ValueError(f"iterations must be an int or a list of {levels} ints (one per "
-                             f"level, coarse to fine), got {iterations!r}")
+            raise ValueError(
+                f"iterations must be an int or a list of {levels} ints (one per "
+                f"level, coarse to fine), got {iterations!r}"
+            )
         return its
     its = [int(iterations)] * levels
     if full_resolution is None:
@@ -277,8 +293,9 @@ def level_iterations(iterations, model, shape, levels, full_resolution):
     return its
 
 
-def make_schedule(model, lr, iterations, tol, regularization, report_every, metric, window,
-                  optimizer="auto") -> Schedule:
+def make_schedule(
+    model, lr, iterations, tol, regularization, report_every, metric, window, optimizer="auto"
+) -> Schedule:
     """The :class:`Schedule` of a run from the user's options (None: the model's default).
 
     Every option is checked here, before any work: a learning rate that is not a positive
@@ -293,8 +310,13 @@ def make_schedule(model, lr, iterations, tol, regularization, report_every, metr
     report_every = _options.report_every(report_every)
     window = _options.window(window)
     options = {"window": window} if window is not None else {}
-    return Schedule(lr=d["lr"] if lr is None else float(lr),
-                    iterations=d["iterations"] if iterations is None else iterations,
-                    tol=tol, reg_weight=d["reg_weight"] if regularization is None
-                    else float(regularization), report_every=report_every,
-                    optimizer=optimizer, metric=metric, metric_options=options)
+    return Schedule(
+        lr=d["lr"] if lr is None else float(lr),
+        iterations=d["iterations"] if iterations is None else iterations,
+        tol=tol,
+        reg_weight=d["reg_weight"] if regularization is None else float(regularization),
+        report_every=report_every,
+        optimizer=optimizer,
+        metric=metric,
+        metric_options=options,
+    )

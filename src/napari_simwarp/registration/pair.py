@@ -22,15 +22,14 @@ import torch
 from .._devices import resolve_device
 from ..ops import warp, warp_affine
 from ..ops._validation import check_choice
-from . import _inputs
+from . import _inputs, _options
 from ._driver import drive
 from ._names import LINEAR_MODELS, METRICS, MODELS
 from .drift import phase_correlation
 from .models import DenseModel, LinearModel
-from . import _options
 from .optimize import RunResult, level_iterations, level_loss, make_schedule, optimize
-from .quality import assess, masked_zncc
 from .pyramid import auto_levels, build_pyramid, gaussian_blur, level_shapes
+from .quality import assess, masked_zncc
 from .transforms import Transform
 
 
@@ -56,14 +55,18 @@ def _prepare_mask(mask, shape, device):
         return None
     m = mask.detach() if isinstance(mask, torch.Tensor) else torch.as_tensor(np.asarray(mask))
     if tuple(m.shape) != tuple(shape):
-        raise ValueError(f"mask must have the fixed image's shape {tuple(shape)}, got "
-                         f"{tuple(m.shape)}")
-    if m.is_complex() or not (m.is_floating_point() or m.dtype == torch.bool
-                              or not m.dtype.is_complex):
+        raise ValueError(
+            f"mask must have the fixed image's shape {tuple(shape)}, got {tuple(m.shape)}"
+        )
+    if m.is_complex() or not (
+        m.is_floating_point() or m.dtype == torch.bool or not m.dtype.is_complex
+    ):
         raise TypeError(f"mask must hold real numbers or booleans, got {m.dtype}")
     if m.is_floating_point() and not bool(torch.isfinite(m).all()):
-        raise ValueError("mask contains NaN or infinite values; expected non-zero where the "
-                         "fixed image should be matched and 0 elsewhere")
+        raise ValueError(
+            "mask contains NaN or infinite values; expected non-zero where the "
+            "fixed image should be matched and 0 elsewhere"
+        )
     # "Non-zero where the fixed image should be matched", whatever the dtype: a float mask
     # of 0.3 (a PNG read as grey levels) must select, not silently fall under a threshold.
     m = (m != 0).to(torch.float32)
@@ -79,15 +82,24 @@ def prepare_pair(fixed, moving, model, metric, mask, levels, device, smooth=1.0)
     f = _inputs.to_tensor(fixed, "fixed")
     m = _inputs.to_tensor(moving, "moving")
     if f.dim() != m.dim():
-        raise ValueError(f"fixed and moving must have the same dimensionality, got "
-                         f"{f.dim()}-D {tuple(f.shape)} and {m.dim()}-D {tuple(m.shape)}")
+        raise ValueError(
+            f"fixed and moving must have the same dimensionality, got "
+            f"{f.dim()}-D {tuple(f.shape)} and {m.dim()}-D {tuple(m.shape)}"
+        )
     if model not in LINEAR_MODELS and f.shape != m.shape:
-        raise ValueError(f"model {model!r} needs fixed and moving of the same shape, got "
-                         f"{tuple(f.shape)} and {tuple(m.shape)}")
+        raise ValueError(
+            f"model {model!r} needs fixed and moving of the same shape, got "
+            f"{tuple(f.shape)} and {tuple(m.shape)}"
+        )
     dev = resolve_device(device)
-    _inputs.check_memory(1, f.shape, metric, model not in LINEAR_MODELS, dev,
-                         advice="crop or downsample the images, choose metric='mse' or "
-                         "'ncc', or another device")
+    _inputs.check_memory(
+        1,
+        f.shape,
+        metric,
+        model not in LINEAR_MODELS,
+        dev,
+        advice="crop or downsample the images, choose metric='mse' or 'ncc', or another device",
+    )
     fn = _inputs.normalize(f.to(dev), "fixed")[None, None]
     mn = _inputs.normalize(m.to(dev), "moving")[None, None]
     shape = tuple(f.shape)
@@ -96,24 +108,47 @@ def prepare_pair(fixed, moving, model, metric, mask, levels, device, smooth=1.0)
     fshapes = level_shapes(shape, levels)
     mshapes = level_shapes(tuple(m.shape), levels)
     wmask = _prepare_mask(mask, shape, dev)
-    weights = [None] * levels if wmask is None else [
-        (w > 0.5).to(torch.float32) for w in build_pyramid(wmask, fshapes)]
+    weights = (
+        [None] * levels
+        if wmask is None
+        else [(w > 0.5).to(torch.float32) for w in build_pyramid(wmask, fshapes)]
+    )
     # A light blur of both images takes pixel noise off the gradient and makes bilinear
     # interpolation (exact only for piecewise-linear images) far less biased.
     fn, mn = gaussian_blur(fn, smooth), gaussian_blur(mn, smooth)
-    return dict(fixed=build_pyramid(fn, fshapes), moving=build_pyramid(mn, mshapes),
-                weights=weights, moving_raw=m.to(dev), shape=shape,
-                moving_shape=tuple(m.shape), device=dev, levels=levels)
+    return dict(
+        fixed=build_pyramid(fn, fshapes),
+        moving=build_pyramid(mn, mshapes),
+        weights=weights,
+        moving_raw=m.to(dev),
+        shape=shape,
+        moving_shape=tuple(m.shape),
+        device=dev,
+        levels=levels,
+    )
 
 
 def make_model(model, shape, moving_shape, batch, device, init, grid_spacing, steps):
     """The model of a run, started from ``init`` (checked: a finite matrix for linear models,
     a finite displacement of the fixed image's shape, or a Transform, for dense ones)."""
     if model in LINEAR_MODELS:
-        return LinearModel(model, shape, moving_shape, batch,
-                           init=_options.init_matrix(init, len(shape)), device=device)
-    return DenseModel(model, shape, batch, grid_spacing=grid_spacing, steps=steps,
-                      init=_options.init_field(init, shape), device=device)
+        return LinearModel(
+            model,
+            shape,
+            moving_shape,
+            batch,
+            init=_options.init_matrix(init, len(shape)),
+            device=device,
+        )
+    return DenseModel(
+        model,
+        shape,
+        batch,
+        grid_spacing=grid_spacing,
+        steps=steps,
+        init=_options.init_field(init, shape),
+        device=device,
+    )
 
 
 def initial_shift_matrix(prep, model, metric, schedule):
@@ -125,11 +160,15 @@ def initial_shift_matrix(prep, model, metric, schedule):
     the finest pyramid level at most 256 pixels a side (cheap), and checked against the
     identity on the coarsest level with the run's own metric.
     """
-    level = next(i for i in reversed(range(len(prep["fixed"])))
-                 if max(prep["fixed"][i].shape[2:]) <= 256 or i == 0)
+    level = next(
+        i
+        for i in reversed(range(len(prep["fixed"])))
+        if max(prep["fixed"][i].shape[2:]) <= 256 or i == 0
+    )
     f, m = prep["fixed"][level], prep["moving"][level]
-    scale = torch.tensor([n / s for n, s in zip(prep["shape"], f.shape[2:])], dtype=f.dtype,
-                         device=f.device)
+    scale = torch.tensor(
+        [n / s for n, s in zip(prep["shape"], f.shape[2:])], dtype=f.dtype, device=f.device
+    )
     shift = (-phase_correlation(f, m)[0] * scale).double().cpu()
     d = len(prep["shape"])
     guess = torch.eye(d + 1, dtype=torch.float64)
@@ -138,8 +177,9 @@ def initial_shift_matrix(prep, model, metric, schedule):
     loss_fn = level_loss(schedule, tuple(coarse_f.shape[2:]))
     losses = []
     for mat in (None, guess):
-        mdl = LinearModel(model, prep["shape"], prep["moving_shape"], 1, init=mat,
-                          device=prep["device"])
+        mdl = LinearModel(
+            model, prep["shape"], prep["moving_shape"], 1, init=mat, device=prep["device"]
+        )
         with torch.no_grad():
             warped, valid = mdl.warp(coarse_m, tuple(coarse_f.shape[2:]))
             w = valid if prep["weights"][0] is None else valid * prep["weights"][0]
@@ -152,17 +192,33 @@ def warp_moving(model, moving_raw: torch.Tensor, shape) -> torch.Tensor:
     with torch.no_grad():
         if isinstance(model, LinearModel):
             mat = model.matrix().to(moving_raw.dtype)
-            return warp_affine(moving_raw, mat, output_shape=tuple(shape),
-                               padding="grid-constant")
+            return warp_affine(moving_raw, mat, output_shape=tuple(shape), padding="grid-constant")
         d = model.displacement(tuple(shape))
         src = moving_raw.expand(d.shape[0], *moving_raw.shape[1:])
         return warp(src, d, padding="grid-constant")
 
 
-def register_iter(fixed, moving, *, model="affine", metric="lncc", mask=None, levels="auto",
-                  iterations=None, lr=None, tol=1e-4, window=None, grid_spacing=8.0,
-                  regularization=None, steps=7, init=None, device="auto", report_every=5,
-                  optimizer="auto", full_resolution=None):
+def register_iter(
+    fixed,
+    moving,
+    *,
+    model="affine",
+    metric="lncc",
+    mask=None,
+    levels="auto",
+    iterations=None,
+    lr=None,
+    tol=1e-4,
+    window=None,
+    grid_spacing=8.0,
+    regularization=None,
+    steps=7,
+    init=None,
+    device="auto",
+    report_every=5,
+    optimizer="auto",
+    full_resolution=None,
+):
     """Generator form of :func:`register`: yields :class:`~.optimize.Progress` snapshots.
 
     Send a true value (``gen.send(True)``) to stop within one iteration; the generator then
@@ -175,17 +231,26 @@ def register_iter(fixed, moving, *, model="affine", metric="lncc", mask=None, le
     grid_spacing = _options.positive(grid_spacing, "grid_spacing")
     steps = _options.steps(steps)
     prep = prepare_pair(fixed, moving, model, metric, mask, levels, device)
-    iterations = level_iterations(iterations, model, prep["shape"], prep["levels"],
-                                  full_resolution)
-    schedule = make_schedule(model, lr, iterations, tol, regularization, report_every,
-                             metric, window, optimizer)
-    mdl = make_model(model, prep["shape"], prep["moving_shape"], 1, prep["device"], init,
-                     grid_spacing, steps)
+    iterations = level_iterations(iterations, model, prep["shape"], prep["levels"], full_resolution)
+    schedule = make_schedule(
+        model, lr, iterations, tol, regularization, report_every, metric, window, optimizer
+    )
+    mdl = make_model(
+        model, prep["shape"], prep["moving_shape"], 1, prep["device"], init, grid_spacing, steps
+    )
     if init is None and model in LINEAR_MODELS:
         guess = initial_shift_matrix(prep, model, metric, schedule)
         if guess is not None:
-            mdl = make_model(model, prep["shape"], prep["moving_shape"], 1, prep["device"],
-                             guess, grid_spacing, steps)
+            mdl = make_model(
+                model,
+                prep["shape"],
+                prep["moving_shape"],
+                1,
+                prep["device"],
+                guess,
+                grid_spacing,
+                steps,
+            )
     history: list[float] = []
     loop = optimize(mdl, prep["fixed"], prep["moving"], prep["weights"], schedule, history)
     # ``yield from`` passes each Progress out and each ``send`` (the stop signal) back in.
@@ -193,12 +258,20 @@ def register_iter(fixed, moving, *, model="affine", metric="lncc", mask=None, le
     warped = warp_moving(mdl, prep["moving_raw"][None, None], prep["shape"])
     similarity, initial, overlap = _similarities(prep, model, mdl)
     return RegistrationResult(
-        transform=mdl.transforms()[0], warped=warped[0, 0].cpu().numpy(),
-        loss_history=history, stopped=stopped, model=model, metric=metric,
-        levels=prep["levels"], device=str(prep["device"]),
-        similarity=similarity, initial_similarity=initial, overlap=overlap,
+        transform=mdl.transforms()[0],
+        warped=warped[0, 0].cpu().numpy(),
+        loss_history=history,
+        stopped=stopped,
+        model=model,
+        metric=metric,
+        levels=prep["levels"],
+        device=str(prep["device"]),
+        similarity=similarity,
+        initial_similarity=initial,
+        overlap=overlap,
         warnings=assess(similarity, initial, overlap),
-        seconds=time.perf_counter() - start)
+        seconds=time.perf_counter() - start,
+    )
 
 
 def _similarities(prep, model, mdl) -> tuple[float, float, float]:
@@ -223,10 +296,28 @@ def _similarities(prep, model, mdl) -> tuple[float, float, float]:
     return final, initial, overlap
 
 
-def register(fixed, moving, *, model="affine", metric="lncc", mask=None, levels="auto",
-             iterations=None, lr=None, tol=1e-4, window=None, grid_spacing=8.0,
-             regularization=None, steps=7, init=None, device="auto", callback=None,
-             report_every=5, optimizer="auto", full_resolution=None) -> RegistrationResult:
+def register(
+    fixed,
+    moving,
+    *,
+    model="affine",
+    metric="lncc",
+    mask=None,
+    levels="auto",
+    iterations=None,
+    lr=None,
+    tol=1e-4,
+    window=None,
+    grid_spacing=8.0,
+    regularization=None,
+    steps=7,
+    init=None,
+    device="auto",
+    callback=None,
+    report_every=5,
+    optimizer="auto",
+    full_resolution=None,
+) -> RegistrationResult:
     """Find the transform that makes ``moving`` look like ``fixed``.
 
     Parameters
@@ -272,9 +363,24 @@ def register(fixed, moving, *, model="affine", metric="lncc", mask=None, levels=
     RegistrationResult
         ``.transform``, ``.warped`` (NumPy, fixed's shape), ``.loss_history``.
     """
-    run = register_iter(fixed, moving, model=model, metric=metric, mask=mask, levels=levels,
-                        iterations=iterations, lr=lr, tol=tol, window=window,
-                        grid_spacing=grid_spacing, regularization=regularization,
-                        steps=steps, init=init, device=device, report_every=report_every,
-                        optimizer=optimizer, full_resolution=full_resolution)
+    run = register_iter(
+        fixed,
+        moving,
+        model=model,
+        metric=metric,
+        mask=mask,
+        levels=levels,
+        iterations=iterations,
+        lr=lr,
+        tol=tol,
+        window=window,
+        grid_spacing=grid_spacing,
+        regularization=regularization,
+        steps=steps,
+        init=init,
+        device=device,
+        report_every=report_every,
+        optimizer=optimizer,
+        full_resolution=full_resolution,
+    )
     return drive(run, callback)

@@ -25,14 +25,14 @@ def auto_levels(shape, min_size: int | None = None, max_levels: int = 5) -> int:
         min_size = 32 if len(shape) == 2 else 16
     levels = 1
     smallest = min(shape)
-    while levels < max_levels and smallest / 2 ** levels >= min_size:
+    while levels < max_levels and smallest / 2**levels >= min_size:
         levels += 1
     return levels
 
 
 def level_shapes(shape, levels: int) -> list[tuple[int, ...]]:
     """Spatial shapes from coarsest to finest; each halves the next (rounded, at least 1)."""
-    return [tuple(max(1, int(round(n / 2**k))) for n in shape) for k in reversed(range(levels))]
+    return [tuple(max(1, round(n / 2**k)) for n in shape) for k in reversed(range(levels))]
 
 
 def gaussian_blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
@@ -45,7 +45,7 @@ def gaussian_blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
         return x
     taps, pads = [], []
     for n in x.shape[2:]:
-        radius = min(max(1, int(math.ceil(3 * sigma))), n - 1)
+        radius = min(max(1, math.ceil(3 * sigma)), n - 1)
         taps.append(gaussian_kernel1d(2 * radius + 1, sigma) if radius > 0 else [1.0])
         pads.append((radius, radius))
     return correlate(pad_spatial(x, pads, mode="nearest"), taps)

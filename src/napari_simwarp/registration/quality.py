@@ -44,24 +44,30 @@ def masked_zncc(fixed: torch.Tensor, warped: torch.Tensor, valid: torch.Tensor) 
     a, b = centered(fixed), centered(warped)
     energy = (a * a).sum(dims) * (b * b).sum(dims)
     flat = energy <= 1e-24
-    return torch.where(flat, torch.zeros_like(energy),
-                       (a * b).sum(dims) / energy.clamp_min(1e-300).sqrt())
+    return torch.where(
+        flat, torch.zeros_like(energy), (a * b).sum(dims) / energy.clamp_min(1e-300).sqrt()
+    )
 
 
 def problems(similarity: float, initial: float, overlap: float) -> dict[str, str]:
     """What looks implausible about a result, by kind ("overlap", "similarity", "worse")."""
     found = {}
     if overlap < MIN_OVERLAP:
-        found["overlap"] = (f"the registered moving image covers only {overlap:.0%} of the "
-                            "fixed image: the images hardly overlap, the result is likely "
-                            "wrong")
+        found["overlap"] = (
+            f"the registered moving image covers only {overlap:.0%} of the "
+            "fixed image: the images hardly overlap, the result is likely "
+            "wrong"
+        )
     if similarity < MIN_SIMILARITY:
-        found["similarity"] = (f"the final similarity is low (ZNCC {similarity:.3f}): the "
-                               "result may be wrong (try a larger capture range, a mask, "
-                               "another metric or a starting transform)")
+        found["similarity"] = (
+            f"the final similarity is low (ZNCC {similarity:.3f}): the "
+            "result may be wrong (try a larger capture range, a mask, "
+            "another metric or a starting transform)"
+        )
     if similarity < initial - MAX_LOSS_OF_SIMILARITY:
-        found["worse"] = (f"registration made the match worse (ZNCC {initial:.3f} before, "
-                          f"{similarity:.3f} after)")
+        found["worse"] = (
+            f"registration made the match worse (ZNCC {initial:.3f} before, {similarity:.3f} after)"
+        )
     return found
 
 

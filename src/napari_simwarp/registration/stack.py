@@ -25,15 +25,14 @@ import torch
 from .._devices import available_memory, resolve_device
 from ..ops import compose, warp, warp_affine
 from ..ops._validation import check_choice
-from . import _inputs
+from . import _inputs, _options
 from ._driver import drive, relay
 from ._names import LINEAR_MODELS, METRICS, MODELS
 from .drift import clip_unit, phase_correlation, refine_translation_iter, select_shifts
 from .models import DenseModel, LinearModel
-from . import _options
 from .optimize import Progress, RunResult, level_iterations, make_schedule, optimize
-from .quality import emit, masked_zncc, problems
 from .pyramid import auto_levels, build_pyramid, gaussian_blur, level_shapes
+from .quality import emit, masked_zncc, problems
 from .transforms import AffineTransform, DisplacementTransform
 
 REFERENCES = ("first", "previous", "mean")
@@ -78,11 +77,26 @@ class StackProgress(Progress):
         return f"{super().__repr__()[:-1]}, frames={self.frames.start}:{self.frames.stop})"
 
 
-def register_stack(stack, *, reference="first", model="translation", metric="lncc",
-                   levels="auto", iterations=None, lr=None, tol=1e-4, window=None,
-                   grid_spacing=8.0, regularization=None, steps=7, batch_size="auto",
-                   device="auto", callback=None, report_every=5,
-                   full_resolution=None) -> StackRegistrationResult:
+def register_stack(
+    stack,
+    *,
+    reference="first",
+    model="translation",
+    metric="lncc",
+    levels="auto",
+    iterations=None,
+    lr=None,
+    tol=1e-4,
+    window=None,
+    grid_spacing=8.0,
+    regularization=None,
+    steps=7,
+    batch_size="auto",
+    device="auto",
+    callback=None,
+    report_every=5,
+    full_resolution=None,
+) -> StackRegistrationResult:
     """Align every frame of ``stack`` to a reference (drift correction of a time-lapse).
 
     Parameters
@@ -106,17 +120,45 @@ def register_stack(stack, *, reference="first", model="translation", metric="lnc
         ``.transforms`` (one per frame), ``.warped`` ``(T, *S)`` float32, ``.shifts``.
     """
     run = register_stack_iter(
-        stack, reference=reference, model=model, metric=metric, levels=levels,
-        iterations=iterations, lr=lr, tol=tol, window=window, grid_spacing=grid_spacing,
-        regularization=regularization, steps=steps, batch_size=batch_size, device=device,
-        report_every=report_every, full_resolution=full_resolution)
+        stack,
+        reference=reference,
+        model=model,
+        metric=metric,
+        levels=levels,
+        iterations=iterations,
+        lr=lr,
+        tol=tol,
+        window=window,
+        grid_spacing=grid_spacing,
+        regularization=regularization,
+        steps=steps,
+        batch_size=batch_size,
+        device=device,
+        report_every=report_every,
+        full_resolution=full_resolution,
+    )
     return drive(run, callback)
 
 
-def register_stack_iter(stack, *, reference="first", model="translation", metric="lncc",
-                        levels="auto", iterations=None, lr=None, tol=1e-4, window=None,
-                        grid_spacing=8.0, regularization=None, steps=7, batch_size="auto",
-                        device="auto", report_every=5, full_resolution=None):
+def register_stack_iter(
+    stack,
+    *,
+    reference="first",
+    model="translation",
+    metric="lncc",
+    levels="auto",
+    iterations=None,
+    lr=None,
+    tol=1e-4,
+    window=None,
+    grid_spacing=8.0,
+    regularization=None,
+    steps=7,
+    batch_size="auto",
+    device="auto",
+    report_every=5,
+    full_resolution=None,
+):
     """Generator form of :func:`register_stack`: yields :class:`StackProgress` snapshots.
 
     Send a true value (``gen.send(True)``) to stop within one iteration; the generator
@@ -132,8 +174,7 @@ def register_stack_iter(stack, *, reference="first", model="translation", metric
     ref_index = _reference_index(reference, raw.shape[0])
     dev = resolve_device(device)
     shape = tuple(raw.shape[1:])
-    batch = _batch_size(batch_size, shape, metric, model not in LINEAR_MODELS, dev,
-                        raw.shape[0])
+    batch = _batch_size(batch_size, shape, metric, model not in LINEAR_MODELS, dev, raw.shape[0])
     _check_stack_memory(raw, batch, metric, model not in LINEAR_MODELS, dev)
     raw_dev = raw.to(dev)
     frames = _inputs.normalize(raw_dev, "stack")[:, None]  # one range for the whole stack
@@ -145,24 +186,56 @@ def register_stack_iter(stack, *, reference="first", model="translation", metric
     state = {"stopped": False}
     if model == "translation":
         transforms = yield from _translation_route(
-            clipped, reference, ref_index, batch, iterations, history, state)
+            clipped, reference, ref_index, batch, iterations, history, state
+        )
     else:
         transforms = yield from _optimizer_route(
-            frames, clipped, reference, ref_index, batch, history, state, model=model,
-            metric=metric, levels=levels, iterations=iterations, lr=lr, tol=tol,
-            window=window, grid_spacing=grid_spacing, regularization=regularization,
-            steps=steps, report_every=report_every, full_resolution=full_resolution)
+            frames,
+            clipped,
+            reference,
+            ref_index,
+            batch,
+            history,
+            state,
+            model=model,
+            metric=metric,
+            levels=levels,
+            iterations=iterations,
+            lr=lr,
+            tol=tol,
+            window=window,
+            grid_spacing=grid_spacing,
+            regularization=regularization,
+            steps=steps,
+            report_every=report_every,
+            full_resolution=full_resolution,
+        )
     warped, coverage = _warp_stack(raw_dev, transforms, batch)
-    final, initial, overlap = _frame_similarities(raw_dev, warped, coverage, reference,
-                                                  ref_index, batch,
-                                                  _inputs.robust_range(raw_dev, "stack"))
+    final, initial, overlap = _frame_similarities(
+        raw_dev,
+        warped,
+        coverage,
+        reference,
+        ref_index,
+        batch,
+        _inputs.robust_range(raw_dev, "stack"),
+    )
     found = _assess_frames(final, initial, overlap)
     return StackRegistrationResult(
-        transforms=transforms, warped=warped, loss_history=history, stopped=state["stopped"],
-        reference=reference, model=model, device=str(dev),
-        similarity=float(final.min()), initial_similarity=float(initial.min()),
-        overlap=float(overlap.min()), frame_similarity=final, warnings=found,
-        seconds=time.perf_counter() - start)
+        transforms=transforms,
+        warped=warped,
+        loss_history=history,
+        stopped=state["stopped"],
+        reference=reference,
+        model=model,
+        device=str(dev),
+        similarity=float(final.min()),
+        initial_similarity=float(initial.min()),
+        overlap=float(overlap.min()),
+        frame_similarity=final,
+        warnings=found,
+        seconds=time.perf_counter() - start,
+    )
 
 
 # -- arguments ----------------------------------------------------------------------------
@@ -175,8 +248,9 @@ def _reference_index(reference, total: int) -> int:
             raise ValueError(f"reference index {reference} is out of range for {total} frames")
         return int(reference) % total
     if reference not in REFERENCES:
-        raise ValueError(f"reference must be 'first', 'previous', 'mean' or a frame index, "
-                         f"got {reference!r}")
+        raise ValueError(
+            f"reference must be 'first', 'previous', 'mean' or a frame index, got {reference!r}"
+        )
     if total < 2 and reference == "previous":
         raise ValueError("reference='previous' needs at least 2 frames")
     return 0
@@ -185,8 +259,11 @@ def _reference_index(reference, total: int) -> int:
 def _batch_size(batch_size, shape, metric, dense, device, total) -> int:
     """Frames per batch: as asked, or (auto) as many as half the free memory holds."""
     if batch_size != "auto":
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
-                or batch_size < 1:
+        if (
+            isinstance(batch_size, bool)
+            or not isinstance(batch_size, (int, np.integer))
+            or batch_size < 1
+        ):
             raise ValueError(f"batch_size must be 'auto' or a positive int, got {batch_size!r}")
         return int(batch_size)
     return _auto_batch(shape, metric, dense, device, total)
@@ -205,7 +282,7 @@ def _pairs(frames: torch.Tensor, reference, ref_index: int):
     """``(moving, refs)``: the frames to align and their reference(s) ``(1 or T', 1, *S)``."""
     if reference == "previous":
         return frames[1:], frames[:-1]
-    return frames, frames[ref_index: ref_index + 1]
+    return frames, frames[ref_index : ref_index + 1]
 
 
 def _batches(total: int, size: int):
@@ -224,8 +301,10 @@ def _auto_batch(shape, metric, dense, device, total) -> int:
     return max(1, min(total, fit))
 
 
-_MEMORY_ADVICE = ("use a smaller batch_size, crop or downsample the frames, choose metric "
-                  "'mse' or 'ncc', or another device")
+_MEMORY_ADVICE = (
+    "use a smaller batch_size, crop or downsample the frames, choose metric "
+    "'mse' or 'ncc', or another device"
+)
 
 #: float32 copies of the whole stack alive at once: the frames as given, normalized,
 #: clipped to the robust range, and the aligned output.
@@ -239,13 +318,15 @@ def _check_stack_memory(raw: torch.Tensor, batch: int, metric, dense, device) ->
         return
     frame = raw[0].numel() * 4
     need = STACK_COPIES * raw.shape[0] * frame + _inputs.estimate_bytes(
-        batch, tuple(raw.shape[1:]), metric, dense)
+        batch, tuple(raw.shape[1:]), metric, dense
+    )
     if need > free:
         raise MemoryError(
             f"aligning {raw.shape[0]} frames of shape {tuple(raw.shape[1:])} needs about "
             f"{need / 2**30:.2f} GiB on {device} ({STACK_COPIES} copies of the stack and a "
             f"batch of {batch}), but only {free / 2**30:.2f} GiB is free; {_MEMORY_ADVICE}, "
-            "or align the stack in parts")
+            "or align the stack in parts"
+        )
 
 
 def _halve(x: torch.Tensor) -> torch.Tensor:
@@ -286,8 +367,7 @@ def _warp_stack(raw, transforms, batch) -> tuple[np.ndarray, torch.Tensor]:
     and each frame's coverage ``(T, *S)`` (1 where its pixels landed, on the device): the
     frame and a plane of ones are warped together, so coverage costs no extra pass.
     """
-    out = np.empty(tuple(raw.shape), dtype=np.float64 if raw.dtype == torch.float64
-                   else np.float32)
+    out = np.empty(tuple(raw.shape), dtype=np.float64 if raw.dtype == torch.float64 else np.float32)
     coverage = torch.empty(raw.shape, dtype=torch.bool, device=raw.device)
     shape = tuple(raw.shape[1:])
     for sl in _batches(raw.shape[0], batch):
@@ -324,7 +404,7 @@ def _frame_similarities(raw, warped, coverage, reference, ref_index, batch, valu
     else:
         index = 0 if reference == "previous" else ref_index
         target = clip(warped[index])[None, None]
-        target_cover = coverage[index: index + 1, None]
+        target_cover = coverage[index : index + 1, None]
         start = clip(raw[index])[None, None]
     final, initial = [], []
     for sl in _batches(raw.shape[0], batch):
@@ -332,8 +412,7 @@ def _frame_similarities(raw, warped, coverage, reference, ref_index, batch, valu
         final.append(masked_zncc(target, clip(warped[sl])[:, None], shared))
         initial.append(masked_zncc(start, clip(raw[sl])[:, None], torch.ones_like(shared)))
     overlap = coverage.flatten(1).double().mean(1)
-    return (torch.cat(final).cpu().numpy(), torch.cat(initial).cpu().numpy(),
-            overlap.cpu().numpy())
+    return (torch.cat(final).cpu().numpy(), torch.cat(initial).cpu().numpy(), overlap.cpu().numpy())
 
 
 def _assess_frames(final, initial, overlap) -> list[str]:
@@ -357,17 +436,26 @@ def _assess_frames(final, initial, overlap) -> list[str]:
 
 def _shift_progress(sl: slice, scale: float, history: list):
     """A converter of :class:`~.drift.TranslationStep` s of batch ``sl`` to StackProgress."""
+
     def convert(step):
         loss = float(step.loss.mean())
         history.append(loss)
         shifts = (step.shifts * scale).detach().clone()
-        return StackProgress(0, 1, step.iteration, loss, sl, lambda: [
-            AffineTransform(m.numpy(), "translation") for m in _shift_matrices(shifts)])
+        return StackProgress(
+            0,
+            1,
+            step.iteration,
+            loss,
+            sl,
+            lambda: [AffineTransform(m.numpy(), "translation") for m in _shift_matrices(shifts)],
+        )
+
     return convert
 
 
-def _translation_shifts(frames, refs, batch, history, state, iterations, full_iterations=1,
-                        previous=False):
+def _translation_shifts(
+    frames, refs, batch, history, state, iterations, full_iterations=1, previous=False
+):
     """Phase correlation + Gauss–Newton, batch by batch; ``refs`` ``(1 or T, 1, *S)``.
 
     A generator (yields :class:`StackProgress`) returning the shifts ``(T, D)``. Each
@@ -391,14 +479,15 @@ def _translation_shifts(frames, refs, batch, history, state, iterations, full_it
         last = out[-1][-1] / scale if out else None
         alternatives = _start_candidates(init, previous, last)
         shifts, _, stopped = yield from relay(
-            refine_translation_iter(fc, rc, init, iterations=iterations,
-                                    alternatives=alternatives),
-            _shift_progress(sl, scale, history))
+            refine_translation_iter(fc, rc, init, iterations=iterations, alternatives=alternatives),
+            _shift_progress(sl, scale, history),
+        )
         shifts = shifts * scale
         if halve and not stopped and full_iterations:
             shifts, _, stopped = yield from relay(
                 refine_translation_iter(f, r, shifts, iterations=full_iterations),
-                _shift_progress(sl, 1.0, history))
+                _shift_progress(sl, 1.0, history),
+            )
         out.append(shifts)
         if stopped:
             state["stopped"] = True
@@ -416,13 +505,15 @@ def _refine_to(frames, mean, mask, shifts, batch, history, state, iterations):
     out = []
     for sl in _batches(frames.shape[0], batch):
         refined, _, stopped = yield from relay(
-            refine_translation_iter(frames[sl], mean, shifts[sl], iterations=iterations,
-                                    reference_mask=mask),
-            _shift_progress(sl, 1.0, history))
+            refine_translation_iter(
+                frames[sl], mean, shifts[sl], iterations=iterations, reference_mask=mask
+            ),
+            _shift_progress(sl, 1.0, history),
+        )
         out.append(refined)
         if stopped:
             state["stopped"] = True
-            out.append(shifts[sl.stop:])
+            out.append(shifts[sl.stop :])
             break
     return torch.cat(out)
 
@@ -431,8 +522,9 @@ def _translation_route(clipped, reference, ref_index, batch, iterations, history
     """Per-frame translations (a generator returning one AffineTransform per frame)."""
     its = 10 if iterations is None else int(iterations)
     moving, refs = _pairs(clipped, reference, ref_index)
-    shifts = yield from _translation_shifts(moving, refs, batch, history, state, its,
-                                            previous=reference == "previous")
+    shifts = yield from _translation_shifts(
+        moving, refs, batch, history, state, its, previous=reference == "previous"
+    )
     if reference == "mean" and not state["stopped"]:
         mean, mask = _aligned_mean(clipped, shifts)
         shifts = yield from _refine_to(clipped, mean, mask, shifts, batch, history, state, its)
@@ -485,16 +577,31 @@ def _phase_guesses(moving_c, refs_c, batch, previous: bool) -> torch.Tensor:
     return _shift_matrices(torch.cat(guesses))
 
 
-def _optimize_frames(moving, refs, model, schedule, levels, batch, grid_spacing, steps,
-                     history, state, init_mats, ref_mask=None):
+def _optimize_frames(
+    moving,
+    refs,
+    model,
+    schedule,
+    levels,
+    batch,
+    grid_spacing,
+    steps,
+    history,
+    state,
+    init_mats,
+    ref_mask=None,
+):
     """The generic optimizer on batches of frames (a generator returning the models).
 
     ``ref_mask`` ``(1, 1, *S)``: where the reference may be matched (None: everywhere).
     """
     shape = tuple(moving.shape[2:])
     shapes = level_shapes(shape, levels)
-    weights = [None] * levels if ref_mask is None else [
-        (w > 0.5).to(moving.dtype) for w in build_pyramid(ref_mask, shapes)]
+    weights = (
+        [None] * levels
+        if ref_mask is None
+        else [(w > 0.5).to(moving.dtype) for w in build_pyramid(ref_mask, shapes)]
+    )
     models = []
     for sl in _batches(moving.shape[0], batch):
         f = moving[sl]
@@ -503,16 +610,26 @@ def _optimize_frames(moving, refs, model, schedule, levels, batch, grid_spacing,
         if model in LINEAR_MODELS:
             mdl = LinearModel(model, shape, shape, n, init=init_mats[sl], device=f.device)
         else:
-            mdl = DenseModel(model, shape, n, grid_spacing=grid_spacing, steps=steps,
-                             device=f.device)
+            mdl = DenseModel(
+                model, shape, n, grid_spacing=grid_spacing, steps=steps, device=f.device
+            )
 
         def convert(progress, sl=sl):
-            return StackProgress(progress.level, progress.levels, progress.iteration,
-                                 progress.loss, sl, lambda: progress.transforms)
+            return StackProgress(
+                progress.level,
+                progress.levels,
+                progress.iteration,
+                progress.loss,
+                sl,
+                lambda: progress.transforms,
+            )
 
         stopped, _ = yield from relay(
-            optimize(mdl, build_pyramid(r, shapes), build_pyramid(f, shapes), weights,
-                     schedule, history), convert)
+            optimize(
+                mdl, build_pyramid(r, shapes), build_pyramid(f, shapes), weights, schedule, history
+            ),
+            convert,
+        )
         models.append(mdl)
         if stopped:
             state["stopped"] = True
@@ -520,9 +637,28 @@ def _optimize_frames(moving, refs, model, schedule, levels, batch, grid_spacing,
     return models
 
 
-def _optimizer_route(frames, clipped, reference, ref_index, batch, history, state, *, model,
-                     metric, levels, iterations, lr, tol, window, grid_spacing,
-                     regularization, steps, report_every, full_resolution):
+def _optimizer_route(
+    frames,
+    clipped,
+    reference,
+    ref_index,
+    batch,
+    history,
+    state,
+    *,
+    model,
+    metric,
+    levels,
+    iterations,
+    lr,
+    tol,
+    window,
+    grid_spacing,
+    regularization,
+    steps,
+    report_every,
+    full_resolution,
+):
     """Any model by the generic optimizer (a generator returning one transform per frame)."""
     shape = tuple(frames.shape[2:])
     moving, refs = _pairs(frames, reference, ref_index)
@@ -536,10 +672,25 @@ def _optimizer_route(frames, clipped, reference, ref_index, batch, history, stat
     # The same light blur as register(): less noise on the gradient, less bias from
     # bilinear interpolation.
     moving, refs = gaussian_blur(moving, 1.0), gaussian_blur(refs, 1.0)
-    init = (_phase_guesses(moving_c, refs_c, batch, reference == "previous")
-            if model in LINEAR_MODELS else None)
-    models = yield from _optimize_frames(moving, refs, model, schedule, levels_n, batch,
-                                         grid_spacing, steps, history, state, init, ref_mask)
+    init = (
+        _phase_guesses(moving_c, refs_c, batch, reference == "previous")
+        if model in LINEAR_MODELS
+        else None
+    )
+    models = yield from _optimize_frames(
+        moving,
+        refs,
+        model,
+        schedule,
+        levels_n,
+        batch,
+        grid_spacing,
+        steps,
+        history,
+        state,
+        init,
+        ref_mask,
+    )
     transforms = [t for mdl in models for t in mdl.transforms()]
     transforms += [_identity(model, shape)] * (moving.shape[0] - len(transforms))
     if reference == "previous":

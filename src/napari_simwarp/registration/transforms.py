@@ -38,9 +38,11 @@ def _source(array, ndim: int) -> tuple[np.ndarray, tuple, tuple]:
     if src.size == 0:
         raise ValueError(f"array must not be empty, got shape {src.shape}")
     if src.ndim < ndim:
-        raise ValueError(f"array must have at least {ndim} dimensions (the transform is "
-                         f"{ndim}-D), got shape {src.shape}")
-    return src, src.shape[: src.ndim - ndim], src.shape[src.ndim - ndim:]
+        raise ValueError(
+            f"array must have at least {ndim} dimensions (the transform is "
+            f"{ndim}-D), got shape {src.shape}"
+        )
+    return src, src.shape[: src.ndim - ndim], src.shape[src.ndim - ndim :]
 
 
 #: output voxels whose source positions are computed at once by the exact nearest path
@@ -117,8 +119,9 @@ class Transform:
         src, lead, spatial = _source(array, self.ndim)
         out_shape = self._output_shape(spatial, output_shape)
         if order == 0:
-            return _nearest_exact(src, lead, spatial, out_shape,
-                                  lambda rows: self._positions(rows, out_shape))
+            return _nearest_exact(
+                src, lead, spatial, out_shape, lambda rows: self._positions(rows, out_shape)
+            )
         return _linear(src, lead, spatial, lambda t: self._warp_linear(t, out_shape))
 
     def _output_shape(self, spatial, output_shape) -> tuple:
@@ -126,8 +129,9 @@ class Transform:
             return tuple(spatial)
         shape = tuple(int(n) for n in output_shape)
         if len(shape) != self.ndim or any(n < 1 for n in shape):
-            raise ValueError(f"output_shape must be {self.ndim} positive ints, got "
-                             f"{output_shape!r}")
+            raise ValueError(
+                f"output_shape must be {self.ndim} positive ints, got {output_shape!r}"
+            )
         return shape
 
     def _positions(self, rows: slice, out_shape) -> np.ndarray:
@@ -195,7 +199,7 @@ class AffineTransform(Transform):
         """The ``t`` of ``y = A x + t`` (pixels, array order); for pure translation the shift."""
         return self.matrix[:-1, -1].copy()
 
-    def inverse(self) -> "AffineTransform":
+    def inverse(self) -> AffineTransform:
         return AffineTransform(np.linalg.inv(self.matrix), self.kind)
 
     def to_displacement(self, shape) -> np.ndarray:
@@ -213,8 +217,12 @@ class AffineTransform(Transform):
         return np.tensordot(linear, grid, axes=1) + shift.reshape(-1, *([1] * d))
 
     def _warp_linear(self, t: torch.Tensor, out_shape) -> torch.Tensor:
-        return warp_affine(t, torch.as_tensor(self.matrix).to(t.dtype), output_shape=out_shape,
-                           padding="grid-constant")
+        return warp_affine(
+            t,
+            torch.as_tensor(self.matrix).to(t.dtype),
+            output_shape=out_shape,
+            padding="grid-constant",
+        )
 
     def _arrays(self) -> dict:
         return {"matrix": self.matrix}
@@ -250,7 +258,8 @@ class _FieldTransform(Transform):
         f = np.array(field, dtype=np.float32)
         if f.ndim not in (3, 4) or f.shape[0] != f.ndim - 1:
             raise ValueError(
-                f"{self.field_name} must be (2, H, W) or (3, D, H, W), got shape {f.shape}")
+                f"{self.field_name} must be (2, H, W) or (3, D, H, W), got shape {f.shape}"
+            )
         setattr(self, self.field_name, f)
 
     @property
@@ -281,8 +290,10 @@ class DisplacementTransform(_FieldTransform):
     def _output_shape(self, spatial, output_shape) -> tuple:
         shape = super()._output_shape(spatial, output_shape)
         if shape != tuple(spatial):
-            raise ValueError(f"output_shape {shape} must equal the array's spatial shape "
-                             f"{tuple(spatial)} for a dense field")
+            raise ValueError(
+                f"output_shape {shape} must equal the array's spatial shape "
+                f"{tuple(spatial)} for a dense field"
+            )
         return shape
 
     def _positions(self, rows: slice, out_shape) -> np.ndarray:
@@ -315,8 +326,7 @@ class VelocityTransform(_FieldTransform):
     def apply(self, array, order: int = 1, output_shape=None) -> np.ndarray:
         _, _, spatial = _source(array, self.ndim)
         shape = spatial if output_shape is None else output_shape
-        return DisplacementTransform(self.to_displacement(shape)).apply(array, order,
-                                                                        output_shape)
+        return DisplacementTransform(self.to_displacement(shape)).apply(array, order, output_shape)
 
     def _meta(self) -> dict:
         return {"steps": self.steps}
@@ -346,8 +356,10 @@ def load_transform(path) -> Transform:
             arrays = {name: data[name] for name in data.files}
     except Exception as exc:  # empty, truncated, foreign (not a .npz), pickled objects...
         reason = " ".join(str(exc).split())[:120] or type(exc).__name__
-        raise ValueError(f"{str(path)!r} is not a napari-simwarp transform file: it cannot "
-                         f"be read as .npz ({type(exc).__name__}: {reason})") from exc
+        raise ValueError(
+            f"{str(path)!r} is not a napari-simwarp transform file: it cannot "
+            f"be read as .npz ({type(exc).__name__}: {reason})"
+        ) from exc
     if not isinstance(arrays, dict) or "header" not in arrays:
         raise ValueError(f"{str(path)!r} is not a napari-simwarp transform file (no header)")
     try:
@@ -355,14 +367,21 @@ def load_transform(path) -> Transform:
     except json.JSONDecodeError as exc:
         raise ValueError(f"{str(path)!r} has a header that is not JSON: {exc}") from exc
     kind = header.get("kind") if isinstance(header, dict) else None
-    needed = {**dict.fromkeys(LINEAR_KINDS, "matrix"), "displacement": "displacement",
-              "velocity": "velocity"}
+    needed = {
+        **dict.fromkeys(LINEAR_KINDS, "matrix"),
+        "displacement": "displacement",
+        "velocity": "velocity",
+    }
     if kind not in needed:
-        raise ValueError(f"{str(path)!r} holds an unknown transform kind {kind!r}; expected "
-                         f"one of {', '.join(needed)}")
+        raise ValueError(
+            f"{str(path)!r} holds an unknown transform kind {kind!r}; expected "
+            f"one of {', '.join(needed)}"
+        )
     if needed[kind] not in arrays:
-        raise ValueError(f"{str(path)!r} is incomplete: a {kind!r} transform needs a "
-                         f"{needed[kind]!r} array, the file has {sorted(arrays)}")
+        raise ValueError(
+            f"{str(path)!r} is incomplete: a {kind!r} transform needs a "
+            f"{needed[kind]!r} array, the file has {sorted(arrays)}"
+        )
     try:
         if kind in LINEAR_KINDS:
             return AffineTransform(arrays["matrix"], kind)

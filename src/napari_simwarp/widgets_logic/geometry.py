@@ -19,8 +19,10 @@ def apply_transforms(transforms, data, labels: bool = False, output_shape=None) 
     if len(transforms) == 1:
         return transforms[0].apply(arr, order=order, output_shape=output_shape)
     if arr.shape[0] != len(transforms):
-        raise ValueError(f"the layer must have one frame per transform ({len(transforms)}), "
-                         f"got shape {arr.shape}")
+        raise ValueError(
+            f"the layer must have one frame per transform ({len(transforms)}), "
+            f"got shape {arr.shape}"
+        )
     return np.stack([t.apply(frame, order=order) for t, frame in zip(transforms, arr)])
 
 
@@ -46,8 +48,10 @@ def layer_affine(transform, fixed_geometry=None, moving_geometry=None) -> np.nda
     """
     matrix = getattr(transform, "matrix", None)
     if matrix is None:
-        raise ValueError("only linear models (translation, rigid, similarity, affine) can be "
-                         "shown through the layer's affine; apply the transform instead")
+        raise ValueError(
+            "only linear models (translation, rigid, similarity, affine) can be "
+            "shown through the layer's affine; apply the transform instead"
+        )
     inverse = np.linalg.inv(np.asarray(matrix, np.float64))
     d = inverse.shape[0] - 1
     t_fixed = _scale_translate(*fixed_geometry) if fixed_geometry else np.eye(d + 1)

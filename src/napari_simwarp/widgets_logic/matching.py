@@ -23,21 +23,26 @@ def rectangle_slices(vertices, image_shape) -> tuple[slice, ...]:
     if v.ndim != 2 or v.shape[0] < 2:
         raise ValueError(f"a rectangle needs at least 2 vertices, got shape {v.shape}")
     if len(image_shape) != 2:
-        raise ValueError("a template from a rectangle needs a 2-D image layer; for 3-D "
-                         "images, use an image layer as the template")
+        raise ValueError(
+            "a template from a rectangle needs a 2-D image layer; for 3-D "
+            "images, use an image layer as the template"
+        )
     v = v[:, -2:]
     lo = np.floor(v.min(axis=0) + 0.5).astype(int)
     hi = np.floor(v.max(axis=0) + 0.5).astype(int)
     lo = np.clip(lo, 0, np.asarray(image_shape))
     hi = np.clip(hi, 0, np.asarray(image_shape))
     if np.any(hi - lo < 2):
-        raise ValueError(f"the rectangle must cover at least 2×2 pixels of the image, got "
-                         f"rows {lo[0]}:{hi[0]}, columns {lo[1]}:{hi[1]}")
+        raise ValueError(
+            f"the rectangle must cover at least 2×2 pixels of the image, got "
+            f"rows {lo[0]}:{hi[0]}, columns {lo[1]}:{hi[1]}"
+        )
     return tuple(slice(int(a), int(b)) for a, b in zip(lo, hi))
 
 
-def find_peaks(score_map: np.ndarray, k: int = 5, threshold: float = 0.5,
-               min_distance: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def find_peaks(
+    score_map: np.ndarray, k: int = 5, threshold: float = 0.5, min_distance: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
     """The ``k`` best local maxima above ``threshold``, more than ``min_distance`` apart.
 
     ``skimage.feature.peak_local_max`` with the Chebyshev distance and the border
@@ -50,9 +55,14 @@ def find_peaks(score_map: np.ndarray, k: int = 5, threshold: float = 0.5,
     if k < 1:
         return np.zeros((0, m.ndim), int), np.zeros(0, np.float32)
     finite = np.where(np.isfinite(m), m, -np.inf)
-    coords = peak_local_max(finite, min_distance=max(int(min_distance), 1),
-                            threshold_abs=threshold, exclude_border=False, num_peaks=k,
-                            p_norm=np.inf)
+    coords = peak_local_max(
+        finite,
+        min_distance=max(int(min_distance), 1),
+        threshold_abs=threshold,
+        exclude_border=False,
+        num_peaks=k,
+        p_norm=np.inf,
+    )
     coords = coords.reshape(-1, m.ndim).astype(int)
     return coords, finite[tuple(coords.T)].astype(np.float32)
 
@@ -78,8 +88,15 @@ class MatchResult:
         return np.asarray(out, np.float32).reshape(-1, 4, 2) - 0.5
 
 
-def match(image, template, *, k: int = 5, threshold: float = 0.5,
-          min_distance: int | None = None, device: str = "auto") -> MatchResult:
+def match(
+    image,
+    template,
+    *,
+    k: int = 5,
+    threshold: float = 0.5,
+    min_distance: int | None = None,
+    device: str = "auto",
+) -> MatchResult:
     """ZNCC of ``template`` over ``image`` and its ``k`` best matches (centers).
 
     ``min_distance`` defaults to half the template's smallest side, so one object gives
@@ -95,18 +112,20 @@ def match(image, template, *, k: int = 5, threshold: float = 0.5,
     img = as_float_array(image, "image")
     tpl = as_float_array(template, "template")
     if tpl.ndim != img.ndim:
-        raise ValueError(f"the template must have the image's dimensionality ({img.ndim}-D), "
-                         f"got {tpl.ndim}-D")
+        raise ValueError(
+            f"the template must have the image's dimensionality ({img.ndim}-D), got {tpl.ndim}-D"
+        )
     if any(t > s for t, s in zip(tpl.shape, img.shape)):
-        raise ValueError(f"the template {tpl.shape} must be no larger than the image "
-                         f"{img.shape}")
+        raise ValueError(f"the template {tpl.shape} must be no larger than the image {img.shape}")
     if float(tpl.max() - tpl.min()) <= 0:
         raise ValueError("the template is constant: there is nothing to match")
     dev = resolve_device(device)
     with torch.no_grad():
-        zncc = ops.match_template(torch.from_numpy(np.ascontiguousarray(img))[None, None].to(dev),
-                                  torch.from_numpy(np.ascontiguousarray(tpl))[None, None].to(dev),
-                                  pad_input=True)
+        zncc = ops.match_template(
+            torch.from_numpy(np.ascontiguousarray(img))[None, None].to(dev),
+            torch.from_numpy(np.ascontiguousarray(tpl))[None, None].to(dev),
+            pad_input=True,
+        )
     zmap = zncc[0, 0].float().cpu().numpy()
     md = max(1, min(tpl.shape) // 2) if min_distance is None else int(min_distance)
     centers, scores = find_peaks(zmap, k=k, threshold=threshold, min_distance=md)

@@ -76,8 +76,10 @@ class Snapshot:
 
     def describe(self) -> str:
         state = "stopped" if self.stopped else "done" if self.final else "running"
-        return (f"{state}: level {self.level + 1}/{self.levels}, iteration {self.iteration}, "
-                f"loss {self.loss:.4g}")
+        return (
+            f"{state}: level {self.level + 1}/{self.levels}, iteration {self.iteration}, "
+            f"loss {self.loss:.4g}"
+        )
 
 
 class RegistrationRun:
@@ -100,13 +102,17 @@ class RegistrationRun:
             self.fixed = as_float_array(fixed, "fixed")
             self.moving = as_float_array(moving, "moving")
             if self.fixed.ndim != self.moving.ndim:
-                raise ValueError(f"fixed and moving must have the same dimensionality, got "
-                                 f"{self.fixed.shape} and {self.moving.shape}")
+                raise ValueError(
+                    f"fixed and moving must have the same dimensionality, got "
+                    f"{self.fixed.shape} and {self.moving.shape}"
+                )
             self.shape = self.fixed.shape
         else:
             if self.moving.ndim not in (3, 4) or self.moving.shape[0] < 2:
-                raise ValueError(f"the time-lapse mode needs a (T, H, W) or (T, D, H, W) "
-                                 f"moving stack with T ≥ 2, got shape {self.moving.shape}")
+                raise ValueError(
+                    f"the time-lapse mode needs a (T, H, W) or (T, D, H, W) "
+                    f"moving stack with T ≥ 2, got shape {self.moving.shape}"
+                )
             self.moving = self.moving.astype(np.float32, copy=False)
             self.fixed = None
             self.shape = self.moving.shape[1:]
@@ -159,8 +165,13 @@ class RegistrationRun:
 
     def _engine_kwargs(self) -> dict:
         s = self.settings
-        kw = dict(model=s.model, metric=s.metric, levels=self.levels, device=s.device,
-                  report_every=max(1, int(s.report_every)))
+        kw = dict(
+            model=s.model,
+            metric=s.metric,
+            levels=self.levels,
+            device=s.device,
+            report_every=max(1, int(s.report_every)),
+        )
         if s.iterations is not None:
             kw["iterations"] = int(s.iterations)
         return kw
@@ -185,25 +196,43 @@ class RegistrationRun:
 
         run = register_iter(self.fixed, self.moving, **self._engine_kwargs())
         res = self.result = yield from relay(run, self._pair_snapshot, self._stop.is_set)
-        snap = Snapshot(self._step + 1, self.levels - 1, self.levels, 0,
-                        float(res.loss_history[-1]) if res.loss_history else float("nan"),
-                        [float(v) for v in res.loss_history], final=True, stopped=res.stopped)
+        snap = Snapshot(
+            self._step + 1,
+            self.levels - 1,
+            self.levels,
+            0,
+            float(res.loss_history[-1]) if res.loss_history else float("nan"),
+            [float(v) for v in res.loss_history],
+            final=True,
+            stopped=res.stopped,
+        )
         self._fill_pair(snap, res.transform, warped=res.warped)
         yield snap
 
     def _pair_snapshot(self, progress) -> Snapshot:
         self.losses.append(float(progress.loss))
         self._step += 1
-        snap = Snapshot(self._step, progress.level, progress.levels, progress.iteration,
-                        float(progress.loss), list(self.losses))
+        snap = Snapshot(
+            self._step,
+            progress.level,
+            progress.levels,
+            progress.iteration,
+            float(progress.loss),
+            list(self.losses),
+        )
         if self._heavy_due(False):
             self._fill_pair(snap, progress.transform, warped=None)
         return snap
 
     def _fill_pair(self, snap: Snapshot, transform, warped) -> None:
         shape = self.shape
-        snap.warped = warped if warped is not None else transform.apply(
-            self.moving, order=1, output_shape=shape).astype(np.float32, copy=False)
+        snap.warped = (
+            warped
+            if warped is not None
+            else transform.apply(self.moving, order=1, output_shape=shape).astype(
+                np.float32, copy=False
+            )
+        )
         disp = transform.to_displacement(shape)
         snap.displacement = field_to_vectors(disp, self.spacing)
         if self.settings.show_gradient and self.moving.shape == shape:
@@ -219,9 +248,10 @@ class RegistrationRun:
         dev = resolve_device(self.settings.device)
         if self._normalized is None:
             # The images the optimizer sees: each scaled to its robust range.
-            self._normalized = tuple(normalize(torch.from_numpy(a), name)[None, None].to(dev)
-                                     for a, name in ((self.fixed, "fixed"),
-                                                     (self.moving, "moving")))
+            self._normalized = tuple(
+                normalize(torch.from_numpy(a), name)[None, None].to(dev)
+                for a, name in ((self.fixed, "fixed"), (self.moving, "moving"))
+            )
         f, m = self._normalized
         d = torch.from_numpy(np.ascontiguousarray(disp))[None].to(dev)
         g = similarity_gradient(f, m, d, metric=self.settings.metric)[0].cpu().numpy()
@@ -237,9 +267,16 @@ class RegistrationRun:
         self._current = {}
         run = register_stack_iter(self.moving, reference=s.reference, **self._engine_kwargs())
         res = self.result = yield from relay(run, self._stack_snapshot, self._stop.is_set)
-        snap = Snapshot(self._step + 1, 0, 1, 0,
-                        float(res.loss_history[-1]) if res.loss_history else float("nan"),
-                        [float(v) for v in res.loss_history], final=True, stopped=res.stopped)
+        snap = Snapshot(
+            self._step + 1,
+            0,
+            1,
+            0,
+            float(res.loss_history[-1]) if res.loss_history else float("nan"),
+            [float(v) for v in res.loss_history],
+            final=True,
+            stopped=res.stopped,
+        )
         snap.warped = res.warped
         snap.displacement = self._stack_vectors(dict(enumerate(res.transforms)))
         yield snap
@@ -247,8 +284,14 @@ class RegistrationRun:
     def _stack_snapshot(self, info) -> Snapshot:
         self.losses.append(float(info.loss))
         self._step += 1
-        snap = Snapshot(self._step, int(info.level), int(info.levels), int(info.iteration),
-                        float(info.loss), list(self.losses))
+        snap = Snapshot(
+            self._step,
+            int(info.level),
+            int(info.levels),
+            int(info.iteration),
+            float(info.loss),
+            list(self.losses),
+        )
         if self._heavy_due(False):
             # With reference="previous", moving frame i is stack frame i + 1.
             offset = 1 if self.settings.reference == "previous" else 0

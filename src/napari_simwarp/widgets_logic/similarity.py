@@ -113,8 +113,7 @@ class SimilarityModel:
         return self._latest
 
     # -- computation -------------------------------------------------------------------
-    def compute(self, request_id: int, image, second, params: SimilarityParams
-                ) -> SimilarityResult:
+    def compute(self, request_id: int, image, second, params: SimilarityParams) -> SimilarityResult:
         """The map for ``params``; ``image`` and ``second`` are array-likes (2-D or 3-D).
 
         The map has ``image``'s shape (ZNCC is zero-padded so that position ``i`` is the
@@ -137,11 +136,15 @@ class SimilarityModel:
                 raise ValueError(f"{params.metric} needs a second ({what}) layer")
             b = self._cache.get(second, what, dev)
             if b.dim() != a.dim():
-                raise ValueError(f"the {what} layer must have the image's dimensionality "
-                                 f"({a.dim() - 2}-D), got {b.dim() - 2}-D")
+                raise ValueError(
+                    f"the {what} layer must have the image's dimensionality "
+                    f"({a.dim() - 2}-D), got {b.dim() - 2}-D"
+                )
             if what == "moving" and b.shape != a.shape:
-                raise ValueError(f"{params.metric} needs two layers of the same shape, got "
-                                 f"{tuple(a.shape[2:])} and {tuple(b.shape[2:])}")
+                raise ValueError(
+                    f"{params.metric} needs two layers of the same shape, got "
+                    f"{tuple(a.shape[2:])} and {tuple(b.shape[2:])}"
+                )
         window = _odd_window(params.window, a.shape[2:])
         with torch.no_grad():
             if params.metric == "local std":
@@ -153,18 +156,32 @@ class SimilarityModel:
                 rng = params.data_range
                 if rng is None:
                     rng = float(torch.maximum(a.max(), b.max()) - torch.minimum(a.min(), b.min()))
-                out = ops.ssim(a, b, window=window, sigma=params.sigma,
-                               data_range=rng if rng > 0 else 1.0, reduction="none")
+                out = ops.ssim(
+                    a,
+                    b,
+                    window=window,
+                    sigma=params.sigma,
+                    data_range=rng if rng > 0 else 1.0,
+                    reduction="none",
+                )
             else:
                 if any(t > s for t, s in zip(b.shape[2:], a.shape[2:])):
-                    raise ValueError(f"the template {tuple(b.shape[2:])} must be no larger "
-                                     f"than the image {tuple(a.shape[2:])}")
+                    raise ValueError(
+                        f"the template {tuple(b.shape[2:])} must be no larger "
+                        f"than the image {tuple(a.shape[2:])}"
+                    )
                 out = ops.match_template(a, b, pad_input=True)
         data = out[0, 0].float().cpu().numpy()
         colormap, limits = display_for(params.metric, data)
-        return SimilarityResult(request_id, data, colormap, limits,
-                                replace(params, window=window),
-                                time.perf_counter() - start, str(dev))
+        return SimilarityResult(
+            request_id,
+            data,
+            colormap,
+            limits,
+            replace(params, window=window),
+            time.perf_counter() - start,
+            str(dev),
+        )
 
     def clear_cache(self) -> None:
         self._cache.clear()

@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def field_to_vectors(field: np.ndarray, spacing: int = 16, scale: float = 1.0,
-                     offset: np.ndarray | None = None) -> np.ndarray:
+def field_to_vectors(
+    field: np.ndarray, spacing: int = 16, scale: float = 1.0, offset: np.ndarray | None = None
+) -> np.ndarray:
     """A ``(D, *S)`` field sampled every ``spacing`` pixels → ``(n, 2, D)`` float32.
 
     Positions are the grid points (centered in their cell); projections are
@@ -34,7 +35,7 @@ def field_to_vectors(field: np.ndarray, spacing: int = 16, scale: float = 1.0,
 
 def auto_spacing(shape, target: int = 32) -> int:
     """A grid spacing giving about ``target`` arrows along the longest axis (≥ 1)."""
-    return max(1, int(round(max(shape) / target)))
+    return max(1, round(max(shape) / target))
 
 
 def normalized_scale(field: np.ndarray, length: float) -> float:
@@ -52,7 +53,8 @@ def shifts_to_vectors(shifts: np.ndarray, shape) -> np.ndarray:
     shifts = np.asarray(shifts, np.float32)
     t = shifts.shape[0]
     center = (np.asarray(shape, np.float32) - 1) / 2
-    pos = np.concatenate([np.arange(t, dtype=np.float32)[:, None],
-                          np.broadcast_to(center, (t, len(center)))], axis=1)
+    pos = np.concatenate(
+        [np.arange(t, dtype=np.float32)[:, None], np.broadcast_to(center, (t, len(center)))], axis=1
+    )
     vec = np.concatenate([np.zeros((t, 1), np.float32), shifts], axis=1)
     return np.stack([pos, vec], axis=1)

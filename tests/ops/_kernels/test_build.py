@@ -43,5 +43,6 @@ def test_build_cache_is_keyed_by_the_source_location(monkeypatch, tmp_path):
     monkeypatch.setattr(_build, "csrc_root", lambda: copy)
     theirs = _build.build_directory("cpu", _build.sources("cpu"), flags)
     assert [f.read_bytes() for f in _build.sources("cpu")] == [
-        (here / f.relative_to(copy)).read_bytes() for f in _build.sources("cpu")]
+        (here / f.relative_to(copy)).read_bytes() for f in _build.sources("cpu")
+    ]
     assert theirs != ours

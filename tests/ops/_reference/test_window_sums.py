@@ -91,8 +91,9 @@ def _windows():
     ]
 
 
-@pytest.mark.parametrize("window", _windows(),
-                         ids=lambda w: f"{'box' if w.is_box else 'gauss'}{w.sizes}")
+@pytest.mark.parametrize(
+    "window", _windows(), ids=lambda w: f"{'box' if w.is_box else 'gauss'}{w.sizes}"
+)
 def test_window_passes_and_their_adjoints(device, window):
     """<W x, y> == <x, Wᵀ y> (dot-product test) in float64, for box_sum and correlate."""
     gen = torch.Generator().manual_seed(1)

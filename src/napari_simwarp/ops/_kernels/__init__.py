@@ -34,8 +34,13 @@ BACKENDS = ("auto", "torch", "compiled")
 
 #: public op name -> the torch.ops.simwarp ops that implement it.
 COMPILED_OPS = {
-    "local_std": ("local_std_2d_fwd", "local_std_2d_bwd", "local_std_fwd", "local_std_bwd",
-                  "box_sum"),
+    "local_std": (
+        "local_std_2d_fwd",
+        "local_std_2d_bwd",
+        "local_std_fwd",
+        "local_std_bwd",
+        "box_sum",
+    ),
     "splat": ("splat_fwd", "splat_bwd"),
     "ssim": ("moments5", "correlate"),
     "local_ncc": ("moments5", "box_sum", "correlate"),
@@ -51,8 +56,15 @@ AUTO_DEVICE_TYPES = {
 }
 
 _lock = threading.Lock()
-_state: dict = {"tried": False, "cpu": False, "cuda": False, "error": None,
-                "cuda_error": None, "path": None, "cuda_path": None}
+_state: dict = {
+    "tried": False,
+    "cpu": False,
+    "cuda": False,
+    "error": None,
+    "cuda_error": None,
+    "path": None,
+    "cuda_path": None,
+}
 
 
 class CompiledBackendError(RuntimeError):
@@ -88,17 +100,24 @@ def _load(verbose: bool = False) -> None:
     if not possible:
         _state["cuda_error"] = why
         if torch.cuda.is_available():
-            warnings.warn(f"napari-simwarp: CUDA kernels not built ({why}); CUDA tensors use "
-                          "the pure torch operators.", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"napari-simwarp: CUDA kernels not built ({why}); CUDA tensors use "
+                "the pure torch operators.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         return
     try:
         _state["cuda_path"] = str(_build.build("cuda", verbose))
         _state["cuda"] = True
     except Exception as exc:  # the CPU kernels stay; CUDA tensors take the torch path
         _state["cuda_error"] = _short_error(exc)
-        warnings.warn(f"napari-simwarp: the CUDA kernels failed to build "
-                      f"({_state['cuda_error']}); CUDA tensors use the pure torch operators.",
-                      RuntimeWarning, stacklevel=4)
+        warnings.warn(
+            f"napari-simwarp: the CUDA kernels failed to build "
+            f"({_state['cuda_error']}); CUDA tensors use the pure torch operators.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
 
 def ensure_loaded(verbose: bool = False) -> bool:
@@ -187,25 +206,33 @@ def report(public_ops, build: bool = True) -> dict:
             why = "no compiled implementation (pure torch)"
             ops[op] = {"cpu": ("torch", why), "cuda": ("torch", why)}
         elif backend == "torch":
-            ops[op] = {d: ("torch", f"{ENV_BACKEND}=torch") for d in ("cpu", "cuda")}
+            ops[op] = dict.fromkeys(("cpu", "cuda"), ("torch", f"{ENV_BACKEND}=torch"))
         elif pending:
-            ops[op] = {d: ("pending", "kernels are built on first use") for d in ("cpu", "cuda")}
+            ops[op] = dict.fromkeys(("cpu", "cuda"), ("pending", "kernels are built on first use"))
         elif not loaded:
-            ops[op] = {d: ("torch", f"build failed: {_state['error']}") for d in ("cpu", "cuda")}
+            ops[op] = dict.fromkeys(("cpu", "cuda"), ("torch", f"build failed: {_state['error']}"))
         else:
             auto_devices = AUTO_DEVICE_TYPES.get(op, {"cpu", "cuda"})
             slower = "pure torch measured faster on this device type"
             cpu = ("compiled", "built kernels")
             if backend == "auto" and "cpu" not in auto_devices:
                 cpu = ("torch", slower)
-            cuda = (("compiled", "built kernels") if _state["cuda"]
-                    else ("torch", _state["cuda_error"] or cuda_reason))
+            cuda = (
+                ("compiled", "built kernels")
+                if _state["cuda"]
+                else ("torch", _state["cuda_error"] or cuda_reason)
+            )
             ops[op] = {"cpu": cpu, "cuda": cuda}
     return {
         "requested": backend,
-        "build": {"tried": _state["tried"], "loaded": loaded,
-                  "cuda_kernels": bool(_state["cuda"]) and cuda_ok,
-                  "path": _state["path"], "cuda_path": _state["cuda_path"],
-                  "error": _state["error"], "cuda_error": _state["cuda_error"]},
+        "build": {
+            "tried": _state["tried"],
+            "loaded": loaded,
+            "cuda_kernels": bool(_state["cuda"]) and cuda_ok,
+            "path": _state["path"],
+            "cuda_path": _state["cuda_path"],
+            "error": _state["error"],
+            "cuda_error": _state["cuda_error"],
+        },
         "ops": ops,
     }

@@ -83,8 +83,12 @@ def cpu_fingerprint() -> str:
 def nvcc_version(cuda_home: str) -> str | None:
     """``"13.0"`` from ``CUDA_HOME/bin/nvcc --version``, or None when it cannot run."""
     try:
-        out = subprocess.run([os.path.join(cuda_home, "bin", "nvcc"), "--version"],
-                             capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run(
+            [os.path.join(cuda_home, "bin", "nvcc"), "--version"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     match = re.search(r"release (\d+)\.(\d+)", out)
@@ -108,15 +112,19 @@ def cuda_build_possible() -> tuple[bool, str]:
         return False, "nvcc was not found (set CUDA_HOME to the CUDA toolkit)"
     for part in ("bin/nvcc", "include/cuda_runtime_api.h"):
         if not os.path.exists(os.path.join(home, part)):
-            return False, (f"CUDA_HOME={home} is not a CUDA toolkit (no {part}); set "
-                           "CUDA_HOME to the toolkit's own folder")
+            return False, (
+                f"CUDA_HOME={home} is not a CUDA toolkit (no {part}); set "
+                "CUDA_HOME to the toolkit's own folder"
+            )
     nvcc = nvcc_version(home)
     if nvcc is None:
         return False, f"{home}/bin/nvcc --version did not run"
     if nvcc.split(".")[0] != torch.version.cuda.split(".")[0]:
-        return False, (f"nvcc {nvcc} does not match torch's CUDA {torch.version.cuda}: install "
-                       f"a CUDA {torch.version.cuda.split('.')[0]}.x toolkit (e.g. NVIDIA's "
-                       "pip packages nvidia-cuda-nvcc) and point CUDA_HOME at it")
+        return False, (
+            f"nvcc {nvcc} does not match torch's CUDA {torch.version.cuda}: install "
+            f"a CUDA {torch.version.cuda.split('.')[0]}.x toolkit (e.g. NVIDIA's "
+            "pip packages nvidia-cuda-nvcc) and point CUDA_HOME at it"
+        )
     return True, f"torch CUDA {torch.version.cuda}, nvcc {nvcc}"
 
 
@@ -149,7 +157,9 @@ def build_directory(kind: str, files: list[pathlib.Path], cflags: list[str]) -> 
     digest.update(cpu_fingerprint().encode())
     if kind == "cuda":
         digest.update(cuda_fingerprint().encode())
-    root = pathlib.Path(os.environ.get(ENV_CACHE, pathlib.Path.home() / ".cache" / "napari-simwarp"))
+    root = pathlib.Path(
+        os.environ.get(ENV_CACHE, pathlib.Path.home() / ".cache" / "napari-simwarp")
+    )
     path = root / f"{kind}-{digest.hexdigest()[:16]}"
     path.mkdir(parents=True, exist_ok=True)
     return path

@@ -75,8 +75,9 @@ def local_std_valid(
     respect to ``xp``.
     """
     factor = KERNEL_FLAT_FACTOR if flat_factor is None else float(flat_factor)
-    out, _, _ = torch.ops.simwarp.local_std_fwd(xp, list(window), float(eps), bool(normalize),
-                                                factor)
+    out, _, _ = torch.ops.simwarp.local_std_fwd(
+        xp, list(window), float(eps), bool(normalize), factor
+    )
     return out
 
 
@@ -95,6 +96,7 @@ def local_std_2d(
     respect to ``x``.
     """
     factor = KERNEL_FLAT_FACTOR if flat_factor is None else float(flat_factor)
-    out, _, _ = torch.ops.simwarp.local_std_2d_fwd(x, list(window), padding, float(eps),
-                                                   bool(normalize), factor)
+    out, _, _ = torch.ops.simwarp.local_std_2d_fwd(
+        x, list(window), padding, float(eps), bool(normalize), factor
+    )
     return out

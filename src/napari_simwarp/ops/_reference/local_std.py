@@ -21,6 +21,7 @@ from ..fft_cc import fft_cc
 from . import window_sums as _window_sums
 from .window_sums import box_sum_valid
 
+
 def _fft_box_sums(stack: torch.Tensor, window: Sequence[int]) -> torch.Tensor:
     """Valid box sums of ``stack`` ``(B, N, C, *P)`` by one batched FFT correlation."""
     flat = stack.reshape(-1, *stack.shape[2:])
@@ -186,9 +187,7 @@ def _box_energy_chunked(y, window, acc, count, normalize, eps):
     return out, s1_all, flat_all
 
 
-def center_and_pad(
-    x: torch.Tensor, pads: Sequence[tuple[int, int]], padding: str
-) -> torch.Tensor:
+def center_and_pad(x: torch.Tensor, pads: Sequence[tuple[int, int]], padding: str) -> torch.Tensor:
     """``x`` minus its detached per-(N, C) mean, padded (SciPy convention).
 
     Padding comes first, then the centering, so ``padding="constant"`` pads with
@@ -210,7 +209,6 @@ def center_and_pad(
     if padded is x:
         return x - mean
     return padded.sub_(mean)  # the padding's output is ours and its backward needs no values
-
 
 
 def local_std_valid(

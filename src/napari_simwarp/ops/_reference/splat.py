@@ -62,8 +62,9 @@ def _landing(displacement: torch.Tensor) -> _Landing:
         view = [1] * d
         view[k] = size
         # Positions in the padded buffer's coordinates (pixel 0 of the image at MARGIN).
-        grid = torch.arange(MARGIN, size + MARGIN, device=displacement.device,
-                            dtype=displacement.dtype)
+        grid = torch.arange(
+            MARGIN, size + MARGIN, device=displacement.device, dtype=displacement.dtype
+        )
         position = (displacement[:, k] + grid.view(view)).reshape(n, -1)
         # Positions beyond one pixel outside the image only reach the margin, so they may
         # be clamped; NaN is sent there too (finite weights, zero gradient, not NaN).
@@ -82,7 +83,7 @@ def _landing(displacement: torch.Tensor) -> _Landing:
 
 def _strides(shape) -> list[int]:
     """Row-major strides of a flattened array of shape ``shape``."""
-    return [math.prod(shape[k + 1:]) for k in range(len(shape))]
+    return [math.prod(shape[k + 1 :]) for k in range(len(shape))]
 
 
 def _corners(landing: _Landing, weight_out: torch.Tensor):
@@ -170,8 +171,15 @@ class _Splat(torch.autograd.Function):
         n, c, *spatial = image.shape
         size = math.prod(spatial)
         landing = _Landing(base, [(1.0 - f, f) for f in fracs], ctx.padded)
-        per_dest = _destination_terms(v_out, v_den, out.view(n, c, size), den.view(n, 1, size),
-                                      ctx.normalize, ctx.eps, landing.padded)
+        per_dest = _destination_terms(
+            v_out,
+            v_den,
+            out.view(n, c, size),
+            den.view(n, 1, size),
+            ctx.normalize,
+            ctx.eps,
+            landing.padded,
+        )
         values = image.reshape(n, c, size)
         grad_image = torch.zeros_like(values) if need_image else None
         grad_disp = image.new_zeros(n, len(spatial), size) if need_disp else None
@@ -233,7 +241,6 @@ def _destination_terms(v_out, v_den, out, den, normalize, eps, padded):
         # The weight map is continuous in d, holes included: its gradient is not masked.
         inner[:, c:] += v_den.reshape(n, 1, *spatial)
     return per_dest.view(n, c1, math.prod(padded))
-
 
 
 def splat_fwd(image: torch.Tensor, displacement: torch.Tensor, normalize: bool, eps: float):

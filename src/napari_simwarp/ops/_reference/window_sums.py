@@ -17,6 +17,7 @@ import torch
 
 from .._padding import pad_spatial
 
+
 def correlate1d_valid(x: torch.Tensor, weights: Sequence[float], dim: int) -> torch.Tensor:
     """Valid cross-correlation of ``x`` along ``dim`` with 1-D taps ``weights``.
 
@@ -223,7 +224,9 @@ def box_sum_valid(x: torch.Tensor, window: Sequence[int], method: str = "auto") 
     spatial = x.shape[x.dim() - d :]
     out_spatial = [n - k + 1 for n, k in zip(spatial, window)]
     if any(n <= 0 for n in out_spatial):
-        raise ValueError(f"window {tuple(window)} is larger than the spatial shape {tuple(spatial)}")
+        raise ValueError(
+            f"window {tuple(window)} is larger than the spatial shape {tuple(spatial)}"
+        )
     if torch.is_grad_enabled() and x.requires_grad:
         return _box_sum_separable(x, window, routes, None)  # autograd cannot follow out=
     lead = x.shape[: x.dim() - d]
@@ -238,7 +241,6 @@ def box_sum_valid(x: torch.Tensor, window: Sequence[int], method: str = "auto") 
             piece = x_flat[b].narrow(0, r0, r + window[0] - 1)
             _box_sum_separable(piece, window, routes, out_flat[b].narrow(0, r0, r))
     return out
-
 
 
 #: longest box whose adjoint scatters directly (``k`` adds per element); longer boxes take
@@ -280,7 +282,6 @@ def _box_transpose_prefix(y: torch.Tensor, k: int, dim: int, weight: float) -> t
     window[dim] = k
     out = box_sum_valid(padded, window)
     return out.mul_(weight) if weight != 1.0 else out
-
 
 
 def box_sum(x: torch.Tensor, window: Sequence[int], full: bool = False) -> torch.Tensor:
