@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from magicgui.widgets import Container, Label
+from magicgui.widgets import ComboBox, Container, Label
 from napari.utils.notifications import show_error, show_info
 
 
@@ -143,8 +143,10 @@ def on_destroyed(widget, stop=None):
 class WorkerWidget(Container):
     """A widget that runs one background worker at a time and reports its errors.
 
-    Subclasses set :attr:`task` (named in error messages) and create ``self._status``
-    (a Label) and ``self._backend`` (a :class:`BackendLabel`).
+    Subclasses set :attr:`task` (named in error messages) and place the controls every
+    widget has, made here: ``self._device`` (the device choice, public as ``device``),
+    ``self._status`` (a Label) and ``self._backend`` (a :class:`BackendLabel` that follows
+    the device).
     """
 
     #: what the widget does, for messages ("template matching failed: ...")
@@ -154,6 +156,12 @@ class WorkerWidget(Container):
         super().__init__()
         self._worker = None
         self._closed = False
+        self._device = ComboBox(
+            name="device", choices=device_choices(), value="auto", label="device"
+        )
+        self._status = Label(value="")
+        self._backend = BackendLabel(lambda: self._device.value)
+        self._device.changed.connect(self._backend.refresh)
 
     def _on_error(self, exc):
         self._status.value = "error (see notification)"

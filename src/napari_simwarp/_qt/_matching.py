@@ -9,7 +9,6 @@ import numpy as np
 from magicgui.widgets import (
     ComboBox,
     FloatSpinBox,
-    Label,
     PushButton,
     SpinBox,
     create_widget,
@@ -24,9 +23,7 @@ from ..widgets_logic.matching import (
     rectangle_slices,
 )
 from ._common import (
-    BackendLabel,
     WorkerWidget,
-    device_choices,
     layer_image,
     notify_error,
     on_destroyed,
@@ -78,12 +75,7 @@ class TemplateMatchingWidget(WorkerWidget):
         self._distance = SpinBox(
             name="distance", value=0, min=0, max=10000, label="min distance (0: auto)"
         )
-        self._device = ComboBox(
-            name="device", choices=device_choices(), value="auto", label="device"
-        )
         self._run = PushButton(text="Find matches")
-        self._status = Label(value="")
-        self._backend = BackendLabel(lambda: self._device.value)
         self.extend(
             [
                 self._image,
@@ -100,7 +92,6 @@ class TemplateMatchingWidget(WorkerWidget):
             ]
         )
         self._source.changed.connect(self._update_visibility)
-        self._device.changed.connect(self._backend.refresh)
         self._run.changed.connect(self.run)
         self.result = None
         self.native.destroyed.connect(on_destroyed(self))

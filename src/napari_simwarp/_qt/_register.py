@@ -9,7 +9,6 @@ import numpy as np
 from magicgui.widgets import (
     CheckBox,
     ComboBox,
-    Label,
     PushButton,
     SpinBox,
     create_widget,
@@ -26,9 +25,7 @@ from ..widgets_logic.registration import (
     RunSettings,
 )
 from ._common import (
-    BackendLabel,
     WorkerWidget,
-    device_choices,
     layer_image,
     notify_error,
     notify_info,
@@ -81,14 +78,9 @@ class RegisterWidget(WorkerWidget):
         self._iterations = SpinBox(
             name="iterations", value=0, min=0, max=10000, label="iterations / level (0: default)"
         )
-        self._device = ComboBox(
-            name="device", choices=device_choices(), value="auto", label="device"
-        )
         self._gradient = CheckBox(value=True, text="show similarity gradient")
         self._run_btn = PushButton(text="Register")
         self._cancel_btn = PushButton(text="Cancel", enabled=False)
-        self._status = Label(value="")
-        self._backend = BackendLabel(lambda: self._device.value)
         self._save_btn = PushButton(text="Save transform…", enabled=False)
         self._apply_to = create_widget(
             name="apply_to",
@@ -121,7 +113,6 @@ class RegisterWidget(WorkerWidget):
         self.extend([self._save_btn, self._apply_to, self._apply_btn, self._affine_btn])
 
         self._mode.changed.connect(self._update_visibility)
-        self._device.changed.connect(self._backend.refresh)
         self._run_btn.changed.connect(self.run)
         self._cancel_btn.changed.connect(self.cancel)
         self._save_btn.changed.connect(self._ask_save)

@@ -10,7 +10,6 @@ from magicgui.widgets import (
     CheckBox,
     ComboBox,
     FloatSpinBox,
-    Label,
     PushButton,
     SpinBox,
     create_widget,
@@ -26,9 +25,7 @@ from ..widgets_logic.similarity import (
     needs_second,
 )
 from ._common import (
-    BackendLabel,
     WorkerWidget,
-    device_choices,
     layer_image,
     notify_error,
     on_destroyed,
@@ -74,13 +71,8 @@ class SimilarityMapWidget(WorkerWidget):
         self._kernel = ComboBox(
             name="kernel", choices=["box", "gaussian"], value="box", label="NCC kernel"
         )
-        self._device = ComboBox(
-            name="device", choices=device_choices(), value="auto", label="device"
-        )
         self._live = CheckBox(name="live", label="", value=True, text="live update")
         self._compute = PushButton(text="Compute")
-        self._status = Label(value="")
-        self._backend = BackendLabel(lambda: self._device.value)
         self.extend(
             [
                 self._image,
@@ -124,7 +116,6 @@ class SimilarityMapWidget(WorkerWidget):
     def _on_device(self, *_):
         self._model.device = self._device.value
         self._model.clear_cache()
-        self._backend.refresh()
         self._schedule()
 
     def _on_layers(self, *_):

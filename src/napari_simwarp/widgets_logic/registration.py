@@ -179,10 +179,37 @@ class RegistrationRun:
     # -- snapshots -------------------------------------------------------------------------
     def snapshots(self):
         """Yield :class:`Snapshot` s; the last one has ``final=True`` (``self.result`` set)."""
+        from ..registration import register_iter, register_stack_iter
+
         if self.settings.mode == "pair":
-            yield from self._pair()
+            run = register_iter(self.fixed, self.moving, **self._engine_kwargs())
+            fill = self._fill_pair_progress
         else:
-            yield from self._stack()
+            self._current = {}
+            run = register_stack_iter(
+                self.moving, reference=self.settings.reference, **self._engine_kwargs()
+            )
+            fill = self._fill_stack_progress
+        res = self.result = yield from relay(
+            run, lambda p: self._snapshot(p, fill), self._stop.is_set
+        )
+        history = [float(v) for v in res.loss_history]
+        snap = Snapshot(
+            self._step + 1,
+            self.levels - 1 if self.settings.mode == "pair" else 0,
+            self.levels if self.settings.mode == "pair" else 1,
+            0,
+            history[-1] if history else float("nan"),
+            history,
+            final=True,
+            stopped=res.stopped,
+        )
+        if self.settings.mode == "pair":
+            self._fill_pair(snap, res.transform, warped=res.warped)
+        else:
+            snap.warped = res.warped
+            snap.displacement = self._stack_vectors(dict(enumerate(res.transforms)))
+        yield snap
 
     def _heavy_due(self, final: bool) -> bool:
         now = time.perf_counter()
@@ -191,38 +218,32 @@ class RegistrationRun:
             return True
         return False
 
-    def _pair(self):
-        from ..registration import register_iter
-
-        run = register_iter(self.fixed, self.moving, **self._engine_kwargs())
-        res = self.result = yield from relay(run, self._pair_snapshot, self._stop.is_set)
-        snap = Snapshot(
-            self._step + 1,
-            self.levels - 1,
-            self.levels,
-            0,
-            float(res.loss_history[-1]) if res.loss_history else float("nan"),
-            [float(v) for v in res.loss_history],
-            final=True,
-            stopped=res.stopped,
-        )
-        self._fill_pair(snap, res.transform, warped=res.warped)
-        yield snap
-
-    def _pair_snapshot(self, progress) -> Snapshot:
+    def _snapshot(self, progress, fill) -> Snapshot:
+        """A display update from an engine's progress; ``fill`` adds the heavy data when due."""
         self.losses.append(float(progress.loss))
         self._step += 1
         snap = Snapshot(
             self._step,
-            progress.level,
-            progress.levels,
-            progress.iteration,
+            int(progress.level),
+            int(progress.levels),
+            int(progress.iteration),
             float(progress.loss),
             list(self.losses),
         )
         if self._heavy_due(False):
-            self._fill_pair(snap, progress.transform, warped=None)
+            fill(snap, progress)
         return snap
+
+    def _fill_pair_progress(self, snap: Snapshot, progress) -> None:
+        self._fill_pair(snap, progress.transform, warped=None)
+
+    def _fill_stack_progress(self, snap: Snapshot, progress) -> None:
+        # With reference="previous", moving frame i is stack frame i + 1.
+        offset = 1 if self.settings.reference == "previous" else 0
+        frames = progress.frames
+        for i, t in zip(range(frames.start, frames.stop), progress.transforms):
+            self._current[i + offset] = t
+        self._fill_stack(snap, self._current)
 
     def _fill_pair(self, snap: Snapshot, transform, warped) -> None:
         shape = self.shape
@@ -259,47 +280,6 @@ class RegistrationRun:
         # 80 % of the grid spacing (its direction and relative size are what matter).
         sub = g[(slice(None),) + tuple(slice(None, None, self.spacing) for _ in self.shape)]
         return field_to_vectors(g, self.spacing, normalized_scale(sub, 0.8 * self.spacing))
-
-    def _stack(self):
-        from ..registration import register_stack_iter
-
-        s = self.settings
-        self._current = {}
-        run = register_stack_iter(self.moving, reference=s.reference, **self._engine_kwargs())
-        res = self.result = yield from relay(run, self._stack_snapshot, self._stop.is_set)
-        snap = Snapshot(
-            self._step + 1,
-            0,
-            1,
-            0,
-            float(res.loss_history[-1]) if res.loss_history else float("nan"),
-            [float(v) for v in res.loss_history],
-            final=True,
-            stopped=res.stopped,
-        )
-        snap.warped = res.warped
-        snap.displacement = self._stack_vectors(dict(enumerate(res.transforms)))
-        yield snap
-
-    def _stack_snapshot(self, info) -> Snapshot:
-        self.losses.append(float(info.loss))
-        self._step += 1
-        snap = Snapshot(
-            self._step,
-            int(info.level),
-            int(info.levels),
-            int(info.iteration),
-            float(info.loss),
-            list(self.losses),
-        )
-        if self._heavy_due(False):
-            # With reference="previous", moving frame i is stack frame i + 1.
-            offset = 1 if self.settings.reference == "previous" else 0
-            frames = info.frames
-            for i, t in zip(range(frames.start, frames.stop), info.transforms):
-                self._current[i + offset] = t
-            self._fill_stack(snap, self._current)
-        return snap
 
     def _fill_stack(self, snap: Snapshot, current: dict) -> None:
         warped = np.array(self.moving, dtype=np.float32, copy=True)
