@@ -46,9 +46,9 @@ from collections.abc import Sequence
 from types import ModuleType
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from . import _kernels
+from ._autograd import first_order_backward
 from ._nonfinite import fill_nonfinite, nonfinite_mask, windows_seeing
 from ._numerics import accumulate_dtype, compute_dtype
 from ._padding import centered_pads
@@ -238,7 +238,7 @@ class _MomentMap(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @first_order_backward("ssim/local_ncc")
     def backward(ctx, grad_out):
         centered, partials = ctx.saved_tensors
         window, metric = ctx.window, ctx.metric

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from .._autograd import first_order_only
+
 _registered = False
 
 
@@ -84,6 +86,7 @@ def register_fakes_and_autograd() -> None:
         ctx.save_for_backward(image, displacement, out, den)
 
     def _splat_backward(ctx, v_out, v_den):
+        first_order_only("splat")
         image, displacement, out, den = ctx.saved_tensors
         grad_image, grad_disp = torch.ops.simwarp.splat_bwd(
             v_out, v_den, image, displacement, out, den, ctx.normalize, ctx.eps
@@ -112,6 +115,7 @@ def register_fakes_and_autograd() -> None:
     def _local_std_backward(ctx, grad_out, grad_s1, grad_flat):
         # S1 and the flat mask are returned only to be saved for this backward; they are
         # not part of the public result, so their incoming gradients are ignored.
+        first_order_only("local_std")
         xp, out, s1, flat = ctx.saved_tensors
         if grad_out is None:
             return None, None, None, None, None
@@ -141,6 +145,7 @@ def register_fakes_and_autograd() -> None:
 
     def _local_std_2d_backward(ctx, grad_out, grad_s1, grad_flat):
         # As local_std_fwd: S1 and the flat mask are saved state, not results.
+        first_order_only("local_std")
         x, out, s1, flat = ctx.saved_tensors
         if grad_out is None:
             return None, None, None, None, None, None

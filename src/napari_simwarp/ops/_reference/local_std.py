@@ -13,8 +13,8 @@ import math
 from collections.abc import Sequence
 
 import torch
-from torch.autograd.function import once_differentiable
 
+from .._autograd import first_order_backward
 from .._numerics import accumulate_dtype, flat_threshold_factor
 from .._padding import centered_pads, pad_spatial
 from ..fft_cc import fft_cc
@@ -145,7 +145,7 @@ class _LocalEnergy(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @first_order_backward("local_std")
     def backward(ctx, grad_out):
         y, s1, out, flat = ctx.saved_tensors
         count = ctx.count

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .._autograd import first_order_backward
+
 #: Width of the border added around the accumulation buffers. Landing positions are
 #: clamped to ``[-2, S]`` along each axis, so all 2ᴰ corners of any landing cell fall in
 #: ``[-2, S + 1]``: shares that leave the image land in this border and are cropped away,
@@ -162,7 +164,7 @@ class _Splat(torch.autograd.Function):
         return out, den
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order_backward("splat")
     def backward(ctx, v_out, v_den):
         image, out, den, base, *fracs = ctx.saved_tensors
         need_image, need_disp = ctx.needs_input_grad[:2]
