@@ -7,10 +7,14 @@ Conventions (docs/maths.md §6), all in array-axis order and pixels of the fixed
 - every transform's ``to_displacement(shape)`` returns ``d`` (``(D, *shape)``) with
   ``fixed(x) ≈ moving(x + d(x))``, the convention of ``skimage.registration.optical_flow_tvl1``;
 - ``apply(moving)`` resamples ``moving`` onto the fixed grid (order 1 linear, order 0
-  nearest for label images).
+  nearest for label images);
+- ``fixed_grid`` and ``moving_grid`` (:class:`~.grid.Grid`: pixel size and origin per
+  axis) place both images in physical space; with them a linear transform also has a
+  ``physical_matrix`` (fixed physical → moving physical coordinates). Both default to unit
+  spacing and zero origin, where the physical and pixel forms coincide.
 
-Transforms save to ``.npz`` files holding the arrays and a JSON header with a ``kind`` tag;
-:func:`load_transform` reads any of them back.
+Transforms save to ``.npz`` files holding the arrays and a JSON header with a ``kind`` tag
+and the two grids; :func:`load_transform` reads any of them back.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import numpy as np
 import torch
 
 from ..ops import affine_to_displacement, integrate_velocity, warp, warp_affine
+from .grid import Grid, unit_grid
 
 FORMAT_VERSION = 1
 LINEAR_KINDS = ("translation", "rigid", "similarity", "affine")
@@ -87,9 +92,28 @@ def _linear(src: np.ndarray, lead, spatial, warp_fn) -> np.ndarray:
 
 
 class Transform:
-    """Base class: a map from fixed-image coordinates to moving-image coordinates."""
+    """Base class: a map from fixed-image coordinates to moving-image coordinates.
+
+    ``fixed_grid`` and ``moving_grid`` say where the two images' pixels are in physical
+    space (None: unit spacing, zero origin); they travel with the transform when saved.
+    """
 
     kind = "transform"
+    fixed_grid: Grid | None = None
+    moving_grid: Grid | None = None
+
+    def with_grids(self, fixed_grid: Grid | None, moving_grid: Grid | None) -> Transform:
+        """This transform, placed in physical space by the two grids (returns ``self``)."""
+        for grid, name in ((fixed_grid, "fixed_grid"), (moving_grid, "moving_grid")):
+            if grid is not None and grid.ndim != self.ndim:
+                raise ValueError(f"{name} has {grid.ndim} axes, the transform {self.ndim}")
+        self.fixed_grid, self.moving_grid = fixed_grid, moving_grid
+        return self
+
+    def grids(self) -> tuple[Grid, Grid]:
+        """``(fixed_grid, moving_grid)``, unit grids where none was given."""
+        unit = unit_grid(self.ndim)
+        return self.fixed_grid or unit, self.moving_grid or unit
 
     @property
     def ndim(self) -> int:
@@ -156,7 +180,14 @@ class Transform:
         path = pathlib.Path(path)
         if path.suffix != ".npz":
             path = path.with_name(path.name + ".npz")
-        header = {"kind": self.kind, "format_version": FORMAT_VERSION, **self._meta()}
+        fixed_grid, moving_grid = self.grids()
+        header = {
+            "kind": self.kind,
+            "format_version": FORMAT_VERSION,
+            **self._meta(),
+            "fixed_grid": fixed_grid.as_dict(),
+            "moving_grid": moving_grid.as_dict(),
+        }
         partial = path.with_name(f".{path.name}.partial-{os.getpid()}.npz")
         try:
             np.savez(partial, header=np.array(json.dumps(header)), **self._arrays())
@@ -199,8 +230,18 @@ class AffineTransform(Transform):
         """The ``t`` of ``y = A x + t`` (pixels, array order); for pure translation the shift."""
         return self.matrix[:-1, -1].copy()
 
+    @property
+    def physical_matrix(self) -> np.ndarray:
+        """The transform in physical coordinates: fixed physical → moving physical, array
+        order, homogeneous ``(D + 1, D + 1)`` (``moving_grid · matrix · fixed_grid⁻¹``)."""
+        fixed_grid, moving_grid = self.grids()
+        return moving_grid.to_physical() @ self.matrix @ fixed_grid.to_pixels()
+
     def inverse(self) -> AffineTransform:
-        return AffineTransform(np.linalg.inv(self.matrix), self.kind)
+        """The moving → fixed transform (the grids swap places)."""
+        return AffineTransform(np.linalg.inv(self.matrix), self.kind).with_grids(
+            self.moving_grid, self.fixed_grid
+        )
 
     def to_displacement(self, shape) -> np.ndarray:
         shape = tuple(int(n) for n in shape)
@@ -384,9 +425,15 @@ def load_transform(path) -> Transform:
         )
     try:
         if kind in LINEAR_KINDS:
-            return AffineTransform(arrays["matrix"], kind)
-        if kind == "displacement":
-            return DisplacementTransform(arrays["displacement"])
-        return VelocityTransform(arrays["velocity"], header.get("steps", 7))
-    except (TypeError, ValueError) as exc:
+            transform = AffineTransform(arrays["matrix"], kind)
+        elif kind == "displacement":
+            transform = DisplacementTransform(arrays["displacement"])
+        else:
+            transform = VelocityTransform(arrays["velocity"], header.get("steps", 7))
+        grids = [
+            Grid.make(transform.ndim, **header[key]) if key in header else None
+            for key in ("fixed_grid", "moving_grid")
+        ]
+        return transform.with_grids(*grids)
+    except (TypeError, ValueError, KeyError) as exc:
         raise ValueError(f"{str(path)!r}: {exc}") from exc
