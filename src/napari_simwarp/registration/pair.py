@@ -269,7 +269,7 @@ def register_iter(
         similarity=similarity,
         initial_similarity=initial,
         overlap=overlap,
-        warnings=assess(similarity, initial, overlap),
+        warnings=assess(similarity, initial, overlap, dense=model not in LINEAR_MODELS),
         seconds=time.perf_counter() - start,
     )
 

@@ -17,8 +17,12 @@ import torch
 
 #: below this fraction of the fixed image covered, the result is implausible
 MIN_OVERLAP = 0.25
-#: below this final ZNCC, the images hardly look alike after registration
-MIN_SIMILARITY = 0.2
+#: below this final ZNCC, the images hardly look alike after registration (two noisy
+#: images of one scene at a signal-to-noise ratio of 1 score about 0.5)
+MIN_SIMILARITY = 0.5
+#: below this initial ZNCC a dense model starts from images that look unrelated, and can
+#: fit one's noise to the other's
+MIN_DENSE_START = 0.25
 #: a final ZNCC this much below the initial one means registration made things worse
 MAX_LOSS_OF_SIMILARITY = 0.05
 
@@ -49,8 +53,11 @@ def masked_zncc(fixed: torch.Tensor, warped: torch.Tensor, valid: torch.Tensor) 
     )
 
 
-def problems(similarity: float, initial: float, overlap: float) -> dict[str, str]:
-    """What looks implausible about a result, by kind ("overlap", "similarity", "worse")."""
+def problems(
+    similarity: float, initial: float, overlap: float, dense: bool = False
+) -> dict[str, str]:
+    """What looks implausible about a result, by kind ("overlap", "similarity", "worse",
+    "unrelated"); ``dense`` for deformable and diffeomorphic models."""
     found = {}
     if overlap < MIN_OVERLAP:
         found["overlap"] = (
@@ -78,6 +85,6 @@ def emit(messages: list[str]) -> list[str]:
     return messages
 
 
-def assess(similarity: float, initial: float, overlap: float) -> list[str]:
+def assess(similarity: float, initial: float, overlap: float, dense: bool = False) -> list[str]:
     """The warnings a pair's result earns (empty when it looks plausible), also emitted."""
-    return emit(list(problems(similarity, initial, overlap).values()))
+    return emit(list(problems(similarity, initial, overlap, dense).values()))

@@ -220,7 +220,7 @@ def register_stack_iter(
         batch,
         _inputs.robust_range(raw_dev, "stack"),
     )
-    found = _assess_frames(final, initial, overlap)
+    found = _assess_frames(final, initial, overlap, dense=model not in LINEAR_MODELS)
     return StackRegistrationResult(
         transforms=transforms,
         warped=warped,
@@ -392,9 +392,11 @@ def _frame_similarities(raw, warped, coverage, reference, ref_index, batch, valu
     estimates see them), so hot or saturated pixels cannot dominate the score.
     """
     lo, hi = value_range
+    shape = tuple(raw.shape[1:])
 
-    def clip(x):
-        return torch.as_tensor(x).to(raw).clamp(lo, hi)
+    def clip(x):  # lightly blurred, as the estimates see the frames (less noise)
+        x = torch.as_tensor(x).to(raw).clamp(lo, hi)
+        return gaussian_blur(x.reshape(-1, 1, *x.shape[-len(shape) :]), 1.0).reshape(x.shape)
 
     if reference == "mean":
         # The mean is a real image only where every frame landed.
@@ -415,18 +417,18 @@ def _frame_similarities(raw, warped, coverage, reference, ref_index, batch, valu
     return (torch.cat(final).cpu().numpy(), torch.cat(initial).cpu().numpy(), overlap.cpu().numpy())
 
 
-def _assess_frames(final, initial, overlap) -> list[str]:
+def _assess_frames(final, initial, overlap, dense: bool) -> list[str]:
     """The warnings a stack earns: one per kind of problem, naming the frames that have it
     and quoting the worst of them (not one warning per frame); also emitted."""
     by_kind: dict[str, list[int]] = {}
     for t in range(len(final)):
-        for kind in problems(final[t], initial[t], overlap[t]):
+        for kind in problems(final[t], initial[t], overlap[t], dense):
             by_kind.setdefault(kind, []).append(t)
     messages = []
     for kind, frames in by_kind.items():
         worst = min(frames, key=lambda t: overlap[t] if kind == "overlap" else final[t])
         listed = ", ".join(map(str, frames[:10])) + (", ..." if len(frames) > 10 else "")
-        detail = problems(final[worst], initial[worst], overlap[worst])[kind]
+        detail = problems(final[worst], initial[worst], overlap[worst], dense)[kind]
         messages.append(f"frame(s) {listed}: {detail}")
     return emit(messages)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .._autograd import first_order_only
+from .._autograd import first_order_backward
 
 _registered = False
 
@@ -85,8 +85,10 @@ def register_fakes_and_autograd() -> None:
         out, den = output
         ctx.save_for_backward(image, displacement, out, den)
 
+    # The nonlinear ops' backward kernels have no derivative of their own: as their pure
+    # torch twins, they refuse create_graph=True rather than give a silent zero.
+    @first_order_backward("splat")
     def _splat_backward(ctx, v_out, v_den):
-        first_order_only("splat")
         image, displacement, out, den = ctx.saved_tensors
         grad_image, grad_disp = torch.ops.simwarp.splat_bwd(
             v_out, v_den, image, displacement, out, den, ctx.normalize, ctx.eps
@@ -112,10 +114,10 @@ def register_fakes_and_autograd() -> None:
         ctx.save_for_backward(xp, out, s1, flat)
         ctx.window, ctx.normalize = window, normalize
 
+    @first_order_backward("local_std")
     def _local_std_backward(ctx, grad_out, grad_s1, grad_flat):
         # S1 and the flat mask are returned only to be saved for this backward; they are
         # not part of the public result, so their incoming gradients are ignored.
-        first_order_only("local_std")
         xp, out, s1, flat = ctx.saved_tensors
         if grad_out is None:
             return None, None, None, None, None
@@ -143,9 +145,9 @@ def register_fakes_and_autograd() -> None:
         ctx.save_for_backward(x, out, s1, flat)
         ctx.window, ctx.padding, ctx.normalize = window, padding, normalize
 
+    @first_order_backward("local_std")
     def _local_std_2d_backward(ctx, grad_out, grad_s1, grad_flat):
         # As local_std_fwd: S1 and the flat mask are saved state, not results.
-        first_order_only("local_std")
         x, out, s1, flat = ctx.saved_tensors
         if grad_out is None:
             return None, None, None, None, None, None
