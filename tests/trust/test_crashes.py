@@ -77,9 +77,13 @@ except ValueError as exc:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_non_finite_values_give_a_clear_error_not_a_crash(case, backend):
     body = textwrap.indent(textwrap.dedent(CASES[case]).strip(), "    ")
-    result = subprocess.run([sys.executable, "-c", PRELUDE.format(body=body)],
-                            capture_output=True, text=True, timeout=600,
-                            env={**__import__("os").environ, "SIMWARP_BACKEND": backend})
+    result = subprocess.run(
+        [sys.executable, "-c", PRELUDE.format(body=body)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**__import__("os").environ, "SIMWARP_BACKEND": backend},
+    )
     assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
     assert "VALUE_ERROR" in result.stdout, result.stdout + result.stderr[-2000:]
 
@@ -95,8 +99,9 @@ out, w = ops.splat(x, d, return_weights=True)
 gx, gd = torch.autograd.grad(out.sum() + w.sum(), (x, d))
 print(json.dumps([bool(torch.isfinite(t).all()) for t in (out, w, gx, gd)]))
 """
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [True] * 4
 
@@ -108,9 +113,25 @@ def test_the_cli_exits_2_with_one_line_not_a_signal(tmp_path):
     np.save(tmp_path / "f.npy", f)
     np.save(tmp_path / "m.npy", f)
     result = subprocess.run(
-        [sys.executable, "-m", "napari_simwarp._cli", "register", str(tmp_path / "f.npy"),
-         str(tmp_path / "m.npy"), "-o", str(tmp_path / "o.npy"), "--model", "deformable",
-         "--lr", "inf", "--quiet"], capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "napari_simwarp._cli",
+            "register",
+            str(tmp_path / "f.npy"),
+            str(tmp_path / "m.npy"),
+            "-o",
+            str(tmp_path / "o.npy"),
+            "--model",
+            "deformable",
+            "--lr",
+            "inf",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 2, (result.returncode, result.stderr)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "lr" in lines[0]

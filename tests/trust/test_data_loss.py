@@ -33,8 +33,7 @@ def _run(cwd, *argv):
     old = os.getcwd()
     os.chdir(cwd)
     try:
-        return _cli.main(["register", "a.tif", "b.tif", "--model", "translation", "--quiet",
-                          *argv])
+        return _cli.main(["register", "a.tif", "b.tif", "--model", "translation", "--quiet", *argv])
     finally:
         os.chdir(old)
 
@@ -43,8 +42,9 @@ def _snapshot(folder: pathlib.Path) -> dict:
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
 
 
-@pytest.mark.parametrize("spelling", ["b.tif", "./b.tif", "sub/../b.tif", "link.tif", "hard.tif",
-                                      "B_ABS"])
+@pytest.mark.parametrize(
+    "spelling", ["b.tif", "./b.tif", "sub/../b.tif", "link.tif", "hard.tif", "B_ABS"]
+)
 def test_output_may_never_be_an_input_whatever_its_spelling(pair, spelling, capsys):
     os.symlink(pair / "b.tif", pair / "link.tif")
     os.link(pair / "b.tif", pair / "hard.tif")

@@ -32,8 +32,12 @@ def test_stack_shifts_up_to_half_the_frame_are_found(rng, size, fraction):
     base = _smooth(rng, (3 * size, 3 * size), 3)
     shift = np.array([round(fraction * size), -round(fraction * size / 2)])
     o = size
-    frames = np.stack([base[o:o + size, o:o + size],
-                       base[o + shift[0]:o + shift[0] + size, o + shift[1]:o + shift[1] + size]])
+    frames = np.stack(
+        [
+            base[o : o + size, o : o + size],
+            base[o + shift[0] : o + shift[0] + size, o + shift[1] : o + shift[1] + size],
+        ]
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error", RegistrationWarning)
         result = register_stack(frames)
@@ -44,7 +48,7 @@ def test_stack_shifts_up_to_half_the_frame_are_found(rng, size, fraction):
 def test_stack_beyond_the_capture_range_says_so(rng):
     size = 48
     base = _smooth(rng, (200, 200), 3)
-    frames = np.stack([base[:size, :size], base[150:150 + size, 150:150 + size]])  # no overlap
+    frames = np.stack([base[:size, :size], base[150 : 150 + size, 150 : 150 + size]])  # no overlap
     with pytest.warns(RegistrationWarning):
         result = register_stack(frames)
     assert result.warnings
@@ -58,13 +62,20 @@ def test_stack_beyond_the_capture_range_says_so(rng):
 def test_different_shapes_start_from_phase_correlation(rng, model, crop_first):
     whole = _smooth(rng, (64, 64))
     offset = np.array([7, 9])
-    crop = whole[offset[0]:offset[0] + 50, offset[1]:offset[1] + 52]
+    crop = whole[offset[0] : offset[0] + 50, offset[1] : offset[1] + 52]
     fixed, moving = (crop, whole) if crop_first else (whole, crop)
     result = register(fixed, moving, model=model)
     # fixed(x) = moving(x + t): t = +offset when the crop is fixed, -offset otherwise.
     expected = offset if crop_first else -offset
-    corners = np.array([[0, 0], [0, fixed.shape[1] - 1], [fixed.shape[0] - 1, 0],
-                        [fixed.shape[0] - 1, fixed.shape[1] - 1]], float)
+    corners = np.array(
+        [
+            [0, 0],
+            [0, fixed.shape[1] - 1],
+            [fixed.shape[0] - 1, 0],
+            [fixed.shape[0] - 1, fixed.shape[1] - 1],
+        ],
+        float,
+    )
     mapped = corners @ result.transform.matrix[:2, :2].T + result.transform.matrix[:2, 2]
     assert np.abs(mapped - (corners + expected)).max() < 0.3
     assert result.similarity > 0.99 and not result.warnings
@@ -88,20 +99,22 @@ def _zncc64(image, template):
     wc = w - w.mean(axis=(-1, -2), keepdims=True)
     t = template.astype(np.float64) - template.mean()
     num = (wc * t).sum(axis=(-1, -2))
-    den = np.sqrt((wc ** 2).sum(axis=(-1, -2)) * (t ** 2).sum())
+    den = np.sqrt((wc**2).sum(axis=(-1, -2)) * (t**2).sum())
     return np.where(den > 0, num / np.where(den > 0, den, 1), 0.0)
 
 
 @pytest.mark.parametrize("contrast", [1.0, 1e2, 1e4])
 @pytest.mark.parametrize("shape,tshape", [((60, 70), (9, 11)), ((96, 80), (16, 20))])
 def test_match_template_float32_agrees_with_float64_in_bright_and_dark_regions(
-        rng, backend, contrast, shape, tshape):
+    rng, backend, contrast, shape, tshape
+):
     image = rng.random(shape).astype(np.float32)
     image[: shape[0] // 2] *= contrast  # a bright half beside a dark one
     r, c = shape[0] - tshape[0] - 3, 5  # the template comes from the dark half
-    template = image[r:r + tshape[0], c:c + tshape[1]].copy()
-    out = ops.match_template(torch.from_numpy(image)[None, None],
-                             torch.from_numpy(template)[None, None])[0, 0].numpy()
+    template = image[r : r + tshape[0], c : c + tshape[1]].copy()
+    out = ops.match_template(
+        torch.from_numpy(image)[None, None], torch.from_numpy(template)[None, None]
+    )[0, 0].numpy()
     assert out.dtype == np.float32 and out.min() >= -1.0 and out.max() <= 1.0
     np.testing.assert_allclose(out, _zncc64(image, template), atol=1e-4)
     assert out[r, c] == pytest.approx(1.0, abs=1e-6)
@@ -111,8 +124,11 @@ def test_match_template_never_leaves_minus_one_to_one(rng):
     for _ in range(5):
         image = rng.random((40, 40)).astype(np.float32) * rng.uniform(1, 1e6)
         t = image[10:20, 12:22]
-        out = ops.match_template(torch.from_numpy(image)[None, None],
-                                 torch.from_numpy(t.copy())[None, None], pad_input=True)
+        out = ops.match_template(
+            torch.from_numpy(image)[None, None],
+            torch.from_numpy(t.copy())[None, None],
+            pad_input=True,
+        )
         assert float(out.abs().max()) <= 1.0
 
 
@@ -128,11 +144,13 @@ def test_normalized_metrics_are_scale_invariant(rng, scale, dims):
     sa, sb = a * scale, b * scale
     assert torch.isfinite(sa).all() and torch.isfinite(sb).all()
     torch.testing.assert_close(ops.ncc(sa, sb), ops.ncc(a, b), rtol=0, atol=1e-6)
-    torch.testing.assert_close(ops.local_ncc(sa, sb, window=5), ops.local_ncc(a, b, window=5),
-                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        ops.local_ncc(sa, sb, window=5), ops.local_ncc(a, b, window=5), rtol=0, atol=1e-5
+    )
     t = (slice(None), slice(None), *[slice(4, 12)] * dims)
-    torch.testing.assert_close(ops.match_template(sa, sa[t]), ops.match_template(a, a[t]),
-                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        ops.match_template(sa, sa[t]), ops.match_template(a, a[t]), rtol=0, atol=1e-5
+    )
 
 
 # -- NaN pixels: one rule on every backend ----------------------------------------------
@@ -153,8 +171,11 @@ def test_local_std_is_nan_exactly_where_a_window_holds_a_nan(rng, backend, paddi
     out = ops.local_std(torch.from_numpy(x)[None, None], window=(5, 7), padding=padding)[0, 0]
     nan = _windows_with_nan(~np.isfinite(x), (5, 7), padding)
     np.testing.assert_array_equal(np.isnan(out.numpy()), nan)
-    padded = np.pad(np.where(np.isfinite(x), x, 0), [(2, 2), (3, 3)],
-                    mode={"reflect": "symmetric", "constant": "constant"}[padding])
+    padded = np.pad(
+        np.where(np.isfinite(x), x, 0),
+        [(2, 2), (3, 3)],
+        mode={"reflect": "symmetric", "constant": "constant"}[padding],
+    )
     ref = sliding_window_view(padded, (5, 7)).std(axis=(-1, -2))
     np.testing.assert_allclose(out.numpy()[~nan], ref[~nan], atol=1e-10)
 
@@ -183,11 +204,13 @@ def test_double_backward_is_refused_the_same_way(backend, op):
     both backends, also in a loss that mixes in differentiable terms."""
     x = torch.rand(1, 1, 16, 16, dtype=torch.float64, requires_grad=True)
     other = torch.rand(1, 1, 16, 16, dtype=torch.float64)
-    calls = {"local_std": lambda: ops.local_std(x, window=5),
-             "ssim": lambda: ops.ssim(x, other, window=5),
-             "local_ncc": lambda: ops.local_ncc(x, other, window=5),
-             "match_template": lambda: ops.match_template(x, other[..., 2:8, 3:9]),
-             "splat": lambda: ops.splat(x, 0.3 * other.expand(1, 2, 16, 16))}
+    calls = {
+        "local_std": lambda: ops.local_std(x, window=5),
+        "ssim": lambda: ops.ssim(x, other, window=5),
+        "local_ncc": lambda: ops.local_ncc(x, other, window=5),
+        "match_template": lambda: ops.match_template(x, other[..., 2:8, 3:9]),
+        "splat": lambda: ops.splat(x, 0.3 * other.expand(1, 2, 16, 16)),
+    }
     for loss in (calls[op]().sum(), calls[op]().sum() + (x * x).sum()):
         with pytest.raises(RuntimeError, match="first derivatives only"):
             torch.autograd.grad(loss, x, create_graph=True)
@@ -200,8 +223,13 @@ def test_double_backward_is_refused_the_same_way(backend, op):
 
 @pytest.mark.parametrize("dtype", [np.int64, np.uint64, np.int32, np.uint16, np.bool_])
 def test_labels_keep_their_exact_values(dtype):
-    big = {np.int64: 2**62 + 1, np.uint64: 2**64 - 3, np.int32: 2**31 - 5,
-           np.uint16: 65533, np.bool_: True}[dtype]
+    big = {
+        np.int64: 2**62 + 1,
+        np.uint64: 2**64 - 3,
+        np.int32: 2**31 - 5,
+        np.uint16: 65533,
+        np.bool_: True,
+    }[dtype]
     labels = np.zeros((20, 24), dtype=dtype)
     labels[5:12, 6:15] = big
     labels[14:18, 2:8] = 1 if dtype is not np.bool_ else True

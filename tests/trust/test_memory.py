@@ -1,0 +1,95 @@
+"""Class "memory": no run starts that cannot finish in the memory it has; long runs show
+progress and stop cleanly when interrupted."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import tifffile
+
+from napari_simwarp import _cli, register_stack
+from napari_simwarp.registration import cli as register_cli
+from napari_simwarp.registration import stack as stack_module
+
+
+def test_a_stack_that_cannot_fit_is_refused_with_the_figures_before_any_work(monkeypatch):
+    stack = np.random.default_rng(0).random((6, 64, 64)).astype(np.float32)
+    frame = 64 * 64 * 4
+    monkeypatch.setattr(stack_module, "available_memory", lambda device: 3 * 6 * frame)
+    started = []
+    monkeypatch.setattr(
+        stack_module, "_translation_route", lambda *a, **k: started.append(1) or iter(())
+    )
+    with pytest.raises(MemoryError, match=r"aligning 6 frames .* GiB .* free") as info:
+        register_stack(stack, batch_size=2)
+    assert "batch_size" in str(info.value) and not started
+
+
+def test_a_stack_that_fits_runs(monkeypatch):
+    stack = np.random.default_rng(0).random((4, 32, 32)).astype(np.float32)
+    monkeypatch.setattr(stack_module, "available_memory", lambda device: 10 * 2**30)
+    assert register_stack(stack).warped.shape == stack.shape
+
+
+class _Progress:
+    level, levels, iteration, loss = 0, 3, 7, 0.25
+
+
+def test_progress_is_printed_when_the_output_is_not_a_terminal():
+    stream = io.StringIO()  # not a TTY: a line every `every` seconds
+    report = register_cli.ProgressReport(stream, every=0.0)
+    for _ in range(3):
+        assert report(_Progress()) is False
+    report.close()
+    lines = stream.getvalue().strip().splitlines()
+    assert len(lines) == 3 and "level 1/3" in lines[0] and "loss 0.25000" in lines[0]
+
+
+def test_progress_lines_are_throttled():
+    stream = io.StringIO()
+    report = register_cli.ProgressReport(stream, every=3600.0)
+    for _ in range(50):
+        report(_Progress())
+    assert stream.getvalue() == ""
+
+
+def test_an_interrupted_cli_run_exits_130_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    f = np.random.default_rng(0).random((48, 48)).astype(np.float32)
+    tifffile.imwrite(tmp_path / "a.tif", f)
+    tifffile.imwrite(tmp_path / "b.tif", f)
+
+    def interrupt(self, progress):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(register_cli.ProgressReport, "__call__", interrupt)
+    code = _cli.main(
+        [
+            "register",
+            str(tmp_path / "a.tif"),
+            str(tmp_path / "b.tif"),
+            "-o",
+            str(tmp_path / "o.tif"),
+        ]
+    )
+    assert code == 130 and "interrupted" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.tif", "b.tif"]
+
+
+def test_an_interrupt_in_the_api_propagates_and_leaves_no_run_behind():
+    import threading
+
+    import napari_simwarp as sw
+
+    f = np.random.default_rng(0).random((48, 48))
+    before = threading.active_count()
+
+    def interrupt(progress):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sw.register(f, np.roll(f, 1, 0), callback=interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        sw.register_stack(np.stack([f, np.roll(f, 1, 0)]), callback=interrupt)
+    assert threading.active_count() == before
