@@ -164,3 +164,21 @@ def test_a_run_without_gradient_removes_the_old_gradient_layer(viewer, qtbot, ca
     w._gradient.value = False
     _run(qtbot, w)
     assert "similarity gradient" not in viewer.layers
+
+
+def test_an_implausible_result_is_shown_as_warnings(viewer, qtbot, monkeypatch):
+    from scipy import ndimage as ndi
+
+    from napari_simwarp._qt import _common
+
+    seen: list[str] = []
+    monkeypatch.setattr(_common, "show_warning", lambda msg: seen.append(msg))
+    rng = np.random.default_rng(3)
+    fixed = ndi.gaussian_filter(rng.random((64, 64)), 2).astype(np.float32)
+    unrelated = ndi.gaussian_filter(rng.random((64, 64)), 2).astype(np.float32)
+    w, _, _ = _setup(viewer, fixed, unrelated)
+    w.model.value = "translation"
+    w.run()
+    qtbot.waitUntil(lambda: not w.busy, timeout=60000)
+    assert w.result.warnings and any("similarity is low" in m for m in seen)
+    assert "warning" in w._status.value and "ZNCC" in w._status.value

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from magicgui.widgets import ComboBox, Container, Label
-from napari.utils.notifications import show_error, show_info
+from napari.utils.notifications import show_error, show_info, show_warning
 
 
 def notify_error(what: str, exc: BaseException) -> None:
@@ -15,6 +15,10 @@ def notify_error(what: str, exc: BaseException) -> None:
 
 def notify_info(msg: str) -> None:
     show_info(f"napari-simwarp: {msg}")
+
+
+def notify_warning(msg: str) -> None:
+    show_warning(f"napari-simwarp: {msg}")
 
 
 def layer_by_name(viewer, name: str):

@@ -29,6 +29,7 @@ from ._common import (
     layer_image,
     notify_error,
     notify_info,
+    notify_warning,
     on_destroyed,
     put_layer,
     remove_layer,
@@ -260,7 +261,15 @@ class RegisterWidget(WorkerWidget):
         if self._run is not None and self._run.result is not None:
             res = self._run.result
             word = "stopped early" if res.stopped else "done"
-            self._status.value = f"{word} in {res.seconds:.1f} s on {res.device}"
+            status = (
+                f"{word} in {res.seconds:.1f} s on {res.device}; similarity (ZNCC) "
+                f"{res.initial_similarity:.3f} → {res.similarity:.3f}"
+            )
+            if res.warnings:
+                status += f"; ⚠ {len(res.warnings)} warning(s)"
+                for message in res.warnings:
+                    notify_warning(f"registration: {message}")
+            self._status.value = status
 
     @property
     def result(self):
