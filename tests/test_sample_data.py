@@ -22,6 +22,23 @@ def test_samples_are_layer_data_tuples():
     assert vol[0][0].ndim == 3 and np.isfinite(vol[1][0]).all()
 
 
+def test_anisotropic_sample_carries_its_scale_and_a_true_physical_transform():
+    from scipy import ndimage as ndi
+
+    fixed, moving = _sample_data.anisotropic_volume_pair()
+    spacing = np.array(fixed[1]["scale"])
+    assert tuple(spacing) == (3.0, 1.0, 1.0) and moving[1]["scale"] == fixed[1]["scale"]
+    physical = moving[1]["metadata"]["true_physical_matrix"]
+    # the moving volume resampled by SciPy through the truth, in pixels, is the fixed one
+    grid = np.diag([*spacing, 1.0])
+    pixels = np.linalg.inv(grid) @ physical @ grid
+    back = ndi.affine_transform(moving[0], pixels, order=1, mode="nearest")
+    inner = (slice(3, -3), slice(12, -12), slice(12, -12))
+    assert np.corrcoef(back[inner].ravel(), fixed[0][inner].ravel())[0, 1] > 0.98
+    unaligned = np.corrcoef(moving[0][inner].ravel(), fixed[0][inner].ravel())[0, 1]
+    assert unaligned < 0.9
+
+
 def test_manifest_is_valid():
     npe2 = pytest.importorskip("npe2")
     path = pathlib.Path(__file__).parents[1] / "src" / "napari_simwarp" / "napari.yaml"
@@ -31,7 +48,7 @@ def test_manifest_is_valid():
         "Template matching",
         "Register",
     }
-    assert len(manifest.contributions.sample_data) == 3
+    assert len(manifest.contributions.sample_data) == 4
 
 
 def test_import_does_not_pull_qt_or_napari():

@@ -66,3 +66,32 @@ def deformed_volume_pair():
             "image",
         ),
     ]
+
+
+def anisotropic_volume_pair():
+    """A blob volume with a z step 3x its pixel (fixed) and the same specimen tilted and
+    moved (moving), both shown at their physical scale."""
+    fixed, moving, spacing, physical = data.anisotropic_volume_pair()
+    return [
+        (
+            fixed,
+            {
+                "name": "fixed (z step 3)",
+                "colormap": "green",
+                "blending": "additive",
+                "scale": spacing,
+            },
+            "image",
+        ),
+        (
+            moving,
+            {
+                "name": "moving (z step 3)",
+                "colormap": "magenta",
+                "blending": "additive",
+                "scale": spacing,
+                "metadata": {"true_physical_matrix": physical},
+            },
+            "image",
+        ),
+    ]

@@ -127,3 +127,34 @@ def deformed_volume_pair(size: int = 64, amplitude: float = 3.0, seed: int = 0):
     displacement = smooth_displacement(fixed.shape, amplitude=amplitude, seed=seed)
     moving = backward_warp(fixed, invert_displacement(displacement))
     return fixed, moving, displacement
+
+
+def anisotropic_volume_pair(
+    size: int = 96,
+    z_step: int = 3,
+    rotation_deg=(6.0, -4.0, 5.0),
+    shift=(2.0, -3.0, 4.0),
+    seed: int = 0,
+):
+    """One sample imaged twice with a z step ``z_step`` times the xy pixel, the second
+    time rotated and shifted in physical space (a tilted, moved specimen).
+
+    Returns ``fixed`` and ``moving`` ``(size // z_step, size, size)`` float32, their
+    ``spacing`` ``(z_step, 1, 1)`` (napari's ``scale``), and ``physical`` ``(4, 4)``: the
+    true map of fixed physical coordinates to moving physical coordinates (array order;
+    rotation by the rotation vector ``rotation_deg`` about the volume's center, then
+    ``shift``). Both are slices of one isotropic volume, so the truth is exact.
+    """
+    from scipy.spatial.transform import Rotation
+
+    sample = blobs_volume(size, seed)
+    center = np.full(3, (size - 1) / 2)
+    rot = Rotation.from_rotvec(np.deg2rad(rotation_deg)).as_matrix()
+    physical = np.eye(4)
+    physical[:3, :3] = rot
+    physical[:3, 3] = center + np.asarray(shift, float) - rot @ center
+    # moving(y) = sample(P⁻¹ y): the specimen moved by P
+    moved = ndi.affine_transform(sample, np.linalg.inv(physical), order=3, mode="nearest")
+    planes = slice(None, z_step * (size // z_step), z_step)
+    spacing = (float(z_step), 1.0, 1.0)
+    return sample[planes].copy(), moved[planes].astype(np.float32), spacing, physical

@@ -182,3 +182,36 @@ def test_an_implausible_result_is_shown_as_warnings(viewer, qtbot, monkeypatch):
     qtbot.waitUntil(lambda: not w.busy, timeout=60000)
     assert w.result.warnings and any("similarity is low" in m for m in seen)
     assert "warning" in w._status.value and "ZNCC" in w._status.value
+
+
+def test_layers_aligned_on_screen_at_two_pixel_sizes_stay_aligned(viewer, qtbot, camera_crop):
+    # A fixed layer with pixels of 0.2 and a half-resolution moving layer (pixels of 0.4,
+    # its pixel centers a half fixed pixel further in), already aligned on screen.
+    from scipy import ndimage as ndi
+
+    fixed = camera_crop
+    moving = ndi.zoom(ndi.gaussian_filter(fixed, 1.0), 0.5, order=1, grid_mode=True, mode="nearest")
+    w, f, m = _setup(viewer, fixed, moving, model="affine")
+    f.scale = (0.2, 0.2)
+    m.scale, m.translate = (0.4, 0.4), (0.1, 0.1)
+    _run(qtbot, w)
+    res = w.result
+    assert res.similarity > 0.98 and not res.warnings, (res.similarity, res.warnings)
+    # the transform is (close to) the identity in world space: nothing moved on screen
+    np.testing.assert_allclose(res.transform.physical_matrix, np.eye(3), atol=0.02)
+    warped = viewer.layers["moving registered"]
+    assert tuple(warped.scale) == (0.2, 0.2) and warped.data.shape == fixed.shape
+    arrows = viewer.layers["displacement"].data[:, 1]
+    assert np.abs(arrows).max() < 0.3  # in fixed pixels: no motion to show
+    w.show_affine()
+    q = np.array([20.0, 30.0])  # a moving pixel lands where the transform says, on screen
+    p = np.linalg.solve(res.transform.matrix, np.r_[q, 1.0])[:2]
+    np.testing.assert_allclose(m.data_to_world(q), f.data_to_world(p), atol=1e-6)
+
+
+def test_a_rotated_layer_is_refused_with_a_notification(viewer, qtbot, camera_crop, errors):
+    w, _f, m = _setup(viewer, camera_crop, camera_crop, model="translation")
+    m.rotate = 15
+    w.run()
+    assert errors and "rotation" in errors[0] and "scale and translate" in errors[0]
+    assert not w.busy and w.result is None

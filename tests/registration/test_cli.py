@@ -3,6 +3,7 @@
 import argparse
 
 import numpy as np
+import pytest
 import tifffile
 
 from napari_simwarp import _cli
@@ -53,3 +54,43 @@ def test_cli_missing_file_is_a_clear_error(tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert "napari-simwarp register: error:" in err and "does not exist" in err
+
+
+def test_cli_register_in_physical_units(tmp_path, rng):
+    # the moving file at half the fixed file's resolution, its first pixel half a fixed
+    # pixel further in: aligned in space, so the physical answer is the identity
+    from scipy import ndimage as ndi
+
+    from tests.registration.cases import textured
+
+    fixed = textured(rng, (96, 96)).astype(np.float32)
+    moving = ndi.zoom(ndi.gaussian_filter(fixed, 1.0), 0.5, order=1, grid_mode=True, mode="nearest")
+    np.save(tmp_path / "fixed.npy", fixed)
+    np.save(tmp_path / "moving.npy", moving)
+    out = tmp_path / "warped.npy"
+    code = _cli.main(
+        [
+            "register", str(tmp_path / "fixed.npy"), str(tmp_path / "moving.npy"), "-o", str(out),
+            "--fixed-spacing", "0.2", "--moving-spacing", "0.4,0.4",
+            "--moving-origin", "0.1,0.1", "--quiet",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    t = load_transform(tmp_path / "warped.npy.transform.npz")
+    assert t.fixed_grid.spacing == (0.2, 0.2) and t.moving_grid.origin == (0.1, 0.1)
+    np.testing.assert_allclose(t.physical_matrix, np.eye(3), atol=0.02)
+    assert np.load(out).shape == fixed.shape
+
+
+def test_cli_spacing_of_the_wrong_length_is_a_clear_error(tmp_path, capsys):
+    np.save(tmp_path / "a.npy", np.random.rand(32, 32))
+    argv = ["register", str(tmp_path / "a.npy"), str(tmp_path / "a.npy"), "-o"]
+    code = _cli.main([*argv, str(tmp_path / "o.npy"), "--fixed-spacing", "1,2,3"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "fixed_spacing must have one value per axis (2, array order)" in err
+    assert not (tmp_path / "o.npy").exists()
+    with pytest.raises(SystemExit) as stop:  # argparse's own exit for a malformed option
+        _cli.main([*argv, str(tmp_path / "o.npy"), "--moving-spacing", "0.2;0.2"])
+    assert stop.value.code == 2
+    assert "expected a number or comma-separated numbers" in capsys.readouterr().err

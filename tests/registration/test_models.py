@@ -9,6 +9,7 @@ import torch
 from scipy import ndimage as ndi
 from scipy.spatial.transform import Rotation
 
+from napari_simwarp.registration.grid import Grid
 from napari_simwarp.registration.models import DenseModel, LinearModel
 from napari_simwarp.registration.transforms import (
     AffineTransform,
@@ -116,6 +117,54 @@ class TestLinearModelMatrix:
             "similarity": (2, 4),
             "affine": (4, 9),
         }
+
+
+class TestLinearModelPhysical:
+    """Models between two grids: the parameters move the sample in physical space."""
+
+    def test_rigid_3d_rotates_the_sample_about_its_physical_center(self):
+        fixed = Grid.make(3, (3.0, 0.5, 0.5), (10.0, -4.0, 2.0))
+        moving = Grid.make(3, (2.0, 0.4, 0.6), (0.0, 1.0, -3.0))
+        shape = (12, 60, 50)
+        model = LinearModel(
+            "rigid",
+            shape,
+            (20, 70, 40),
+            1,
+            dtype=torch.float64,
+            fixed_grid=fixed,
+            moving_grid=moving,
+        )
+        unit = 0.5  # the parameters count the fixed image's finest pixel size
+        rotvec = np.array([0.05, -0.02, 0.08])
+        _set(model, (2.0, -1.0, 0.5), rotvec * model.radius)
+        # independent: y = R (x - c) + c + t in physical units, c the physical center
+        rot = Rotation.from_rotvec(rotvec).as_matrix()
+        center = np.array(fixed.origin) + np.array(fixed.spacing) * (np.array(shape) - 1) / 2
+        physical = np.eye(4)
+        physical[:3, :3] = rot
+        physical[:3, 3] = center + unit * np.array([2.0, -1.0, 0.5]) - rot @ center
+        pixels = moving.to_pixels() @ physical @ fixed.to_physical()
+        np.testing.assert_allclose(model.matrix()[0].detach().numpy(), pixels, atol=1e-12)
+        t = model.transforms()[0]
+        np.testing.assert_allclose(t.physical_matrix, physical, atol=1e-12)
+        assert np.allclose(np.linalg.svd(t.physical_matrix[:3, :3])[1], 1)  # rigid in space
+        assert model.radius == 12 * 3.0 / 2 / unit  # the longest physical half-extent (z)
+
+    def test_an_initial_pixel_matrix_is_kept_between_two_grids(self, rng):
+        fixed, moving = Grid.make(2, (0.2, 0.3), (1.0, 2.0)), Grid.make(2, 0.5, (-1.0, 0.0))
+        init = np.array([[0.5, 0.1, 3.0], [-0.05, 0.6, -2.0], [0, 0, 1]])
+        model = LinearModel(
+            "affine",
+            (30, 40),
+            (25, 20),
+            1,
+            init=init,
+            dtype=torch.float64,
+            fixed_grid=fixed,
+            moving_grid=moving,
+        )
+        np.testing.assert_allclose(model.matrix()[0].detach().numpy(), init, atol=1e-12)
 
 
 class TestLinearModelWarp:
@@ -296,6 +345,51 @@ class TestDenseModel:
         field = np.einsum("ij,j...->i...", g, x)[None]
         reg = self._model("deformable", shape, field).regularizer().detach().numpy()
         np.testing.assert_allclose(reg, [(g**2).sum() / 2], rtol=1e-12)
+
+    def test_regularizer_is_physical_on_anisotropic_grids(self):
+        # u(x) = G x in physical units on a grid of pixel sizes (3, 0.5): the field holds
+        # u in pixels (u_a / s_a) on the control nodes; the energy is Σ G_ij² / D again.
+        shape, control, spacing = (20, 80), (5, 10), np.array([3.0, 0.5])
+        g = np.array([[0.02, -0.05], [0.03, 0.01]])
+        centers = [(np.arange(c) + 0.5) * n / c - 0.5 for c, n in zip(control, shape)]
+        x = np.stack(np.meshgrid(*centers, indexing="ij")) * spacing.reshape(2, 1, 1)
+        field = (np.einsum("ij,j...->i...", g, x) / spacing.reshape(2, 1, 1))[None]
+        model = self._model("deformable", shape, field, spacing=tuple(spacing))
+        np.testing.assert_allclose(
+            model.regularizer().detach().numpy(), [(g**2).sum() / 2], rtol=1e-12
+        )
+
+    def test_control_grid_is_isotropic_in_physical_space(self):
+        # z voxels 4x deeper: nodes 8 pixels apart in y, x and 2 pixels apart in z
+        model = DenseModel("deformable", (16, 64, 64), 1, grid_spacing=8, spacing=(4.0, 1.0, 1.0))
+        model.set_level((16, 64, 64))
+        assert model.field.shape[2:] == (8, 8, 8)
+        model.set_level((16, 32, 32))  # the level where z has not shrunk: 2x deeper
+        assert model.field.shape[2:] == (4, 4, 4)
+
+    def test_transforms_compose_the_resampling_onto_the_fixed_grid(self, rng):
+        fixed, moving = Grid.make(2, 0.5, (2.0, 1.0)), Grid.make(2, (1.0, 0.8), (0.0, 3.0))
+        shape, moving_shape = (40, 36), (30, 28)
+        model = DenseModel(
+            "diffeomorphic",
+            shape,
+            1,
+            dtype=torch.float64,
+            fixed_grid=fixed,
+            moving_grid=moving,
+            moving_shape=moving_shape,
+        )
+        model.set_level(shape)
+        with torch.no_grad():
+            model.field.copy_(torch.as_tensor(rng.normal(0, 0.5, model.field.shape)))
+        (t,) = model.transforms()
+        assert isinstance(t, DisplacementTransform) and t.moving_shape == moving_shape
+        d = model.displacement(shape).detach().numpy()[0]
+        x = np.stack(np.meshgrid(*[np.arange(n) for n in shape], indexing="ij")).astype(float)
+        onto = moving.to_pixels() @ fixed.to_physical()
+        expected = np.einsum("ij,j...->i...", onto[:2, :2], x + d) + onto[:2, 2].reshape(2, 1, 1)
+        np.testing.assert_allclose(t.displacement, expected - x, atol=1e-4)
+        assert t.grids() == (fixed, moving)
 
     def test_transforms_types(self, rng):
         shape = (32, 32)

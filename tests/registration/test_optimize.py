@@ -91,12 +91,12 @@ def test_make_schedule_rejects_an_unknown_optimizer():
     "metric,options,shape,window",
     [
         ("lncc", {}, (64, 64), 9),  # the default window, where it fits
-        ("lncc", {}, (6, 20), 5),  # shrunk to the largest odd size that fits
+        ("lncc", {}, (6, 20), (5, 9)),  # shrunk to the largest odd size that fits, per axis
         ("lncc", {}, (8, 8), 7),
-        ("lncc", {"window": 15}, (10, 40), 9),
+        ("lncc", {"window": 15}, (10, 40), (9, 15)),
         ("lncc", {"window": 5}, (64, 64), 5),
         ("ssim", {}, (64, 64), 11),
-        ("ssim", {}, (4, 9, 30), 3),
+        ("ssim", {}, (4, 9, 30), (3, 9, 11)),
     ],
 )
 def test_level_loss_shrinks_the_window_on_small_levels(metric, options, shape, window):
@@ -105,6 +105,17 @@ def test_level_loss_shrinks_the_window_on_small_levels(metric, options, shape, w
     assert loss.window == window and loss.reduction == "none"
     x = torch.rand(2, 1, *shape, dtype=torch.float64)
     assert loss(x, torch.rand_like(x)).shape == (2,)  # the window fits the level
+
+
+@pytest.mark.parametrize(
+    "anisotropy,window",
+    [((1.0, 1.0, 1.0), 9), ((5.0, 1.0, 1.0), (1, 9, 9)), ((3.0, 1.0, 1.0), (3, 9, 9))],
+)
+def test_level_loss_window_covers_one_physical_length_on_anisotropic_levels(anisotropy, window):
+    # 9 finest pixels along x and y; along a z whose voxels are 5x (3x) deeper, the same
+    # length is 1.8 (3) voxels: rounded to the nearest odd count.
+    loss = level_loss(Schedule(metric="lncc"), (40, 64, 64), anisotropy)
+    assert loss.window == window
 
 
 def test_level_loss_of_a_global_metric_has_no_window():

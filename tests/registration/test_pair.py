@@ -4,10 +4,21 @@ and clear errors for bad input."""
 import numpy as np
 import pytest
 import torch
+from scipy import ndimage as ndi
+from scipy.spatial.transform import Rotation
 
 from napari_simwarp.ops import jacobian_determinant
-from napari_simwarp.registration import register, register_iter
-from tests.registration.cases import affine_pair, centered_affine, corner_error, deformed_pair
+from napari_simwarp.registration import load_transform, register, register_iter
+from napari_simwarp.registration.grid import Grid
+from napari_simwarp.registration.transforms import AffineTransform
+from tests.registration.cases import (
+    Blobs,
+    affine_pair,
+    centered_affine,
+    corner_error,
+    deformed_pair,
+    physical_corner_error,
+)
 
 
 def _rotation(deg, scale=1.0, shear=0.0):
@@ -146,7 +157,6 @@ def test_generator_send_stop_returns_result(affine_case):
         (np.ones((16, 16)), np.random.rand(16, 16), {}, "constant"),
         (np.random.rand(16, 16), np.random.rand(16, 16), {"model": "bspline"}, "model"),
         (np.random.rand(16, 16), np.random.rand(16, 16), {"metric": "mi"}, "metric"),
-        (np.random.rand(16, 16), np.random.rand(20, 16), {"model": "deformable"}, "same shape"),
         (np.random.rand(16), np.random.rand(16), {}, "2-D or 3-D"),
     ],
 )
@@ -195,3 +205,155 @@ def test_float_masks_select_where_non_zero_and_big_endian_inputs_work():
     np.testing.assert_allclose(res.transform.matrix[:2, 2], [2.5, -1.5], atol=0.1)
     big = register(fixed.astype(">f8"), moving.astype(">f8"), model="translation")
     np.testing.assert_allclose(big.transform.matrix[:2, 2], [2.5, -1.5], atol=0.1)
+
+
+class TestPhysicalSpace:
+    """Images with pixel sizes and origins: the transform is found in physical space."""
+
+    @staticmethod
+    def _rigid(rotvec_deg, shift, center) -> np.ndarray:
+        d = len(center)
+        if d == 3:
+            rot = Rotation.from_rotvec(np.deg2rad(rotvec_deg)).as_matrix()
+        else:
+            a = np.deg2rad(rotvec_deg)
+            rot = np.array([[np.cos(a), -np.sin(a)], [np.sin(a), np.cos(a)]])
+        m = np.eye(d + 1)
+        m[:d, :d] = rot
+        m[:d, d] = np.asarray(center) + shift - rot @ center
+        return m
+
+    def test_anisotropic_3d_rigid_is_a_rotation_of_the_sample(self, rng):
+        # z voxels 2.5x deeper than x and y; a rotation of the sample about all three axes
+        shape, grid = (20, 48, 48), Grid.make(3, (2.5, 1.0, 1.0))
+        blobs = Blobs(rng, 40, [0, 0, 0], [50, 48, 48])
+        center = np.array(grid.spacing) * (np.array(shape) - 1) / 2
+        truth = self._rigid([4, -3, 6], [1.5, -2.0, 1.2], center)
+        fixed, moving = blobs.sample(grid, shape), blobs.sample(grid, shape, truth)
+        res = register(
+            fixed,
+            moving,
+            model="rigid",
+            metric="ncc",
+            fixed_spacing=grid.spacing,
+            moving_spacing=grid.spacing,
+        )
+        assert physical_corner_error(res.transform.physical_matrix, truth, grid, shape).max() < 0.1
+        # the same pair registered in voxel units, as if the voxels were cubes, is wrong
+        voxels = register(fixed, moving, model="rigid", metric="ncc")
+        as_physical = grid.to_physical() @ voxels.transform.matrix @ grid.to_pixels()
+        assert physical_corner_error(as_physical, truth, grid, shape).max() > 1.0
+
+    def test_two_pixel_sizes_and_origins_match_the_pair_resampled_onto_one_grid(self, rng):
+        fixed_grid = Grid.make(2, (0.2, 0.2), (2.0, 3.0))
+        moving_grid = Grid.make(2, (0.35, 0.3), (-1.0, 1.5))
+        fixed_shape, moving_shape = (160, 150), (110, 120)
+        blobs = Blobs(rng, 60, [0, 0], [40, 40], sigma=(1.0, 2.5))
+        truth = self._rigid(5, [0.7, -1.1], [20.0, 20.0])
+        truth[:2, :2] *= 1.03
+        fixed = blobs.sample(fixed_grid, fixed_shape)
+        moving = blobs.sample(moving_grid, moving_shape, truth)
+        grids = dict(
+            fixed_spacing=fixed_grid.spacing,
+            fixed_origin=fixed_grid.origin,
+            moving_spacing=moving_grid.spacing,
+            moving_origin=moving_grid.origin,
+        )
+        res = register(fixed, moving, model="affine", **grids)
+        # the same pair on one grid: moving resampled by SciPy onto the fixed grid
+        onto = moving_grid.to_pixels() @ fixed_grid.to_physical()
+        resampled = ndi.affine_transform(
+            moving, onto, output_shape=fixed_shape, order=3, mode="nearest"
+        )
+        one_grid = register(fixed, resampled, model="affine")
+        one_grid_physical = (
+            fixed_grid.to_physical() @ one_grid.transform.matrix @ fixed_grid.to_pixels()
+        )
+        ours = res.transform.physical_matrix
+        assert physical_corner_error(ours, one_grid_physical, fixed_grid, fixed_shape).max() < 0.25
+        assert physical_corner_error(ours, truth, fixed_grid, fixed_shape).max() < 0.15
+        # .matrix keeps meaning pixels, fixed → moving: what SciPy resamples the moving with
+        scipy_warped = ndi.affine_transform(
+            moving, res.transform.matrix, output_shape=fixed_shape, order=1, mode="constant"
+        )
+        inside = ndi.binary_erosion(scipy_warped != 0, iterations=2)
+        np.testing.assert_allclose(res.warped[inside], scipy_warped[inside], atol=1e-4)
+        assert res.similarity > 0.999
+
+    def test_dense_models_take_images_on_two_grids(self, rng, tmp_path):
+        fixed_grid, moving_grid = (
+            Grid.make(2, 0.5, (1.0, 2.0)),
+            Grid.make(2, (0.8, 0.7), (0.0, 0.5)),
+        )
+        fixed_shape, moving_shape = (80, 76), (56, 62)
+        blobs = Blobs(rng, 50, [0, 0], [42, 42], sigma=(1.5, 3.0))
+        truth = self._rigid(3, [0.6, -0.4], [21.0, 21.0])
+        fixed = blobs.sample(fixed_grid, fixed_shape)
+        moving = blobs.sample(moving_grid, moving_shape, truth)
+        res = register(
+            fixed,
+            moving,
+            model="deformable",
+            fixed_spacing=fixed_grid.spacing,
+            fixed_origin=fixed_grid.origin,
+            moving_spacing=moving_grid.spacing,
+            moving_origin=moving_grid.origin,
+        )
+        t = res.transform
+        assert t.moving_shape == moving_shape and t.displacement.shape == (2, *fixed_shape)
+        # where x + d(x) sends each fixed pixel, SciPy samples the same values
+        x = np.stack(np.meshgrid(*[np.arange(n) for n in fixed_shape], indexing="ij"))
+        scipy_warped = ndi.map_coordinates(moving, x + t.displacement, order=1, mode="constant")
+        inside = ndi.binary_erosion(scipy_warped != 0, iterations=2)
+        np.testing.assert_allclose(res.warped[inside], scipy_warped[inside], atol=1e-4)
+        np.testing.assert_allclose(t.apply(moving), res.warped, atol=1e-5)
+        before = ndi.affine_transform(
+            moving,
+            moving_grid.to_pixels() @ fixed_grid.to_physical(),
+            output_shape=fixed_shape,
+            order=1,
+        )
+        err, err_before = np.abs(res.warped - fixed)[inside], np.abs(before - fixed)[inside]
+        assert err.mean() < 0.2 * err_before.mean()
+        back = load_transform(t.save(tmp_path / "field.npz"))
+        np.testing.assert_allclose(back.apply(moving), res.warped, atol=1e-5)
+        with pytest.raises(ValueError, match="moving image's spatial shape"):
+            t.apply(fixed)
+
+    def test_the_result_does_not_depend_on_how_the_volume_was_sampled(self, rng):
+        # one sample, imaged with 2-unit and with 1-unit rows: the same physical answer
+        blobs = Blobs(rng, 50, [0, 0], [64, 64], sigma=(2.0, 4.0))
+        truth = self._rigid(4, [1.2, -0.8], [31.5, 31.5])
+        answers = []
+        for spacing in ((2.0, 1.0), (1.0, 1.0)):
+            grid = Grid.make(2, spacing)
+            shape = (int(64 / spacing[0]), 64)
+            fixed, moving = blobs.sample(grid, shape), blobs.sample(grid, shape, truth)
+            res = register(
+                fixed, moving, model="rigid", fixed_spacing=spacing, moving_spacing=spacing
+            )
+            answers.append(res.transform.physical_matrix)
+        unit = Grid.make(2, 1.0)
+        assert physical_corner_error(answers[0], answers[1], unit, (64, 64)).max() < 0.1
+        assert physical_corner_error(answers[0], truth, unit, (64, 64)).max() < 0.1
+
+    @pytest.mark.filterwarnings("ignore::napari_simwarp.registration.quality.RegistrationWarning")
+    def test_an_initial_transform_is_placed_by_its_physical_matrix(self, rng):
+        image = rng.random((40, 40))
+        physical = self._rigid(10, [1.0, 2.0], [5.0, 5.0])
+        # a transform found between other samplings of the same two images
+        other_fixed, other_moving = Grid.make(2, 0.25, 1.0), Grid.make(2, 0.5, -2.0)
+        init = AffineTransform(
+            other_moving.to_pixels() @ physical @ other_fixed.to_physical(), "rigid"
+        ).with_grids(other_fixed, other_moving)
+        res = register(
+            image,
+            image,
+            model="rigid",
+            init=init,
+            iterations=0,
+            fixed_spacing=0.2,
+            moving_spacing=0.3,
+            moving_origin=(4.0, 4.0),
+        )
+        np.testing.assert_allclose(res.transform.physical_matrix, physical, atol=1e-9)

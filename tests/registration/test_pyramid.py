@@ -14,8 +14,10 @@ from napari_simwarp.registration.pyramid import (
     auto_levels,
     build_pyramid,
     gaussian_blur,
+    level_anisotropy,
     level_shapes,
     resize,
+    shrink_factors,
 )
 from tests.images import random_smooth
 
@@ -72,6 +74,56 @@ def test_level_shapes_halve_from_the_finest(shape, levels):
     for k, s in enumerate(reversed(shapes)):
         assert s == tuple(max(1, int(np.round(n / 2**k))) for n in shape)
     assert all(all(a <= b for a, b in zip(c, f)) for c, f in itertools.pairwise(shapes))
+
+
+def test_an_anisotropic_volume_halves_its_finest_axes_first():
+    # z voxels 4x deeper than x and y: z keeps its size until the target pixel size
+    # (1, 2, 4, 8, 16 in xy units) passes 4, then halves with the others (ANTs, elastix).
+    shapes = level_shapes((40, 256, 256), 5, spacing=(4.0, 1.0, 1.0))
+    assert shapes == [(10, 16, 16), (20, 32, 32), (40, 64, 64), (40, 128, 128), (40, 256, 256)]
+    assert shrink_factors((4.0, 1.0, 1.0), 3) == (2.0, 8.0, 8.0)
+    # 3x: no power of two lands on it; z shrinks by 8/3 at level 3
+    assert level_shapes((30, 64, 64), 4, spacing=(3.0, 1.0, 1.0))[0] == (11, 8, 8)
+    # Equal spacings, whatever their size, halve every axis per level.
+    assert level_shapes((40, 60), 3, spacing=(0.2, 0.2)) == level_shapes((40, 60), 3)
+
+
+def test_a_moving_image_at_coarser_pixels_joins_the_pyramid_where_its_pixel_size_is_reached():
+    # fixed pixels 0.2, moving 0.4: the moving image is not shrunk until the fixed
+    # levels reach its pixel size (level 2: 0.8), so both compare at one resolution.
+    moving = level_shapes((100, 100), 3, spacing=(0.4, 0.4), unit=0.2)
+    assert moving == [(50, 50), (100, 100), (100, 100)]
+
+
+def test_auto_levels_ignores_an_axis_that_never_shrinks():
+    # 12 z slices 5x deeper: isotropically that allows one level only (12 < 16 after
+    # halving); z is not shrunk before level 3, where the rule needs z/1.6 >= 16 too.
+    assert auto_levels((12, 512, 512)) == 1
+    assert auto_levels((12, 512, 512), spacing=(5.0, 1.0, 1.0)) == 3
+    assert auto_levels((64, 64), spacing=(0.3, 0.3)) == auto_levels((64, 64))
+
+
+def test_level_anisotropy_is_nominal_not_thrown_by_rounded_shapes():
+    assert level_anisotropy((1.0, 1.0), (64, 50), (16, 13)) == (1.0, 1.0)
+    assert level_anisotropy((4.0, 1.0, 1.0), (40, 256, 256), (40, 128, 128)) == (2.0, 1.0, 1.0)
+    assert level_anisotropy((4.0, 1.0, 1.0), (40, 256, 256), (10, 16, 16)) == (1.0, 1.0, 1.0)
+
+
+def test_build_pyramid_blurs_only_the_axes_that_shrink(rng):
+    volume = rng.random((6, 32, 32))
+    shapes = level_shapes(volume.shape, 2, spacing=(4.0, 1.0, 1.0))
+    coarse = build_pyramid(_t(volume), shapes)[0][0, 0].numpy()
+    # z keeps its 6 slices and is not smoothed: each slice is that slice's 2-D pyramid
+    for z in range(6):
+        alone = build_pyramid(_t(volume[z]), [(16, 16), (32, 32)])[0][0, 0].numpy()
+        assert np.allclose(coarse[z], alone, atol=1e-12)
+
+
+def test_gaussian_blur_takes_one_sigma_per_axis(rng):
+    image = rng.random((20, 30))
+    got = gaussian_blur(_t(image), [0.0, 1.5])[0, 0].numpy()
+    ref = ndi.gaussian_filter1d(image, 1.5, axis=1, mode="nearest", truncate=3.0)
+    assert np.allclose(got, ref, atol=1e-10)
 
 
 @pytest.mark.parametrize("sigma", [0.5, 1.0, 1.7, 3.0])

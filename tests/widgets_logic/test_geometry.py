@@ -8,7 +8,13 @@ import pytest
 from scipy import ndimage as ndi
 
 from napari_simwarp.registration import AffineTransform, DisplacementTransform
-from napari_simwarp.widgets_logic.geometry import apply_transforms, layer_affine
+from napari_simwarp.registration.grid import Grid
+from napari_simwarp.widgets_logic.geometry import (
+    apply_transforms,
+    for_moving_grid,
+    layer_affine,
+    layer_grid,
+)
 
 
 def _translation(shift) -> AffineTransform:
@@ -71,3 +77,48 @@ def test_layer_affine_of_a_translation_is_minus_the_shift():
 def test_layer_affine_refuses_a_dense_transform():
     with pytest.raises(ValueError, match="only linear models"):
         layer_affine(DisplacementTransform(np.zeros((2, 4, 4))))
+
+
+def test_layer_grid_is_the_layers_scale_and_translate():
+    import napari.layers
+
+    layer = napari.layers.Image(np.zeros((3, 10, 12)), scale=(5, 0.2, 0.3), translate=(0, 1, 2))
+    grid = layer_grid(layer, "fixed")
+    assert grid.spacing == (5.0, 0.2, 0.3) and grid.origin == (0.0, 1.0, 2.0)
+    assert layer_grid(layer, "moving", skip=1).spacing == (0.2, 0.3)  # a time axis left out
+
+
+@pytest.mark.parametrize(
+    "placement,words",
+    [
+        (dict(rotate=10), "a rotation"),
+        (dict(shear=[0.2]), "a shear"),
+        (dict(affine=np.array([[1.0, 0.1, 0], [0, 1, 0], [0, 0, 1]])), "an affine"),
+        (dict(scale=(1.0, -1.0)), "a flip"),
+    ],
+)
+def test_layer_grid_refuses_a_placement_registration_cannot_honour(placement, words):
+    import napari.layers
+
+    layer = napari.layers.Image(np.zeros((10, 10)), name="cells", **placement)
+    with pytest.raises(ValueError, match=f"the moving layer 'cells' is placed with {words}"):
+        layer_grid(layer, "moving")
+
+
+def test_a_linear_transform_follows_a_layer_on_another_grid():
+    # The moving image and its labels at half its resolution: the labels resampled with
+    # the regridded transform land where the image lands.
+    fixed_grid, moving_grid = Grid.make(2, 1.0), Grid.make(2, 1.0, (0.5, 0.0))
+    labels_grid = Grid.make(2, 2.0, (1.0, 0.5))  # pixel p of the labels is moving pixel 2p + .5
+    m = np.eye(3)
+    m[:2, 2] = (3.0, -2.0)
+    t = AffineTransform(m, "translation").with_grids(fixed_grid, moving_grid)
+    regridded = for_moving_grid(t, labels_grid)
+    np.testing.assert_allclose(regridded.physical_matrix, t.physical_matrix, atol=1e-12)
+    np.testing.assert_allclose(
+        regridded.matrix, labels_grid.to_pixels() @ moving_grid.to_physical() @ m, atol=1e-12
+    )
+    assert for_moving_grid(t, moving_grid) is t
+    field = DisplacementTransform(np.zeros((2, 8, 8))).with_grids(fixed_grid, moving_grid)
+    with pytest.raises(ValueError, match="dense transform applies only"):
+        for_moving_grid(field, labels_grid)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from napari_simwarp import data
+from napari_simwarp.registration import AffineTransform
 from napari_simwarp.widgets_logic.registration import RegistrationRun, RunSettings
 
 
@@ -35,3 +36,20 @@ def test_stack_snapshots():
     np.testing.assert_allclose(run.result.shifts, shifts, atol=0.3)
     with pytest.raises(ValueError, match="T ≥ 2"):
         RegistrationRun(None, stack[0], RunSettings(mode="stack"))
+
+
+def test_displayed_displacement_is_the_physical_motion_in_fixed_pixels():
+    from napari_simwarp.registration.grid import Grid
+    from napari_simwarp.widgets_logic.registration import physical_displacement
+
+    fixed_grid, moving_grid = Grid.make(2, (0.5, 0.25), (1.0, 2.0)), Grid.make(2, 1.0, (0.0, 3.0))
+    physical = np.array([[1.0, 0.0, 0.3], [0.0, 1.0, -0.2], [0, 0, 1]])  # a physical shift
+    pixels = moving_grid.to_pixels() @ physical @ fixed_grid.to_physical()
+    t = AffineTransform(pixels, "translation").with_grids(fixed_grid, moving_grid)
+    shown = physical_displacement(t, t.to_displacement((6, 5)))
+    # the shift (0.3, -0.2) in fixed pixels of (0.5, 0.25): (0.6, -0.8) everywhere
+    np.testing.assert_allclose(shown[0], 0.6, atol=1e-5)
+    np.testing.assert_allclose(shown[1], -0.8, atol=1e-5)
+    same = AffineTransform(np.eye(3), "translation")
+    d = np.ones((2, 6, 5), np.float32)
+    assert physical_displacement(same, d) is d

@@ -15,7 +15,12 @@ from magicgui.widgets import (
 )
 from napari.qt.threading import create_worker
 
-from ..widgets_logic.geometry import apply_transforms, layer_affine
+from ..widgets_logic.geometry import (
+    apply_transforms,
+    for_moving_grid,
+    layer_affine,
+    layer_grid,
+)
 from ..widgets_logic.registration import (
     DISPLACEMENT_LAYER,
     GRADIENT_LAYER,
@@ -158,10 +163,19 @@ class RegisterWidget(WorkerWidget):
             return
         moving = self._moving.value
         try:
-            fixed_data = None
+            fixed_data = fixed_grid = moving_grid = None
             if self.mode == "pair":
                 fixed_data = layer_image(self._fixed.value, "fixed")
-            run = RegistrationRun(fixed_data, layer_image(moving, "moving"), self.settings())
+                # Layers aligned on screen must stay aligned: register in their world space.
+                fixed_grid = layer_grid(self._fixed.value, "fixed")
+                moving_grid = layer_grid(moving, "moving")
+            run = RegistrationRun(
+                fixed_data,
+                layer_image(moving, "moving"),
+                self.settings(),
+                fixed_grid=fixed_grid,
+                moving_grid=moving_grid,
+            )
         except (ValueError, TypeError) as exc:
             notify_error("registration", exc)
             return
@@ -317,6 +331,9 @@ class RegisterWidget(WorkerWidget):
                 )
             labels = isinstance(layer, napari.layers.Labels)
             fixed = self._fixed_layer if self._run.settings.mode == "pair" else None
+            if fixed is not None:  # the layer may sit on another grid than the moving one
+                skip = max(0, layer.ndim - ts[0].ndim)  # leading channel axes
+                ts = [for_moving_grid(ts[0], layer_grid(layer, "apply-to", skip=skip))]
             shape = tuple(np.shape(fixed.data)) if fixed is not None else None
             out = apply_transforms(ts, layer.data, labels=labels, output_shape=shape)
         except (ValueError, TypeError, RuntimeError) as exc:

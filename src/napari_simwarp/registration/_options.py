@@ -93,24 +93,31 @@ def report_every(value) -> int:
     return value
 
 
-def window(value):
-    """None or an odd int >= 1 (checked against each level's size by the loss)."""
-    if value is None:
-        return None
-    value = _int(value, "window")
-    if value < 1 or value % 2 == 0:
-        raise ValueError(f"window must be an odd positive int, got {value!r}")
-    return value
+def window(value) -> float | None:
+    """None or a positive number (a physical length; each level rounds it per axis to an
+    odd number of pixels)."""
+    return None if value is None else positive(value, "window")
 
 
-def init_matrix(value, ndim: int) -> np.ndarray | None:
-    """A finite homogeneous ``(D + 1, D + 1)`` matrix (fixed → moving), or None."""
+def init_matrix(value, ndim: int, grids=None) -> np.ndarray | None:
+    """A finite homogeneous ``(D + 1, D + 1)`` pixel matrix (fixed → moving), or None.
+
+    An AffineTransform that carries grids is placed by its physical matrix, carried to the
+    pixels of ``grids`` (``(fixed_grid, moving_grid)`` of the run), so that a transform
+    found on other samplings of the same images starts the run where it belongs.
+    """
     if value is None:
         return None
     from .transforms import AffineTransform, Transform
 
     if isinstance(value, AffineTransform):
-        value = value.matrix
+        if grids is not None and (value.fixed_grid or value.moving_grid) is not None:
+            if value.ndim != ndim:
+                raise ValueError(f"init is a {value.ndim}-D transform, the images are {ndim}-D")
+            fixed_grid, moving_grid = grids
+            value = moving_grid.to_pixels() @ value.physical_matrix @ fixed_grid.to_physical()
+        else:
+            value = value.matrix
     elif isinstance(value, Transform):
         raise TypeError(
             f"init must be a matrix or an AffineTransform for a linear model, got "

@@ -48,6 +48,19 @@ def levels_option(text: str):
     return value
 
 
+def per_axis_option(text: str) -> tuple[float, ...]:
+    """``--fixed-spacing`` and the like: one number, or one per axis separated by commas
+    (array order, z first: ``3,0.5,0.5``). Their count is checked against the image."""
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number or comma-separated numbers (array order, e.g. 3,0.5,0.5), "
+            f"got {text!r}"
+        ) from None
+    return values
+
+
 class ProgressReport:
     """Progress of a run on ``stream``: one redrawn line on a terminal, else one printed
     line every ``every`` seconds (so a long run in a log or a pipe still shows it moves)."""
@@ -117,14 +130,35 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         type=levels_option,
         help="pyramid levels: auto or a positive int (default: auto)",
     )
+    for role in ("fixed", "moving"):
+        p.add_argument(
+            f"--{role}-spacing",
+            type=per_axis_option,
+            default=None,
+            metavar="S[,S...]",
+            help=f"{role} pixel size, one value or one per axis in array order (z,y,x); "
+            "default 1. Registration then works in these physical units",
+        )
+        p.add_argument(
+            f"--{role}-origin",
+            type=per_axis_option,
+            default=None,
+            metavar="O[,O...]",
+            help=f"physical position of the {role} image's first pixel (default 0)",
+        )
     p.add_argument("--iterations", type=int, default=None, help="most iterations per level")
     p.add_argument("--lr", type=float, default=None, help="initial step, pixels per level")
-    p.add_argument("--window", type=int, default=None, help="lncc/ssim window (odd)")
+    p.add_argument(
+        "--window",
+        type=float,
+        default=None,
+        help="lncc/ssim window in physical units (default 9 / 11 pixels)",
+    )
     p.add_argument(
         "--grid-spacing",
         type=float,
-        default=8.0,
-        help="deformable: control-grid spacing in pixels (default 8)",
+        default=None,
+        help="deformable: control-grid spacing in physical units (default 8 pixels)",
     )
     p.add_argument(
         "--regularization",
@@ -137,6 +171,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.set_defaults(func=run)
     return p
+
+
+def _one_per_axis(values):
+    """A single value applies to every axis."""
+    return values[0] if values is not None and len(values) == 1 else values
 
 
 def run(args) -> int:
@@ -170,6 +209,10 @@ def run(args) -> int:
             model=args.model,
             metric=args.metric,
             mask=mask,
+            fixed_spacing=_one_per_axis(args.fixed_spacing),
+            fixed_origin=_one_per_axis(args.fixed_origin),
+            moving_spacing=_one_per_axis(args.moving_spacing),
+            moving_origin=_one_per_axis(args.moving_origin),
             levels=args.levels,
             iterations=args.iterations,
             lr=args.lr,

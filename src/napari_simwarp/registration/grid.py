@@ -76,8 +76,11 @@ def _per_axis(value, ndim: int, default: float, name: str) -> tuple[float, ...]:
         return (default,) * ndim
     if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
         values = (float(value),) * ndim
-    elif isinstance(value, (Sequence, np.ndarray)):
-        values = tuple(float(v) for v in np.asarray(value, dtype=np.float64).reshape(-1))
+    elif isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, (str, bytes)):
+        try:
+            values = tuple(float(v) for v in np.asarray(value, dtype=np.float64).reshape(-1))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{name} must be numbers, one per axis, got {value!r}") from exc
         if len(values) != ndim:
             raise ValueError(
                 f"{name} must have one value per axis ({ndim}, array order), "

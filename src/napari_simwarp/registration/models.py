@@ -10,20 +10,32 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from ..ops import integrate_velocity, warp
-from ..ops._sampling import affine_grid, grid_inside, grid_sample, level_matrix
-from .pyramid import resize
+from ..ops._sampling import affine_grid, grid_inside, grid_sample, identity_grid, level_matrix
+from .grid import Grid, unit_grid
+from .pyramid import level_anisotropy, resize
 from .transforms import AffineTransform, DisplacementTransform, VelocityTransform
 
 
 class LinearModel:
-    """Translation, rigid, similarity or affine, about the fixed image's center.
+    """Translation, rigid, similarity or affine, in physical space about the fixed image's
+    center (docs/maths.md §6.1).
 
-    ``y = L (x − c) + c + t`` in full-resolution pixels of the fixed image, composed after
-    an optional initial matrix: ``M = M0 @ M(θ)``. Centering decouples rotation from
-    translation, which is what lets the optimizer move them independently.
+    ``y = L (x − c) + c + t`` maps fixed physical coordinates ``x`` to moving physical
+    coordinates (``c``: the fixed image's physical center), composed after an optional
+    initial transform: ``P = P0 @ P(θ)``. The pixel matrix the warps take is
+    ``M = G_moving⁻¹ · P · G_fixed`` (``G``: pixel → physical maps of the two
+    :class:`~.grid.Grid`). Rotations are thus rotations of the sample, whatever the voxel
+    shape; with unit grids ``M = P``. Centering decouples rotation from translation, which
+    is what lets the optimizer move them independently. Parameters are in units of the
+    fixed image's finest pixel size ``u``: ``t = u · shift`` and ``L = exp(q / R)`` with
+    ``R`` the image's half-extent in ``u``.
+
+    ``init`` (``(D + 1, D + 1)`` or ``(N, D + 1, D + 1)``) is a *pixel* matrix, fixed →
+    moving, as ``Transform.matrix``.
     """
 
     def __init__(
@@ -36,12 +48,20 @@ class LinearModel:
         init=None,
         dtype=torch.float32,
         device="cpu",
+        fixed_grid: Grid | None = None,
+        moving_grid: Grid | None = None,
     ):
         self.kind = kind
         self.fixed_shape = tuple(fixed_shape)
         self.moving_shape = tuple(moving_shape)
         d = self.ndim = len(fixed_shape)
-        self.radius = max(max(self.fixed_shape) / 2.0, 1.0)
+        self.fixed_grid = fixed_grid or unit_grid(d)
+        self.moving_grid = moving_grid or unit_grid(d)
+        spacing = self.fixed_grid.spacing
+        unit = min(spacing)
+        extent = max(s * n for s, n in zip(spacing, self.fixed_shape))
+        self.unit = unit
+        self.radius = max(extent / 2.0 / unit, 1.0)
         n_lin = {
             "translation": 0,
             "rigid": 1 if d == 2 else 3,
@@ -50,18 +70,30 @@ class LinearModel:
         }[kind]
         self.shift = torch.zeros(batch, d, dtype=dtype, device=device, requires_grad=True)
         self.linear = torch.zeros(batch, n_lin, dtype=dtype, device=device, requires_grad=True)
-        # The initial matrix is kept in float64 (MPS has no float64: float32 there).
-        wide = torch.float32 if torch.device(device).type == "mps" else torch.float64
-        eye = torch.eye(d + 1, dtype=wide, device=device)
+        # The fixed parts of M are kept in float64 (MPS has no float64: float32 there), so
+        # that origins far from zero cost no precision.
+        wide = self.wide = torch.float32 if torch.device(device).type == "mps" else torch.float64
+        origin = self.fixed_grid.origin
+        center = [o + s * (n - 1) / 2 for o, s, n in zip(origin, spacing, fixed_shape)]
+        to_center, from_center = np.eye(d + 1), np.eye(d + 1)
+        to_center[:d, d], from_center[:d, d] = center, [-c for c in center]
+        # M = left @ [L | u·shift] @ right, with left = G_m⁻¹ P0 T(c), right = T(-c) G_f.
         if init is None:
-            m0 = eye.expand(batch, -1, -1)
+            p0 = np.eye(d + 1)[None]
         else:
-            m0 = torch.as_tensor(init, dtype=wide, device=device)
-            m0 = m0.reshape(-1, d + 1, d + 1).expand(batch, -1, -1)
-        self.init = m0.clone()
-        self.center = torch.tensor(
-            [(n - 1) / 2 for n in self.fixed_shape], dtype=dtype, device=device
-        )
+            m0 = np.asarray(init.detach().cpu() if isinstance(init, torch.Tensor) else init)
+            m0 = m0.astype(np.float64).reshape(-1, d + 1, d + 1)
+            p0 = self.moving_grid.to_physical() @ m0 @ self.fixed_grid.to_pixels()
+        left = self.moving_grid.to_pixels() @ p0 @ to_center
+        right = from_center @ self.fixed_grid.to_physical()
+        self.left = torch.as_tensor(left, dtype=wide, device=device).expand(batch, -1, -1)
+        self.right = torch.as_tensor(right, dtype=wide, device=device)
+
+    @property
+    def init(self) -> torch.Tensor:
+        """The initial pixel matrices ``(N, D + 1, D + 1)`` (θ = 0)."""
+        with torch.no_grad():
+            return self.left @ self.right
 
     def parameters(self) -> list[torch.Tensor]:
         return [self.shift, self.linear] if self.linear.shape[1] else [self.shift]
@@ -96,16 +128,19 @@ class LinearModel:
             rot = rot * torch.exp(q[:, k]).view(n, 1, 1)
         return rot
 
-    def matrix(self) -> torch.Tensor:
-        """Homogeneous fixed → moving matrices ``(N, D+1, D+1)`` in full-res pixels."""
+    def physical_core(self) -> torch.Tensor:
+        """``[L | u·shift]`` as homogeneous matrices ``(N, D+1, D+1)`` (about the center)."""
         n, d = self.shift.shape
         lin = self._linear_part()
-        t = self.center + self.shift - (lin @ self.center.view(d, 1)).squeeze(-1)
-        top = torch.cat([lin, t.unsqueeze(-1)], dim=-1)
+        top = torch.cat([lin, (self.unit * self.shift).unsqueeze(-1)], dim=-1)
         bottom = torch.zeros(n, 1, d + 1, dtype=lin.dtype, device=lin.device)
         bottom[..., -1] = 1
-        m = torch.cat([top, bottom], dim=1)
-        return self.init.to(m.dtype) @ m
+        return torch.cat([top, bottom], dim=1)
+
+    def matrix(self) -> torch.Tensor:
+        """Homogeneous fixed → moving *pixel* matrices ``(N, D+1, D+1)`` (float64 but on
+        MPS), full resolution; differentiable with respect to the parameters."""
+        return self.left @ self.physical_core().to(self.wide) @ self.right
 
     def warp(self, moving: torch.Tensor, shape) -> tuple[torch.Tensor, torch.Tensor]:
         """Warp a moving level onto a fixed level of ``shape``; return (warped, in-bounds).
@@ -145,17 +180,23 @@ class LinearModel:
             mats = self.matrix().double().cpu().numpy()
         if values is not None:
             self.restore(current)
-        return [AffineTransform(m, self.kind) for m in mats]
+        return [
+            AffineTransform(m, self.kind).with_grids(self.fixed_grid, self.moving_grid)
+            for m in mats
+        ]
 
 
 class DenseModel:
     """A displacement (``deformable``) or stationary velocity (``diffeomorphic``) field.
 
-    The field lives on a control grid ``grid_spacing`` level pixels apart, in
-    full-resolution pixels, and is upsampled (bilinear) to the level; a coarse grid is its
-    own smoothness prior and keeps the parameter count small. Between levels the control
-    grid is refined by interpolation. ``Reg`` is the diffusion energy, the mean squared
-    spatial derivative of the displacement (dimensionless).
+    The field lives on a control grid, in full-resolution pixels, and is upsampled
+    (bilinear) to the level; a coarse grid is its own smoothness prior and keeps the
+    parameter count small. Between levels the control grid is refined by interpolation.
+    Its nodes are ``grid_spacing`` level pixels apart along the level's finest axes and
+    the same physical distance along the others (``spacing``: the fixed image's pixel size
+    per axis; default isotropic). ``Reg`` is the diffusion energy, the mean squared
+    spatial derivative of the displacement in physical units (dimensionless), so that
+    z is smoothed as much as xy in an anisotropic volume.
     """
 
     def __init__(
@@ -169,11 +210,26 @@ class DenseModel:
         init=None,
         dtype=torch.float32,
         device="cpu",
+        spacing=None,
+        fixed_grid: Grid | None = None,
+        moving_grid: Grid | None = None,
+        moving_shape=None,
     ):
         self.kind = kind
         self.shape = tuple(shape)
         self.ndim = len(shape)
+        self.fixed_grid, self.moving_grid = fixed_grid, moving_grid
+        # Set when the moving image was resampled onto the fixed grid before the run: the
+        # field then maps fixed pixels into that copy, and ``onto_moving`` (fixed pixels →
+        # the original moving pixels) completes the transform.
+        self.moving_shape = None if moving_shape is None else tuple(moving_shape)
+        self.onto_moving = None
+        if self.moving_shape is not None:
+            unit = unit_grid(self.ndim)
+            to_physical = (fixed_grid or unit).to_physical()
+            self.onto_moving = (moving_grid or unit).to_pixels() @ to_physical
         self.grid_spacing = float(grid_spacing)
+        self.spacing = (1.0,) * self.ndim if spacing is None else tuple(float(s) for s in spacing)
         self.steps = int(steps)
         self.field = None
         self.dtype, self.device, self.batch = dtype, device, batch
@@ -187,7 +243,10 @@ class DenseModel:
         return [self.field]
 
     def _control_shape(self, level_shape):
-        return tuple(max(2, math.ceil(n / self.grid_spacing)) for n in level_shape)
+        ratios = level_anisotropy(self.spacing, self.shape, level_shape)
+        return tuple(
+            max(2, math.ceil(m * r / self.grid_spacing)) for m, r in zip(level_shape, ratios)
+        )
 
     def set_level(self, level_shape) -> None:
         cshape = self._control_shape(level_shape)
@@ -217,6 +276,19 @@ class DenseModel:
             d = d + self._rescale(resize(self.init, shape), self.shape, shape)
         return d
 
+    def moving_displacement(self, shape, field=None) -> torch.Tensor:
+        """The displacement from the fixed grid into the original moving image,
+        ``(N, D, *shape)`` (``shape``: the fixed image's), as the result's transform holds it:
+        ``onto_moving(x + d(x)) − x`` when the moving image was resampled first."""
+        d = self.displacement(shape, field)
+        if self.onto_moving is None:
+            return d
+        mat = torch.as_tensor(self.onto_moving, dtype=torch.float64, device=d.device)
+        pos = identity_grid(shape, dtype=torch.float64, device=d.device) + d.double()
+        moved = torch.einsum("ij,nj...->ni...", mat[:-1, :-1], pos)
+        moved = moved + mat[:-1, -1].view(1, -1, *([1] * self.ndim))
+        return (moved - identity_grid(shape, dtype=torch.float64, device=d.device)).to(d.dtype)
+
     def warp(self, moving: torch.Tensor, shape) -> tuple[torch.Tensor, torch.Tensor]:
         d = self.displacement(shape)
         n = d.shape[0]
@@ -234,10 +306,13 @@ class DenseModel:
 
     def regularizer(self) -> torch.Tensor:
         f = self.field
+        # Component a in physical units (× s_a), differences along b per physical length.
+        spacing = torch.tensor(self.spacing, dtype=f.dtype, device=f.device)
+        f = f * spacing.view(1, -1, *([1] * self.ndim))
         total = f.new_zeros(f.shape[0])
         for axis in range(self.ndim):
-            spacing = self.shape[axis] / f.shape[2 + axis]  # full-res pixels per control cell
-            g = torch.diff(f, dim=2 + axis) / spacing
+            cell = self.shape[axis] / f.shape[2 + axis] * self.spacing[axis]  # per control cell
+            g = torch.diff(f, dim=2 + axis) / cell
             total = total + (g * g).mean(dim=tuple(range(1, g.dim())))
         return total
 
@@ -253,13 +328,19 @@ class DenseModel:
                 self.field.copy_(torch.where(keep, values[0], self.field))
 
     def transforms(self, values=None) -> list:
+        """One transform per pair: a velocity field for a diffeomorphic run from the
+        identity on one grid, else the displacement into the (original) moving image."""
         f = (self.field if values is None else values[0]).detach()
-        out = []
+        grids = (self.fixed_grid, self.moving_grid)
         with torch.no_grad():
-            if self.kind == "diffeomorphic" and self.init is None:
+            if self.kind == "diffeomorphic" and self.init is None and self.onto_moving is None:
                 v = resize(f, self.shape).cpu().numpy()
-                return [VelocityTransform(v[i], self.steps) for i in range(v.shape[0])]
-            d = self.displacement(self.shape, f).cpu().numpy()
-        for i in range(d.shape[0]):
-            out.append(DisplacementTransform(d[i]))
-        return out
+                return [
+                    VelocityTransform(v[i], self.steps).with_grids(*grids)
+                    for i in range(v.shape[0])
+                ]
+            d = self.moving_displacement(self.shape, f).cpu().numpy()
+        return [
+            DisplacementTransform(d[i], moving_shape=self.moving_shape).with_grids(*grids)
+            for i in range(d.shape[0])
+        ]

@@ -18,6 +18,7 @@ import torch
 from ..ops._validation import check_choice
 from ..ops.losses import loss_for
 from . import _options
+from .pyramid import level_anisotropy
 
 
 @dataclass
@@ -120,7 +121,15 @@ class RunResult:
     warnings: list = field(default_factory=list)
 
 
-def optimize(model, fixed_levels, moving_levels, weight_levels, schedule: Schedule, history: list):
+def optimize(
+    model,
+    fixed_levels,
+    moving_levels,
+    weight_levels,
+    schedule: Schedule,
+    history: list,
+    spacing=None,
+):
     """Run ``model`` coarse → fine; yields :class:`Progress`, returns ``(stopped, best)``.
 
     Parameters
@@ -129,6 +138,8 @@ def optimize(model, fixed_levels, moving_levels, weight_levels, schedule: Schedu
     fixed_levels, moving_levels : lists of tensors ``(N or 1, C, *s)``, coarse → fine
     weight_levels : list of ``(N or 1, 1, *s)`` fixed-image masks, or ``None`` entries
     history : list the mean loss of every iteration is appended to (coarse levels first)
+    spacing : the fixed image's pixel size per axis (default isotropic): sets the loss
+        window's shape at each level (:func:`level_loss`)
     """
     levels = len(fixed_levels)
     full_shape = tuple(fixed_levels[-1].shape[2:])
@@ -140,7 +151,8 @@ def optimize(model, fixed_levels, moving_levels, weight_levels, schedule: Schedu
         # One level pixel is this many full-resolution pixels, the unit of the parameters.
         pixel = max(f / s for f, s in zip(full_shape, shape))
         model.set_level(shape)
-        loss_fn = level_loss(schedule, shape)
+        anisotropy = None if spacing is None else level_anisotropy(spacing, full_shape, shape)
+        loss_fn = level_loss(schedule, shape, anisotropy)
         lr0 = schedule.lr * pixel * (1.0 if level == 0 else schedule.refine_lr_factor)
         lr = lr0
         state = {"best": model.snapshot(), "best_loss": None, "total": math.inf}
@@ -239,19 +251,33 @@ def optimize(model, fixed_levels, moving_levels, weight_levels, schedule: Schedu
     return stopped, best
 
 
-def level_loss(schedule: Schedule, shape):
+def level_loss(schedule: Schedule, shape, anisotropy=None):
     """The schedule's loss at a level of spatial ``shape``, one value per pair (``(N,)``).
 
-    A window larger than a coarse level shrinks to the level's largest odd size that fits
-    (the finest levels keep the window asked for).
+    The window (of "lncc" and "ssim") is counted in pixels of the level's finest axes;
+    along coarser axes of an anisotropic level (``anisotropy``: each axis's pixel size
+    over the finest, :func:`~.pyramid.level_anisotropy`) it covers the same physical
+    length, rounded to the nearest odd number of pixels (SSIM's Gaussian narrows with it).
+    A window larger than a level shrinks to the level's largest odd size that fits.
     """
     options = dict(schedule.metric_options)
     if schedule.metric in ("lncc", "ssim"):
-        default = 9 if schedule.metric == "lncc" else 11
-        fits = min(n if n % 2 else n - 1 for n in shape)
-        window = options.get("window") or default
-        options["window"] = min(int(window), max(fits, 1))
+        window = options.get("window") or (9 if schedule.metric == "lncc" else 11)
+        ratios = (1.0,) * len(shape) if anisotropy is None else [1.0 / r for r in anisotropy]
+        sizes = []
+        for n, ratio in zip(shape, ratios):
+            fits = max(n if n % 2 else n - 1, 1)
+            sizes.append(min(odd_round(window * ratio), fits))
+        options["window"] = sizes[0] if len(set(sizes)) == 1 else tuple(sizes)
+        if schedule.metric == "ssim" and any(r != 1.0 for r in ratios):
+            sigma = options.get("sigma", 1.5)
+            options["sigma"] = tuple(sigma * r for r in ratios)
     return loss_for(schedule.metric, reduction="none", **options)
+
+
+def odd_round(x: float) -> int:
+    """The odd integer nearest to ``x`` (at least 1)."""
+    return max(1, 2 * math.floor((x - 1) / 2 + 0.5) + 1)
 
 
 #: per-model defaults: (lr in level pixels, iterations per level, regularizer weight)
@@ -294,12 +320,23 @@ def level_iterations(iterations, model, shape, levels, full_resolution):
 
 
 def make_schedule(
-    model, lr, iterations, tol, regularization, report_every, metric, window, optimizer="auto"
+    model,
+    lr,
+    iterations,
+    tol,
+    regularization,
+    report_every,
+    metric,
+    window,
+    optimizer="auto",
+    unit=1.0,
 ) -> Schedule:
     """The :class:`Schedule` of a run from the user's options (None: the model's default).
 
     Every option is checked here, before any work: a learning rate that is not a positive
-    finite number, a negative regularization, an even window... each names itself.
+    finite number, a negative regularization, a zero window... each names itself.
+    ``window`` is in physical units; ``unit`` (the fixed image's finest pixel size) turns
+    it into the pixels :func:`level_loss` counts in.
     """
     d = DEFAULTS[model]
     check_choice(optimizer, "optimizer", ("auto", "adam", "lbfgs"))
@@ -309,7 +346,7 @@ def make_schedule(
     regularization = _options.optional_non_negative(regularization, "regularization")
     report_every = _options.report_every(report_every)
     window = _options.window(window)
-    options = {"window": window} if window is not None else {}
+    options = {"window": window / unit} if window is not None else {}
     return Schedule(
         lr=d["lr"] if lr is None else float(lr),
         iterations=d["iterations"] if iterations is None else iterations,

@@ -20,15 +20,17 @@ import numpy as np
 import torch
 
 from .._devices import resolve_device
-from ..ops import warp, warp_affine
+from ..ops import warp_affine
+from ..ops._sampling import affine_grid, grid_inside, grid_sample, level_matrix, sample_displaced
 from ..ops._validation import check_choice
 from . import _inputs, _options
 from ._driver import drive
 from ._names import LINEAR_MODELS, METRICS, MODELS
 from .drift import phase_correlation
+from .grid import Grid
 from .models import DenseModel, LinearModel
 from .optimize import RunResult, level_iterations, level_loss, make_schedule, optimize
-from .pyramid import auto_levels, build_pyramid, gaussian_blur, level_shapes
+from .pyramid import auto_levels, build_pyramid, gaussian_blur, level_anisotropy, level_shapes
 from .quality import assess, masked_zncc
 from .transforms import Transform
 
@@ -75,8 +77,18 @@ def _prepare_mask(mask, shape, device):
     return m.to(device)[None, None]
 
 
-def prepare_pair(fixed, moving, model, metric, mask, levels, device, smooth=1.0):
-    """Validate, normalize and build pyramids; returns a dict of what a run needs."""
+def prepare_pair(fixed, moving, model, metric, mask, levels, device, grids, smooth=1.0):
+    """Validate, normalize and build pyramids; returns a dict of what a run needs.
+
+    ``grids`` is ``(fixed_spacing, fixed_origin, moving_spacing, moving_origin)`` as the
+    user gave them (checked here against the images' dimensionality).
+
+    The fixed image's pyramid follows its anisotropy (:func:`~.pyramid.shrink_factors`)
+    and the moving image's is built to the same pixel sizes. A dense model needs both
+    images on one grid: the moving image is first resampled onto the fixed grid through
+    the grids alone (physical identity), and the pixels it does not cover are left out of
+    the loss; the model composes that resampling back into its transforms.
+    """
     check_choice(model, "model", MODELS)
     check_choice(metric, "metric", METRICS)
     f = _inputs.to_tensor(fixed, "fixed")
@@ -86,79 +98,123 @@ def prepare_pair(fixed, moving, model, metric, mask, levels, device, smooth=1.0)
             f"fixed and moving must have the same dimensionality, got "
             f"{f.dim()}-D {tuple(f.shape)} and {m.dim()}-D {tuple(m.shape)}"
         )
-    if model not in LINEAR_MODELS and f.shape != m.shape:
-        raise ValueError(
-            f"model {model!r} needs fixed and moving of the same shape, got "
-            f"{tuple(f.shape)} and {tuple(m.shape)}"
-        )
+    fixed_spacing, fixed_origin, moving_spacing, moving_origin = grids
+    fixed_grid = Grid.make(f.dim(), fixed_spacing, fixed_origin, name="fixed")
+    moving_grid = Grid.make(m.dim(), moving_spacing, moving_origin, name="moving")
     dev = resolve_device(device)
+    dense = model not in LINEAR_MODELS
     _inputs.check_memory(
         1,
         f.shape,
         metric,
-        model not in LINEAR_MODELS,
+        dense,
         dev,
         advice="crop or downsample the images, choose metric='mse' or 'ncc', or another device",
     )
-    fn = _inputs.normalize(f.to(dev), "fixed")[None, None]
-    mn = _inputs.normalize(m.to(dev), "moving")[None, None]
-    shape = tuple(f.shape)
+    shape, moving_shape = tuple(f.shape), tuple(m.shape)
+    unit = min(fixed_grid.spacing)
     if levels == "auto":
-        levels = auto_levels(shape)
-    fshapes = level_shapes(shape, levels)
-    mshapes = level_shapes(tuple(m.shape), levels)
+        levels = auto_levels(shape, spacing=fixed_grid.spacing)
     wmask = _prepare_mask(mask, shape, dev)
+    # A light blur of both images (σ: the fixed image's finest pixel size) takes pixel
+    # noise off the gradient and makes bilinear interpolation (exact only for
+    # piecewise-linear images) far less biased.
+    fn = gaussian_blur(
+        _inputs.normalize(f.to(dev), "fixed")[None, None],
+        [smooth * unit / s for s in fixed_grid.spacing],
+    )
+    mn = gaussian_blur(
+        _inputs.normalize(m.to(dev), "moving")[None, None],
+        [smooth * unit / s for s in moving_grid.spacing],
+    )
+    fshapes = level_shapes(shape, levels, fixed_grid.spacing)
+    resampled = dense and (shape != moving_shape or fixed_grid != moving_grid)
+    if resampled:
+        onto_fixed = moving_grid.to_pixels() @ fixed_grid.to_physical()
+        mn, covered = _onto_grid(mn, onto_fixed, shape)
+        if float(covered.sum()) == 0:
+            raise ValueError(
+                "fixed and moving do not overlap in physical space (check fixed_origin, "
+                "moving_origin and the spacings); a dense model needs them to overlap"
+            )
+        wmask = covered if wmask is None else wmask * covered
+        mshapes = fshapes
+    else:
+        mshapes = level_shapes(moving_shape, levels, moving_grid.spacing, unit)
     weights = (
         [None] * levels
         if wmask is None
         else [(w > 0.5).to(torch.float32) for w in build_pyramid(wmask, fshapes)]
     )
-    # A light blur of both images takes pixel noise off the gradient and makes bilinear
-    # interpolation (exact only for piecewise-linear images) far less biased.
-    fn, mn = gaussian_blur(fn, smooth), gaussian_blur(mn, smooth)
     return dict(
         fixed=build_pyramid(fn, fshapes),
         moving=build_pyramid(mn, mshapes),
         weights=weights,
         moving_raw=m.to(dev),
         shape=shape,
-        moving_shape=tuple(m.shape),
+        moving_shape=moving_shape,
+        fixed_grid=fixed_grid,
+        moving_grid=moving_grid,
+        resampled=resampled,
         device=dev,
         levels=levels,
     )
 
 
-def make_model(model, shape, moving_shape, batch, device, init, grid_spacing, steps):
-    """The model of a run, started from ``init`` (checked: a finite matrix for linear models,
-    a finite displacement of the fixed image's shape, or a Transform, for dense ones)."""
+def _onto_grid(image: torch.Tensor, matrix, shape) -> tuple[torch.Tensor, torch.Tensor]:
+    """``image`` ``(1, 1, *S)`` sampled at ``matrix`` (fixed → its pixels) over ``shape``,
+    edge-repeated, and 1 where a sample fell inside it."""
+    mat = torch.as_tensor(matrix, dtype=torch.float64, device=image.device)[None]
+    grid = affine_grid(mat, image.shape[2:], shape)
+    out = grid_sample(image, grid.to(image.dtype), "linear", "nearest")
+    return out, grid_inside(grid, image.shape[2:]).to(torch.float32)
+
+
+def make_model(prep, model, batch, init, grid_spacing, steps):
+    """The model of a run, started from ``init`` (checked: a finite matrix or an
+    AffineTransform for linear models; a finite displacement of the fixed image's shape
+    or a Transform, for dense ones).
+
+    ``grid_spacing`` is the dense control-grid spacing in physical units; None: 8 of the
+    fixed image's finest pixels.
+    """
+    fixed_grid, moving_grid = prep["fixed_grid"], prep["moving_grid"]
     if model in LINEAR_MODELS:
         return LinearModel(
             model,
-            shape,
-            moving_shape,
+            prep["shape"],
+            prep["moving_shape"],
             batch,
-            init=_options.init_matrix(init, len(shape)),
-            device=device,
+            init=_options.init_matrix(init, len(prep["shape"]), (fixed_grid, moving_grid)),
+            device=prep["device"],
+            fixed_grid=fixed_grid,
+            moving_grid=moving_grid,
         )
+    unit = min(fixed_grid.spacing)
     return DenseModel(
         model,
-        shape,
+        prep["shape"],
         batch,
-        grid_spacing=grid_spacing,
+        grid_spacing=8.0 if grid_spacing is None else grid_spacing / unit,
         steps=steps,
-        init=_options.init_field(init, shape),
-        device=device,
+        init=_options.init_field(init, prep["shape"]),
+        device=prep["device"],
+        spacing=fixed_grid.spacing,
+        fixed_grid=fixed_grid,
+        moving_grid=moving_grid,
+        moving_shape=prep["moving_shape"] if prep["resampled"] else None,
     )
 
 
-def initial_shift_matrix(prep, model, metric, schedule):
+def initial_shift_matrix(prep, mdl, schedule):
     """A translation guess from phase correlation, kept only if it beats the identity.
 
     Gradient descent from the identity can lock onto a wrong local minimum when the shift
     is a sizeable part of the image; the phase-correlation peak finds large shifts
-    outright, also between images of different shapes (a crop and its whole). Computed on
-    the finest pyramid level at most 256 pixels a side (cheap), and checked against the
-    identity on the coarsest level with the run's own metric.
+    outright, also between images of different extents (a crop and its whole). Computed on
+    the finest pyramid level at most 256 pixels a side (cheap), with the moving level
+    resampled to the fixed level's pixel size over its own extent, and checked against the
+    identity on the coarsest level with the run's own metric. Returns a pixel matrix or None.
     """
     level = next(
         i
@@ -166,22 +222,46 @@ def initial_shift_matrix(prep, model, metric, schedule):
         if max(prep["fixed"][i].shape[2:]) <= 256 or i == 0
     )
     f, m = prep["fixed"][level], prep["moving"][level]
-    scale = torch.tensor(
-        [n / s for n, s in zip(prep["shape"], f.shape[2:])], dtype=f.dtype, device=f.device
-    )
-    shift = (-phase_correlation(f, m)[0] * scale).double().cpu()
-    d = len(prep["shape"])
-    guess = torch.eye(d + 1, dtype=torch.float64)
-    guess[:d, d] = shift
+    f_shape, m_shape = tuple(f.shape[2:]), tuple(m.shape[2:])
+    start = mdl.init[:1]  # (1, D+1, D+1) full-resolution pixels, the grids' identity
+    at_level = level_matrix(start, prep["moving_shape"], m_shape, prep["shape"], f_shape)[0]
+    d = len(f_shape)
+    # At the identity, fixed level pixel p sits on moving level pixel a·p + b (diagonal a
+    # for two grids without rotation); R(r) = m(a·r) puts the moving level on the fixed
+    # level's pixel size, where fixed(p) ≈ R(p + b/a).
+    a = torch.diagonal(at_level[:d, :d]).clamp_min(1e-12)
+    b = at_level[:d, d]
+    r_shape = tuple(max(1, round(n / float(k))) for n, k in zip(m_shape, a))
+    scale_r = torch.eye(d + 1, dtype=torch.float64, device=m.device)
+    scale_r[:d, :d] = torch.diag(a)
+    resampled, _ = _onto_grid(m, scale_r, r_shape)
+    s = phase_correlation(f, resampled)[0].double()
+    delta = -s - b / a  # fixed level pixels
+    scale = torch.tensor([n / k for n, k in zip(prep["shape"], f_shape)], dtype=torch.float64)
+    step = torch.eye(d + 1, dtype=torch.float64)
+    step[:d, d] = delta.cpu() * scale
+    guess = start[0].cpu() @ step
     coarse_f, coarse_m = prep["fixed"][0], prep["moving"][0]
-    loss_fn = level_loss(schedule, tuple(coarse_f.shape[2:]))
+    coarse_shape = tuple(coarse_f.shape[2:])
+    loss_fn = level_loss(
+        schedule,
+        coarse_shape,
+        level_anisotropy(prep["fixed_grid"].spacing, prep["shape"], coarse_shape),
+    )
     losses = []
     for mat in (None, guess):
-        mdl = LinearModel(
-            model, prep["shape"], prep["moving_shape"], 1, init=mat, device=prep["device"]
+        trial = LinearModel(
+            mdl.kind,
+            prep["shape"],
+            prep["moving_shape"],
+            1,
+            init=mat,
+            device=prep["device"],
+            fixed_grid=prep["fixed_grid"],
+            moving_grid=prep["moving_grid"],
         )
         with torch.no_grad():
-            warped, valid = mdl.warp(coarse_m, tuple(coarse_f.shape[2:]))
+            warped, valid = trial.warp(coarse_m, coarse_shape)
             w = valid if prep["weights"][0] is None else valid * prep["weights"][0]
             losses.append(float(loss_fn(coarse_f, warped, w)))
     return guess.numpy() if losses[1] < losses[0] else None
@@ -193,9 +273,9 @@ def warp_moving(model, moving_raw: torch.Tensor, shape) -> torch.Tensor:
         if isinstance(model, LinearModel):
             mat = model.matrix().to(moving_raw.dtype)
             return warp_affine(moving_raw, mat, output_shape=tuple(shape), padding="grid-constant")
-        d = model.displacement(tuple(shape))
+        d = model.moving_displacement(tuple(shape))
         src = moving_raw.expand(d.shape[0], *moving_raw.shape[1:])
-        return warp(src, d, padding="grid-constant")
+        return sample_displaced(src, d, padding="grid-constant")
 
 
 def register_iter(
@@ -205,12 +285,16 @@ def register_iter(
     model="affine",
     metric="lncc",
     mask=None,
+    fixed_spacing=None,
+    fixed_origin=None,
+    moving_spacing=None,
+    moving_origin=None,
     levels="auto",
     iterations=None,
     lr=None,
     tol=1e-4,
     window=None,
-    grid_spacing=8.0,
+    grid_spacing=None,
     regularization=None,
     steps=7,
     init=None,
@@ -228,31 +312,30 @@ def register_iter(
     """
     start = time.perf_counter()
     levels = _options.levels(levels)
-    grid_spacing = _options.positive(grid_spacing, "grid_spacing")
+    grid_spacing = _options.optional_positive(grid_spacing, "grid_spacing")
     steps = _options.steps(steps)
-    prep = prepare_pair(fixed, moving, model, metric, mask, levels, device)
+    grids = (fixed_spacing, fixed_origin, moving_spacing, moving_origin)
+    prep = prepare_pair(fixed, moving, model, metric, mask, levels, device, grids)
     iterations = level_iterations(iterations, model, prep["shape"], prep["levels"], full_resolution)
+    unit = min(prep["fixed_grid"].spacing)
     schedule = make_schedule(
-        model, lr, iterations, tol, regularization, report_every, metric, window, optimizer
+        model, lr, iterations, tol, regularization, report_every, metric, window, optimizer, unit
     )
-    mdl = make_model(
-        model, prep["shape"], prep["moving_shape"], 1, prep["device"], init, grid_spacing, steps
-    )
+    mdl = make_model(prep, model, 1, init, grid_spacing, steps)
     if init is None and model in LINEAR_MODELS:
-        guess = initial_shift_matrix(prep, model, metric, schedule)
+        guess = initial_shift_matrix(prep, mdl, schedule)
         if guess is not None:
-            mdl = make_model(
-                model,
-                prep["shape"],
-                prep["moving_shape"],
-                1,
-                prep["device"],
-                guess,
-                grid_spacing,
-                steps,
-            )
+            mdl = make_model(prep, model, 1, guess, grid_spacing, steps)
     history: list[float] = []
-    loop = optimize(mdl, prep["fixed"], prep["moving"], prep["weights"], schedule, history)
+    loop = optimize(
+        mdl,
+        prep["fixed"],
+        prep["moving"],
+        prep["weights"],
+        schedule,
+        history,
+        spacing=prep["fixed_grid"].spacing,
+    )
     # ``yield from`` passes each Progress out and each ``send`` (the stop signal) back in.
     stopped = (yield from loop)[0]
     warped = warp_moving(mdl, prep["moving_raw"][None, None], prep["shape"])
@@ -279,11 +362,8 @@ def _similarities(prep, model, mdl) -> tuple[float, float, float]:
     (fraction of the fixed image covered), at the finest level."""
     fixed, moving = prep["fixed"][-1], prep["moving"][-1]
     shape = tuple(fixed.shape[2:])
-    if model in LINEAR_MODELS:
-        start = LinearModel(model, prep["shape"], prep["moving_shape"], 1, device=fixed.device)
-    else:
-        start = DenseModel(model, prep["shape"], 1, device=fixed.device)
-        start.set_level(shape)
+    start = make_model(prep, model, 1, None, None, 0)
+    start.set_level(shape)
     with torch.no_grad():
         warped, valid = mdl.warp(moving, shape)
         initial_warped, initial_valid = start.warp(moving, shape)
@@ -303,12 +383,16 @@ def register(
     model="affine",
     metric="lncc",
     mask=None,
+    fixed_spacing=None,
+    fixed_origin=None,
+    moving_spacing=None,
+    moving_origin=None,
     levels="auto",
     iterations=None,
     lr=None,
     tol=1e-4,
     window=None,
-    grid_spacing=8.0,
+    grid_spacing=None,
     regularization=None,
     steps=7,
     init=None,
@@ -324,25 +408,40 @@ def register(
     ----------
     fixed, moving : array-like or torch.Tensor, shape ``(H, W)`` or ``(D, H, W)``
         Any numeric dtype and range (each is rescaled to its 0.5–99.5 percentiles).
-        Linear models accept different shapes; dense models need equal shapes.
+        They may differ in shape, pixel size and origin.
     model : {"translation", "rigid", "similarity", "affine", "deformable", "diffeomorphic"}
     metric : {"lncc", "ncc", "ssim", "mse"}
     mask : array, shape of ``fixed``, optional
         Non-zero where the fixed image should be matched.
+    fixed_spacing, moving_spacing : float or sequence of float, optional
+        Pixel size per axis, array order (napari's layer ``scale``); default 1. The
+        transform is found in physical space: rigid and similarity stay rigid for the
+        sample however anisotropic the voxels, and two images of different pixel sizes
+        are compared where they are in space.
+    fixed_origin, moving_origin : float or sequence of float, optional
+        Physical position of pixel 0 per axis (napari's layer ``translate``); default 0.
     levels : "auto" or int
-        Pyramid levels (auto: halve until the smallest side would drop below 32 px, 16 in 3-D).
+        Pyramid levels (auto: halve until the smallest shrunk side would drop below 32 px,
+        16 in 3-D). An anisotropic volume's finest axes are halved first, until its
+        voxels are near-isotropic (as ANTs and elastix do).
     iterations : int or list of int, optional
         Most iterations per level (default 100 for linear, 60 for dense models).
     lr : float, optional
         Initial step in pixels of each level (default 0.5); halved on plateaus.
     tol : float
         Relative loss improvement under which an iteration counts as no progress.
-    window : int, optional
-        Window of "lncc" (default 9) or "ssim" (default 11).
-    grid_spacing : float
-        Dense models: control-grid spacing in level pixels (larger is smoother).
+    window : float, optional
+        Window of "lncc" (default 9 pixels) or "ssim" (default 11), in physical units (the
+        units of the spacings; pixels by default) at full resolution; each pyramid level
+        keeps it in level pixels along its finest axes, and each axis rounds it to the
+        nearest odd number of pixels.
+    grid_spacing : float, optional
+        Dense models: control-grid spacing in physical units at full resolution (default
+        8 of the fixed image's finest pixels; larger is smoother), refined with the levels
+        as the window is.
     regularization : float, optional
-        Dense models: weight of the diffusion regularizer (default 0.05).
+        Dense models: weight of the diffusion regularizer (default 0.05), the mean squared
+        physical derivative of the displacement, so that every axis is smoothed alike.
     steps : int
         Diffeomorphic: scaling-and-squaring steps.
     init : Transform or array, optional
@@ -361,7 +460,9 @@ def register(
     Returns
     -------
     RegistrationResult
-        ``.transform``, ``.warped`` (NumPy, fixed's shape), ``.loss_history``.
+        ``.transform`` (carrying both grids: ``.matrix`` in pixels, fixed → moving;
+        ``.physical_matrix`` in physical units), ``.warped`` (NumPy, fixed's shape: the
+        moving image resampled onto the fixed grid), ``.loss_history``.
     """
     run = register_iter(
         fixed,
@@ -369,6 +470,10 @@ def register(
         model=model,
         metric=metric,
         mask=mask,
+        fixed_spacing=fixed_spacing,
+        fixed_origin=fixed_origin,
+        moving_spacing=moving_spacing,
+        moving_origin=moving_origin,
         levels=levels,
         iterations=iterations,
         lr=lr,

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ..ops import affine_to_displacement, integrate_velocity, warp, warp_affine
+from ..ops._sampling import sample_displaced
 from .grid import Grid, unit_grid
 
 FORMAT_VERSION = 1
@@ -294,6 +295,9 @@ class _FieldTransform(Transform):
     :attr:`field_name` (``displacement`` or ``velocity``)."""
 
     field_name = "field"
+    #: the moving image's spatial shape when it differs from the field's (a pair on two
+    #: grids): the field then holds positions in that image's pixels and is not resized
+    moving_shape: tuple | None = None
 
     def __init__(self, field):
         f = np.array(field, dtype=np.float32)
@@ -320,19 +324,49 @@ class _FieldTransform(Transform):
 
 
 class DisplacementTransform(_FieldTransform):
-    """A dense displacement field ``d`` (``(D, *S)``, pixels) with fixed(x) ≈ moving(x + d(x))."""
+    """A dense displacement field ``d`` (``(D, *S)``, pixels) with fixed(x) ≈ moving(x + d(x)).
+
+    Without ``moving_shape`` the field is a map of the field of view: ``apply`` and
+    ``to_displacement`` resize it to any array's shape. With ``moving_shape`` (a pair on
+    two grids: a moving image of another shape or pixel size), ``x + d(x)`` are positions
+    in pixels of a moving image of that shape: ``apply`` takes such an image and returns
+    the field's shape ``S``.
+    """
 
     kind = "displacement"
     field_name = "displacement"
 
+    def __init__(self, displacement, moving_shape=None):
+        super().__init__(displacement)
+        if moving_shape is not None:
+            shape = tuple(int(n) for n in moving_shape)
+            if len(shape) != self.ndim or any(n < 1 for n in shape):
+                raise ValueError(
+                    f"moving_shape must be {self.ndim} positive ints, got {moving_shape!r}"
+                )
+            self.moving_shape = shape
+
     def to_displacement(self, shape=None) -> np.ndarray:
-        return _resize_field(self.displacement, self.shape if shape is None else shape)
+        shape = self.shape if shape is None else tuple(int(n) for n in shape)
+        if self.moving_shape is not None and shape != self.shape:
+            raise ValueError(
+                f"this field maps the fixed grid {self.shape} into a moving image of shape "
+                f"{self.moving_shape}; it has no displacement on a grid of shape {shape}"
+            )
+        return _resize_field(self.displacement, shape)
 
     def _output_shape(self, spatial, output_shape) -> tuple:
+        if self.moving_shape is not None:
+            if tuple(spatial) != self.moving_shape:
+                raise ValueError(
+                    f"array must have the moving image's spatial shape {self.moving_shape} "
+                    f"(this field maps the fixed grid into it), got {tuple(spatial)}"
+                )
+            spatial = self.shape
         shape = super()._output_shape(spatial, output_shape)
         if shape != tuple(spatial):
             raise ValueError(
-                f"output_shape {shape} must equal the array's spatial shape "
+                f"output_shape {shape} must equal the spatial shape "
                 f"{tuple(spatial)} for a dense field"
             )
         return shape
@@ -344,7 +378,12 @@ class DisplacementTransform(_FieldTransform):
 
     def _warp_linear(self, t: torch.Tensor, out_shape) -> torch.Tensor:
         d = torch.as_tensor(self.to_displacement(out_shape)).unsqueeze(0).to(t.dtype)
+        if self.moving_shape is not None:  # an image of another shape: sample it directly
+            return sample_displaced(t, d, padding="grid-constant")
         return warp(t, d, padding="grid-constant")
+
+    def _meta(self) -> dict:
+        return {} if self.moving_shape is None else {"moving_shape": list(self.moving_shape)}
 
 
 class VelocityTransform(_FieldTransform):
@@ -427,7 +466,9 @@ def load_transform(path) -> Transform:
         if kind in LINEAR_KINDS:
             transform = AffineTransform(arrays["matrix"], kind)
         elif kind == "displacement":
-            transform = DisplacementTransform(arrays["displacement"])
+            transform = DisplacementTransform(
+                arrays["displacement"], moving_shape=header.get("moving_shape")
+            )
         else:
             transform = VelocityTransform(arrays["velocity"], header.get("steps", 7))
         grids = [

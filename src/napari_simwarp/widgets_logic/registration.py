@@ -83,12 +83,25 @@ class Snapshot:
 
 
 class RegistrationRun:
-    """One registration, driven by :meth:`snapshots`; ``result`` once it has finished."""
+    """One registration, driven by :meth:`snapshots`; ``result`` once it has finished.
 
-    def __init__(self, fixed, moving, settings: RunSettings | None = None):
+    ``fixed_grid`` and ``moving_grid`` (:class:`~napari_simwarp.registration.grid.Grid`,
+    from the layers' scale and translate; None: unit) place the two images in space
+    (pairs only); the displayed displacement is then physical, in fixed pixels.
+    """
+
+    def __init__(
+        self,
+        fixed,
+        moving,
+        settings: RunSettings | None = None,
+        fixed_grid=None,
+        moving_grid=None,
+    ):
         from ..registration import METRICS, MODELS
 
         self.settings = s = settings or RunSettings()
+        self.fixed_grid, self.moving_grid = fixed_grid, moving_grid
         if s.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {s.mode!r}")
         if s.model not in MODELS:
@@ -132,7 +145,8 @@ class RegistrationRun:
         if lv in ("auto", None, 0):
             from ..registration.pyramid import auto_levels
 
-            return auto_levels(self.shape)
+            spacing = self.fixed_grid.spacing if self.fixed_grid is not None else None
+            return auto_levels(self.shape, spacing=spacing)
         return int(lv)
 
     def _iterations(self) -> int:
@@ -174,6 +188,10 @@ class RegistrationRun:
         )
         if s.iterations is not None:
             kw["iterations"] = int(s.iterations)
+        if s.mode == "pair":
+            for role, grid in (("fixed", self.fixed_grid), ("moving", self.moving_grid)):
+                if grid is not None:
+                    kw[f"{role}_spacing"], kw[f"{role}_origin"] = grid.spacing, grid.origin
         return kw
 
     # -- snapshots -------------------------------------------------------------------------
@@ -255,8 +273,9 @@ class RegistrationRun:
             )
         )
         disp = transform.to_displacement(shape)
-        snap.displacement = field_to_vectors(disp, self.spacing)
-        if self.settings.show_gradient and self.moving.shape == shape:
+        snap.displacement = field_to_vectors(physical_displacement(transform, disp), self.spacing)
+        same_grid = self.moving.shape == shape and self.fixed_grid == self.moving_grid
+        if self.settings.show_gradient and same_grid:
             snap.gradient = self._gradient_vectors(disp)
 
     def _gradient_vectors(self, disp: np.ndarray) -> np.ndarray:
@@ -305,3 +324,24 @@ class RegistrationRun:
         if self.result is None:
             return []
         return list(getattr(self.result, "transforms", None) or [self.result.transform])
+
+
+def physical_displacement(transform, displacement: np.ndarray) -> np.ndarray:
+    """A transform's displacement ``(D, *S)`` (fixed pixels → moving pixels) as the
+    physical motion of each fixed pixel, counted in fixed pixels per axis:
+    ``(G_m(x + d(x)) − G_f(x)) / spacing_f``. Equal to ``displacement`` when both images
+    share one grid."""
+    fixed_grid, moving_grid = transform.grids()
+    if fixed_grid == moving_grid:
+        return displacement
+    d = displacement.shape[0]
+    view = (-1,) + (1,) * d
+    axes = np.meshgrid(
+        *[np.arange(n, dtype=np.float64) for n in displacement.shape[1:]], indexing="ij"
+    )
+    x = np.stack(axes)
+    moved = (x + displacement) * np.reshape(moving_grid.spacing, view) + np.reshape(
+        moving_grid.origin, view
+    )
+    here = x * np.reshape(fixed_grid.spacing, view) + np.reshape(fixed_grid.origin, view)
+    return ((moved - here) / np.reshape(fixed_grid.spacing, view)).astype(np.float32)
