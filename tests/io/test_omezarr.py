@@ -30,7 +30,7 @@ def test_pyramid_metadata_and_values(tmp_path, rng):
     # level 1 is the 2x2 box mean of level 0 (rounded to the dtype)
     box = x.reshape(2, 150, 2, 260, 2).astype(float).mean(axis=(2, 4))
     assert np.array_equal(images[1].data.compute(), np.rint(box).astype(np.uint16))
-    data, axes, pixel_size = read_ome_zarr(store)
+    _, axes, pixel_size = read_ome_zarr(store)
     assert axes == "tyx" and pixel_size == [0.5, 0.25]
 
 

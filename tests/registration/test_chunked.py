@@ -86,6 +86,6 @@ def test_chunks_are_checked():
     t = AffineTransform(np.eye(3))
     with pytest.raises(ValueError, match="chunks must be"):
         t.apply(da.zeros((8, 8)), chunks=(0, 4))
+    x = da.arange(64.0, chunks=8).reshape(8, 8)
     with pytest.raises(ValueError, match="unknown chunk sizes"):
-        x = da.arange(64.0, chunks=8).reshape(8, 8)
         t.apply(x[x[:, 0] > 3])

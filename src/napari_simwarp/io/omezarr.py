@@ -155,7 +155,8 @@ def check_store(path, *, key: str, what: str = "-o", inputs=None, overwrite=Fals
     for name, source in (inputs or {}).items():
         if source is not None and _same_path(path, pathlib.Path(source)):
             raise ImageFileError(
-                f"{where} is an input ({name}); inputs are never written over: choose another output"
+                f"{where} is an input ({name}); inputs are never written over: "
+                "choose another output"
             )
     _writable(path if path.is_dir() else path.parent, where)
     if not path.exists():

@@ -57,9 +57,8 @@ class FrameSource:
             )
         if 0 in self.shape:
             raise ValueError(f"{name} must not be empty, got shape {self.shape}")
-        # dtype checks (numbers, real) on one frame: what every batch will go through
-        first = self.raw(slice(0, 1))
-        self.dtype = first.dtype  # float64 stays float64, everything else float32
+        if not self.lazy:  # lazy stacks had their dtype checked without reading
+            self.raw(slice(0, 1))  # dtype checks (numbers, real) on one frame, in memory
 
     @property
     def total(self) -> int:

@@ -281,7 +281,7 @@ def _budgets(memory_budget, device) -> tuple[_budget.Budget, _budget.Budget]:
 #: measured with the peak RSS of ``benchmarks/bench_large.py`` and rounded up
 TRANSLATION_MAPS_PER_PIXEL = 24
 #: the work of an automatic batch on the CPU may reach this, or a quarter of the stack
-CPU_BATCH_BYTES = 256 * 2**20
+CPU_BATCH_BYTES = 64 * 2**20
 #: frames per batch at most when the batch size is automatic
 AUTO_BATCH_MAX = 64
 
