@@ -11,6 +11,10 @@ napari-simwarp info                which backend runs each op, and why
 napari-simwarp register FIXED MOVING -o OUT
                                    register two image files (TIFF, PNG, NPY), write the
                                    warped image and the transform
+napari-simwarp register-stack STACK -o OUT.zarr
+                                   drift-correct a stack (TIFF, Zarr, OME-Zarr; larger
+                                   than memory too) into an OME-Zarr store, with the
+                                   per-frame transforms beside it
 """
 
 from __future__ import annotations
@@ -141,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .registration import cli as register_cli  # argparse only: imports no torch
 
     register_cli.add_parser(subparsers)
+    register_cli.add_stack_parser(subparsers)
     return parser
 
 

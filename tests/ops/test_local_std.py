@@ -203,10 +203,13 @@ class TestLocalStd:
     def test_gradient_3d_vs_reference(self, device, rng):
         x = _as_tensor(images.microscopy(rng, (12, 14, 10)), device, torch.float64)
         x.requires_grad_()
-        upstream = torch.randn(x.shape, dtype=torch.float64, device=device)
+        upstream = torch.from_numpy(rng.standard_normal(x.shape)).to(device)
         (ref,) = torch.autograd.grad(_reference_std_torch(x, (3, 5, 3)), x, upstream)
         (grad,) = torch.autograd.grad(local_std(x, window=(3, 5, 3)), x, upstream)
-        torch.testing.assert_close(grad, ref, rtol=1e-9, atol=1e-12)
+        # Box sums and the direct reference round differently; 1/std amplifies
+        # that in flat windows, so the bound is relative to the largest gradient.
+        atol = 1e-9 * float(ref.abs().max())
+        torch.testing.assert_close(grad, ref, rtol=1e-9, atol=atol)
 
     def test_exception(self, device):
         x = torch.rand(1, 1, 10, 10, device=device)

@@ -16,21 +16,18 @@ from napari_simwarp.registration import stack as stack_module
 
 def test_a_stack_that_cannot_fit_is_refused_with_the_figures_before_any_work(monkeypatch):
     stack = np.random.default_rng(0).random((6, 64, 64)).astype(np.float32)
-    frame = 64 * 64 * 4
-    monkeypatch.setattr(stack_module, "available_memory", lambda device: 3 * 6 * frame)
     started = []
     monkeypatch.setattr(
         stack_module, "_translation_route", lambda *a, **k: started.append(1) or iter(())
     )
-    with pytest.raises(MemoryError, match=r"aligning 6 frames .* GiB .* free") as info:
-        register_stack(stack, batch_size=2)
+    with pytest.raises(MemoryError, match=r"aligning 6 frames .* needs about .* budget is") as info:
+        register_stack(stack, batch_size=2, memory_budget=6 * 64 * 64 * 4)
     assert "batch_size" in str(info.value) and not started
 
 
-def test_a_stack_that_fits_runs(monkeypatch):
+def test_a_stack_that_fits_runs():
     stack = np.random.default_rng(0).random((4, 32, 32)).astype(np.float32)
-    monkeypatch.setattr(stack_module, "available_memory", lambda device: 10 * 2**30)
-    assert register_stack(stack).warped.shape == stack.shape
+    assert register_stack(stack, memory_budget="1GiB").warped.shape == stack.shape
 
 
 class _Progress:

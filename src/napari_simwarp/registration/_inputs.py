@@ -9,6 +9,8 @@ import numpy as np
 import torch
 
 from .._devices import available_memory
+from ..io import budget as _budget
+from ..io import lazy
 
 
 def to_tensor(x, name: str, *, ndim=(2, 3), leading: int = 0) -> torch.Tensor:
@@ -17,8 +19,11 @@ def to_tensor(x, name: str, *, ndim=(2, 3), leading: int = 0) -> torch.Tensor:
     float64 stays float64 (values beyond float32's range are kept), everything else
     becomes float32. ``leading`` extra axes (a time axis for stacks) come before the 2 or
     3 spatial ones. Raises a clear error for empty, non-numeric, wrongly-shaped, NaN or
-    Inf input.
+    Inf input. A dask or zarr ``x`` is read whole only after its float size was checked
+    against the memory budget; multiscale data is refused (pick a level).
     """
+    if lazy.is_lazy(x) or lazy.is_multiscale(x):
+        x = _materialize(x, name)
     if isinstance(x, torch.Tensor):
         t = x.detach()
     else:
@@ -51,6 +56,20 @@ def to_tensor(x, name: str, *, ndim=(2, 3), leading: int = 0) -> torch.Tensor:
             f"numpy.nan_to_num) or mask them out"
         )
     return t
+
+
+def _materialize(x, name: str) -> np.ndarray:
+    """A dask or zarr array read into memory, after checks of its dtype, chunking and
+    size against the memory budget (before anything is read)."""
+    lazy.check_array(x, name)
+    need = int(np.prod(x.shape)) * (8 if np.dtype(x.dtype) == np.float64 else 4)
+    _budget.refuse(
+        need,
+        _budget.memory_budget(),
+        what=f"{name} {tuple(x.shape)} as floats",
+        advice="crop or downsample it (a pair is registered in memory)",
+    )
+    return lazy.read(x)
 
 
 def robust_range(t: torch.Tensor, name: str, low: float = 0.5, high: float = 99.5):

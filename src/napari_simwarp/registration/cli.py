@@ -236,3 +236,249 @@ def run(args) -> int:
         print(f"wrote {out}")
         print(f"wrote {transform_out}")
     return 0
+
+
+# -- napari-simwarp register-stack ----------------------------------------------------------
+
+
+def stack_transforms_path(out) -> pathlib.Path:
+    """Where the per-frame transforms of output store ``out`` go: ``OUT.transforms/``."""
+    out = pathlib.Path(out)
+    return out.with_name(out.name + ".transforms")
+
+
+def add_stack_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``register-stack`` subcommand to an argparse ``subparsers`` object."""
+    from ._names import METRICS, MODELS
+
+    p = subparsers.add_parser(
+        "register-stack",
+        help="drift-correct a stack (TIFF, Zarr, OME-Zarr) into an OME-Zarr store",
+        description="Align every frame of a (T, Y, X) or (T, Z, Y, X) stack to a reference "
+        "and write the aligned stack to OUT (an OME-Zarr store: multiscale, chunked, "
+        "compressed, with the input's pixel sizes) and the per-frame transforms beside it, "
+        "in OUT.transforms/. The stack is read and written frame by frame: it may be "
+        "larger than memory. An interrupted run rerun with the same arguments resumes the "
+        "write. Inputs are never written over; existing outputs are replaced only with "
+        "--overwrite.",
+    )
+    p.add_argument("input", help="stack: .tif/.tiff, a Zarr array or an OME-Zarr image (.zarr)")
+    p.add_argument("-o", "--out", required=True, help="output OME-Zarr store (a folder, .zarr)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT and its transforms")
+    p.add_argument("--reference", default="first", help="first, previous, mean or a frame index")
+    p.add_argument("--model", default="translation", choices=MODELS)
+    p.add_argument("--metric", default="lncc", choices=METRICS)
+    p.add_argument("--batch-size", default="auto", help="frames per batch (default: auto)")
+    p.add_argument("--memory-budget", default=None, help="e.g. 2GiB (default: half the free RAM)")
+    p.add_argument(
+        "--dtype",
+        default="same",
+        choices=("same", *OUTPUT_DTYPES),
+        help="dtype of OUT (default: the input's; integers are rounded and clipped)",
+    )
+    p.add_argument("--scheduler", default=None, help="dask.distributed scheduler address")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.set_defaults(func=run_stack)
+    return p
+
+
+def _reference_option(text: str):
+    if text in ("first", "previous", "mean"):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(
+            f"--reference must be first, previous, mean or a frame index, got {text!r}"
+        ) from None
+
+
+def open_stack(path):
+    """``(data, axes, pixel_size)``: a stack file opened lazily (nothing read yet).
+
+    TIFF (through tifffile's Zarr view), a Zarr array, or an OME-Zarr image (level 0).
+    Raises an ImageFileError naming the input for anything else.
+    """
+    from ..io import ImageFileError
+    from ..io.omezarr import read_ome_zarr
+
+    path = pathlib.Path(path)
+    where = f"input: {str(path)!r}"
+    if not path.exists():
+        raise ImageFileError(f"{where} does not exist")
+    try:
+        import zarr
+
+        if path.suffix.lower() in (".tif", ".tiff"):
+            import tifffile
+
+            data = zarr.open(tifffile.imread(path, aszarr=True), mode="r")
+            if not hasattr(data, "shape"):  # a multiscale TIFF: its full resolution
+                data = data["0"]
+            pixel_size = None
+        elif path.is_dir() and any(
+            (path / n).exists() for n in (".zgroup", "zarr.json", ".zarray")
+        ):
+            node = zarr.open(str(path), mode="r")
+            if hasattr(node, "shape"):
+                data, pixel_size = node, None
+            else:
+                data, axes, pixel_size = read_ome_zarr(path)
+                return data, axes, pixel_size
+        else:
+            raise ImageFileError(f"{where} is not a TIFF file, a Zarr array or an OME-Zarr image")
+    except ImageFileError:
+        raise
+    except Exception as exc:
+        reason = " ".join(str(exc).split())[:160]
+        raise ImageFileError(
+            f"{where} could not be opened ({type(exc).__name__}: {reason})"
+        ) from exc
+    if len(data.shape) not in (3, 4):
+        raise ImageFileError(
+            f"{where} has shape {tuple(data.shape)}; expected a (T, Y, X) or (T, Z, Y, X) stack"
+        )
+    return data, "tyx" if len(data.shape) == 3 else "tzyx", pixel_size
+
+
+def _stack_progress(stream=sys.stderr, every: float = 5.0):
+    """``(on_frames(StackProgress), on_blocks(done, total))``: a progress bar of the
+    registration (frames reached) and of the write (blocks stored)."""
+    terminal = stream.isatty()
+    last = [0.0]
+
+    def show(text, force=False):
+        if terminal:
+            stream.write(f"\r  {text}   ")
+            stream.flush()
+        elif force or time.monotonic() - last[0] >= every:
+            last[0] = time.monotonic()
+            stream.write(f"  {text}\n")
+            stream.flush()
+
+    def bar(done, total, width=30):
+        filled = int(width * done / max(total, 1))
+        return "[" + "#" * filled + "." * (width - filled) + f"] {done}/{total}"
+
+    def on_frames(progress, total=[0]):  # noqa: B006 (the highest frame reached so far)
+        total[0] = max(total[0], progress.frames.stop)
+        show(f"aligning frames {progress.frames.start}:{progress.frames.stop}")
+        return False
+
+    def on_blocks(done, total):
+        show(f"writing {bar(done, total)}", force=done == total)
+
+    return on_frames, on_blocks
+
+
+def run_stack(args) -> int:
+    """Run ``register-stack`` from parsed ``args``; returns the exit status.
+
+    Every check (input readable, output store writable and not an input, options) is
+    made before the registration starts.
+    """
+    import json
+
+    from ..io import budget as _budget
+    from ..io import check_target
+    from ..io.omezarr import check_store, write_key, write_ome_zarr
+    from .stack import lazy_warped, register_stack
+    from .transforms import load_transform
+
+    data, axes, pixel_size = open_stack(args.input)
+    reference = _reference_option(args.reference)
+    batch = args.batch_size if args.batch_size == "auto" else int(args.batch_size)
+    if args.memory_budget is not None:
+        _budget.parse_bytes(args.memory_budget, "--memory-budget")
+    dtype = np.dtype(data.dtype) if args.dtype == "same" else np.dtype(args.dtype)
+    out = pathlib.Path(args.out)
+    inputs = {"input": args.input}
+    shape = tuple(data.shape)
+    block = (1, *shape[1:])
+    options = dict(
+        reference=reference,
+        model=args.model,
+        metric=args.metric,
+        input=str(pathlib.Path(args.input).resolve()),
+    )
+    key = write_key(
+        shape,
+        dtype,
+        axes,
+        block,
+        "auto",
+        pixel_size or [1.0] * (len(shape) - 1),
+        None,
+        "image",
+        False,
+        json.dumps(options),
+    )
+    state = check_store(out, key=key, inputs=inputs, overwrite=args.overwrite)
+    folder = stack_transforms_path(out)
+    complete = folder / "complete"
+    resume = state == "resume" and complete.exists()
+    if not resume:
+        check_target(folder, what="the transforms folder", inputs=inputs, overwrite=True)
+        if folder.exists() and not (args.overwrite or state == "resume"):
+            from ..io import ImageFileError
+
+            raise ImageFileError(
+                f"the transforms folder: {str(folder)!r} exists; pass --overwrite to replace it"
+            )
+    client = None
+    if args.scheduler:
+        from distributed import Client
+
+        client = Client(args.scheduler)
+    on_frames, on_blocks = _stack_progress()
+    try:
+        if resume:
+            files = sorted(folder.glob("frame_*.transform.npz"))
+            transforms = [load_transform(f) for f in files]
+            from .._devices import resolve_device
+
+            warped = lazy_warped(data, transforms, resolve_device(args.device))
+            if not args.quiet:
+                print(f"resuming the write of {out} ({len(transforms)} transforms read)")
+        else:
+            result = register_stack(
+                data,
+                reference=reference,
+                model=args.model,
+                metric=args.metric,
+                batch_size=batch,
+                device=args.device,
+                memory_budget=args.memory_budget,
+                callback=None if args.quiet else on_frames,
+            )
+            transforms, warped = result.transforms, result.warped
+            if folder.exists():
+                import shutil
+
+                shutil.rmtree(folder)
+            folder.mkdir(parents=True)
+            for t, transform in enumerate(transforms):
+                transform.save(folder / f"frame_{t:05d}.transform.npz")
+            complete.write_text(f"{len(transforms)}\n")
+        write_ome_zarr(
+            out,
+            warped,
+            axes=axes,
+            pixel_size=pixel_size,
+            chunks=block,
+            dtype=dtype,
+            overwrite=args.overwrite and not resume,
+            inputs=inputs,
+            key_extra=json.dumps(options),
+            progress=None if args.quiet else on_blocks,
+            memory_budget=args.memory_budget,
+        )
+    finally:
+        if client is not None:
+            client.close()
+    if not args.quiet:
+        sys.stderr.write("\n")
+        print(f"wrote {out}")
+        print(f"wrote {folder}/ ({len(transforms)} transforms)")
+    return 0

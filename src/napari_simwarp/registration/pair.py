@@ -271,8 +271,10 @@ def warp_moving(model, moving_raw: torch.Tensor, shape) -> torch.Tensor:
     """The original (un-normalized) moving images ``(N, 1, *S)`` on the fixed grid."""
     with torch.no_grad():
         if isinstance(model, LinearModel):
-            mat = model.matrix().to(moving_raw.dtype)
-            return warp_affine(moving_raw, mat, output_shape=tuple(shape), padding="grid-constant")
+            # float64 matrix: the sampling grid is built in float64 (warp_affine promotes)
+            return warp_affine(
+                moving_raw, model.matrix(), output_shape=tuple(shape), padding="grid-constant"
+            )
         d = model.moving_displacement(tuple(shape))
         src = moving_raw.expand(d.shape[0], *moving_raw.shape[1:])
         return sample_displaced(src, d, padding="grid-constant")

@@ -10,6 +10,14 @@ frame, average the aligned frames, align again to that average) and ``"previous"
 frame to the one before, transforms chained, which follows slow changes of appearance at
 the price of accumulating error).
 
+The stack is never held whole as float32: frames are read batch by batch (NumPy and torch
+stacks sliced in place, dask and zarr stacks read region by region, see :mod:`._frames`),
+and only what the reference needs is kept (one frame, or a running mean). Batches are sized
+from the memory budget (:mod:`napari_simwarp.io.budget`), and a stack whose smallest batch
+cannot fit is refused before anything is read. For NumPy or torch input the aligned stack
+is one NumPy array; for dask or zarr input it is a lazy dask array whose frames are warped
+when computed.
+
 :func:`register_stack_iter` is the run as a generator (progress out, a stop signal in,
 the result returned); :func:`register_stack` drives it with an optional callback.
 """
@@ -22,11 +30,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .._devices import available_memory, resolve_device
+from .._devices import resolve_device
+from ..io import budget as _budget
+from ..io.tasks import device_slot
 from ..ops import compose, warp, warp_affine
 from ..ops._validation import check_choice
 from . import _inputs, _options
 from ._driver import drive, relay
+from ._frames import FrameSource
 from ._names import LINEAR_MODELS, METRICS, MODELS
 from .drift import clip_unit, phase_correlation, refine_translation_iter, select_shifts
 from .models import DenseModel, LinearModel
@@ -43,7 +54,9 @@ class StackRegistrationResult(RunResult):
     """What :func:`register_stack` returns.
 
     transforms : one transform per frame, mapping reference coordinates to the frame's
-    warped : the aligned stack, NumPy ``(T, *S)`` (float64 for float64 input, else float32)
+    warped : the aligned stack ``(T, *S)`` (float64 for float64 input, else float32):
+        NumPy for NumPy or torch input; for dask or zarr input a lazy ``dask.array.Array``
+        (one frame per chunk) whose frames are warped only when computed
     reference : the reference asked for
     frame_similarity : ``(T,)`` ZNCC of each aligned frame with the aligned reference over
         the pixels they share
@@ -51,7 +64,7 @@ class StackRegistrationResult(RunResult):
     """
 
     transforms: list
-    warped: np.ndarray
+    warped: object
     reference: object = "first"
     frame_similarity: np.ndarray | None = None
 
@@ -96,28 +109,36 @@ def register_stack(
     callback=None,
     report_every=5,
     full_resolution=None,
+    memory_budget=None,
 ) -> StackRegistrationResult:
     """Align every frame of ``stack`` to a reference (drift correction of a time-lapse).
 
     Parameters
     ----------
-    stack : array-like or torch.Tensor, shape ``(T, H, W)`` or ``(T, D, H, W)``
-        Any numeric dtype and range; not modified.
+    stack : array-like, torch.Tensor, dask or zarr array, shape ``(T, H, W)`` or
+        ``(T, D, H, W)``
+        Any numeric dtype and range; not modified. Dask and zarr stacks are read batch by
+        batch (never whole); multiscale data must be given as one level.
     reference : "first", "previous", "mean" or int
     model : {"translation", "rigid", "similarity", "affine", "deformable", "diffeomorphic"}
         "translation" uses phase correlation and Gauss–Newton (``metric`` is then not used:
         the refinement is least squares on locally normalized intensities).
     batch_size : "auto" or int
-        Frames per batch on the device (auto: as many as half the free memory holds).
+        Frames per batch on the device (auto: sized from the memory budget).
     callback : callable(StackProgress) -> bool, optional
         Called with each :class:`StackProgress`; returning True stops the run within one
         iteration (frames not reached keep the identity).
+    memory_budget : int or str, optional
+        Bytes the run may hold at once ("2GiB"); default ``SIMWARP_MEMORY_BUDGET``, else
+        half the free memory (:mod:`napari_simwarp.io.budget`). A run that cannot fit in
+        it is refused before any frame is read.
     Other options as in :func:`~.register.register`.
 
     Returns
     -------
     StackRegistrationResult
-        ``.transforms`` (one per frame), ``.warped`` ``(T, *S)`` float32, ``.shifts``.
+        ``.transforms`` (one per frame), ``.warped`` ``(T, *S)`` float32 (lazy for dask or
+        zarr input), ``.shifts``.
     """
     run = register_stack_iter(
         stack,
@@ -136,6 +157,7 @@ def register_stack(
         device=device,
         report_every=report_every,
         full_resolution=full_resolution,
+        memory_budget=memory_budget,
     )
     return drive(run, callback)
 
@@ -158,6 +180,7 @@ def register_stack_iter(
     device="auto",
     report_every=5,
     full_resolution=None,
+    memory_budget=None,
 ):
     """Generator form of :func:`register_stack`: yields :class:`StackProgress` snapshots.
 
@@ -170,28 +193,26 @@ def register_stack_iter(
     levels = _options.levels(levels)
     grid_spacing = _options.positive(grid_spacing, "grid_spacing")
     steps = _options.steps(steps)
-    raw = _inputs.to_tensor(stack, "stack", leading=1)
-    ref_index = _reference_index(reference, raw.shape[0])
     dev = resolve_device(device)
-    shape = tuple(raw.shape[1:])
-    batch = _batch_size(batch_size, shape, metric, model not in LINEAR_MODELS, dev, raw.shape[0])
-    _check_stack_memory(raw, batch, metric, model not in LINEAR_MODELS, dev)
-    raw_dev = raw.to(dev)
-    frames = _inputs.normalize(raw_dev, "stack")[:, None]  # one range for the whole stack
-    _check_frames_vary(frames)
-    # The shift estimates (phase correlation, Gauss–Newton) see the frames clipped to the
-    # robust range, so that hot or saturated pixels cannot dominate them.
-    clipped = clip_unit(frames)
+    src = FrameSource(stack, dev)
+    ref_index = _reference_index(reference, src.total)
+    dense = model not in LINEAR_MODELS
+    budgets = _budgets(memory_budget, dev)
+    batch = _batch_size(
+        batch_size, src, metric if dense or model != "translation" else None, dense, budgets
+    )
+    _check_stack_memory(src, batch, metric, dense, model, budgets)
+    value_range = src.value_range()  # one range for the whole stack
     history: list[float] = []
     state = {"stopped": False}
     if model == "translation":
         transforms = yield from _translation_route(
-            clipped, reference, ref_index, batch, iterations, history, state
+            src, value_range, reference, ref_index, batch, iterations, history, state
         )
     else:
         transforms = yield from _optimizer_route(
-            frames,
-            clipped,
+            src,
+            value_range,
             reference,
             ref_index,
             batch,
@@ -210,15 +231,8 @@ def register_stack_iter(
             report_every=report_every,
             full_resolution=full_resolution,
         )
-    warped, coverage = _warp_stack(raw_dev, transforms, batch)
-    final, initial, overlap = _frame_similarities(
-        raw_dev,
-        warped,
-        coverage,
-        reference,
-        ref_index,
-        batch,
-        _inputs.robust_range(raw_dev, "stack"),
+    warped, (final, initial, overlap) = _finish(
+        src, value_range, transforms, reference, ref_index, batch
     )
     found = _assess_frames(final, initial, overlap, dense=model not in LINEAR_MODELS)
     return StackRegistrationResult(
@@ -238,7 +252,7 @@ def register_stack_iter(
     )
 
 
-# -- arguments ----------------------------------------------------------------------------
+# -- arguments and memory -----------------------------------------------------------------
 
 
 def _reference_index(reference, total: int) -> int:
@@ -256,8 +270,44 @@ def _reference_index(reference, total: int) -> int:
     return 0
 
 
-def _batch_size(batch_size, shape, metric, dense, device, total) -> int:
-    """Frames per batch: as asked, or (auto) as many as half the free memory holds."""
+def _budgets(memory_budget, device) -> tuple[_budget.Budget, _budget.Budget]:
+    """``(RAM, device)`` budgets; on the CPU they are one pool (the same budget)."""
+    ram = _budget.memory_budget(memory_budget, torch.device("cpu"))
+    return ram, (ram if device.type == "cpu" else _budget.memory_budget(memory_budget, device))
+
+
+#: float32 maps per pixel that the translation route holds per frame of a batch (frame,
+#: clipped copy, half-resolution copies, FFT spectra, Gauss–Newton images and gradients);
+#: measured with the peak RSS of ``benchmarks/bench_large.py`` and rounded up
+TRANSLATION_MAPS_PER_PIXEL = 24
+#: the work of an automatic batch on the CPU may reach this, or a quarter of the stack
+CPU_BATCH_BYTES = 64 * 2**20
+#: frames per batch at most when the batch size is automatic
+AUTO_BATCH_MAX = 64
+
+
+def _frame_work(src: FrameSource, metric, dense: bool) -> int:
+    """Bytes of working memory per frame of a batch on the device."""
+    if metric is None:
+        return int(np.prod(src.frame_shape)) * 4 * TRANSLATION_MAPS_PER_PIXEL
+    return _inputs.estimate_bytes(1, src.frame_shape, metric, dense)
+
+
+def _held_bytes(src: FrameSource, batch: int) -> int:
+    """RAM held besides the batch's work: the aligned stack when it is returned in memory,
+    the frames the reference keeps (up to four), and a batch as read."""
+    frames = 4 + batch + (0 if src.lazy else src.total)
+    return frames * src.frame_bytes
+
+
+def _batch_size(batch_size, src, metric, dense, budgets) -> int:
+    """Frames per batch: as asked, or (auto) as many as the budget holds.
+
+    On the CPU the automatic batch also keeps its work within :data:`CPU_BATCH_BYTES` or a
+    quarter of the stack's size, whichever is larger (at least one frame), so that an
+    in-memory run of a large stack stays within about 2.5 copies of it: batching buys
+    little on a CPU, memory is what runs out.
+    """
     if batch_size != "auto":
         if (
             isinstance(batch_size, bool)
@@ -265,68 +315,43 @@ def _batch_size(batch_size, shape, metric, dense, device, total) -> int:
             or batch_size < 1
         ):
             raise ValueError(f"batch_size must be 'auto' or a positive int, got {batch_size!r}")
-        return int(batch_size)
-    return _auto_batch(shape, metric, dense, device, total)
-
-
-def _check_frames_vary(frames: torch.Tensor) -> None:
-    """Raise a ValueError naming the first constant frame of ``frames`` ``(T, 1, *S)``."""
-    flat = frames.reshape(frames.shape[0], -1)
-    constant = (flat.amax(dim=1) - flat.amin(dim=1)) <= 0
-    if bool(constant.any()):
-        t = int(constant.nonzero()[0, 0])
-        raise ValueError(f"frame {t} of stack is constant; there is nothing to align it by")
-
-
-def _pairs(frames: torch.Tensor, reference, ref_index: int):
-    """``(moving, refs)``: the frames to align and their reference(s) ``(1 or T', 1, *S)``."""
-    if reference == "previous":
-        return frames[1:], frames[:-1]
-    return frames, frames[ref_index : ref_index + 1]
-
-
-def _batches(total: int, size: int):
-    for start in range(0, total, size):
-        yield slice(start, min(total, start + size))
-
-
-def _auto_batch(shape, metric, dense, device, total) -> int:
-    free = available_memory(device)
-    per = _inputs.estimate_bytes(1, shape, metric, dense)
-    if free is None:
-        return min(total, 64)
-    fit = int(0.5 * free // max(per, 1))
-    if fit < 1:
-        _inputs.check_memory(1, shape, metric, dense, device, advice=_MEMORY_ADVICE)
-    return max(1, min(total, fit))
+        return min(int(batch_size), src.total)
+    ram, device = budgets
+    per = _frame_work(src, metric, dense)
+    room = device.bytes - (_held_bytes(src, 0) if device is ram else 0)
+    fit = int(room // max(per + (src.frame_bytes if device is ram else 0), 1))
+    if device is ram:
+        fit = min(fit, max(CPU_BATCH_BYTES, src.total * src.frame_bytes // 4) // per)
+    return max(1, min(src.total, fit, AUTO_BATCH_MAX))
 
 
 _MEMORY_ADVICE = (
     "use a smaller batch_size, crop or downsample the frames, choose metric "
-    "'mse' or 'ncc', or another device"
+    "'mse' or 'ncc', give the stack as a dask or zarr array (the aligned stack is then "
+    "lazy), or use another device"
 )
 
-#: float32 copies of the whole stack alive at once: the frames as given, normalized,
-#: clipped to the robust range, and the aligned output.
-STACK_COPIES = 4
 
-
-def _check_stack_memory(raw: torch.Tensor, batch: int, metric, dense, device) -> None:
-    """Refuse, with the figures, a stack that cannot be aligned in the free memory."""
-    free = available_memory(device)
-    if free is None:
-        return
-    frame = raw[0].numel() * 4
-    need = STACK_COPIES * raw.shape[0] * frame + _inputs.estimate_bytes(
-        batch, tuple(raw.shape[1:]), metric, dense
+def _check_stack_memory(src, batch, metric, dense, model, budgets) -> None:
+    """Refuse, with the figures and before any frame is read, a run that cannot fit."""
+    ram, device = budgets
+    work = batch * _frame_work(src, None if model == "translation" else metric, dense)
+    held = _held_bytes(src, batch)
+    what = (
+        f"aligning {src.total} frames of shape {src.frame_shape} (batches of {batch}"
+        + ("" if src.lazy else ", the aligned stack in memory")
+        + ")"
     )
-    if need > free:
-        raise MemoryError(
-            f"aligning {raw.shape[0]} frames of shape {tuple(raw.shape[1:])} needs about "
-            f"{need / 2**30:.2f} GiB on {device} ({STACK_COPIES} copies of the stack and a "
-            f"batch of {batch}), but only {free / 2**30:.2f} GiB is free; {_MEMORY_ADVICE}, "
-            "or align the stack in parts"
-        )
+    if device is ram:
+        _budget.refuse(work + held, ram, what=what, advice=_MEMORY_ADVICE)
+    else:
+        _budget.refuse(work, device, what=what + " on " + str(src.device), advice=_MEMORY_ADVICE)
+        _budget.refuse(held, ram, what=what + " in RAM", advice=_MEMORY_ADVICE)
+
+
+def _batches(total: int, size: int, first: int = 0):
+    for start in range(first, total, size):
+        yield slice(start, min(total, start + size))
 
 
 def _halve(x: torch.Tensor) -> torch.Tensor:
@@ -360,61 +385,110 @@ def _identity(model, shape):
     return DisplacementTransform(np.zeros((d, *shape), np.float32))
 
 
-def _warp_stack(raw, transforms, batch) -> tuple[np.ndarray, torch.Tensor]:
-    """Resample every raw frame with its transform, in batches on the device.
+# -- the aligned stack and its quality ----------------------------------------------------
 
-    Returns the aligned stack (NumPy ``(T, *S)``, written batch by batch into one array)
-    and each frame's coverage ``(T, *S)`` (1 where its pixels landed, on the device): the
-    frame and a plane of ones are warped together, so coverage costs no extra pass.
-    """
-    out = np.empty(tuple(raw.shape), dtype=np.float64 if raw.dtype == torch.float64 else np.float32)
-    coverage = torch.empty(raw.shape, dtype=torch.bool, device=raw.device)
+
+def warp_frames(raw: torch.Tensor, transforms) -> tuple[torch.Tensor, torch.Tensor]:
+    """Frames ``raw`` ``(n, *S)`` resampled by their transforms (zeros outside), and each
+    one's coverage ``(n, *S)`` (True where its pixels landed): the frame and a plane of ones
+    are warped together, so coverage costs no extra pass."""
     shape = tuple(raw.shape[1:])
-    for sl in _batches(raw.shape[0], batch):
-        ts = transforms[sl]
-        pair = torch.stack([raw[sl], torch.ones_like(raw[sl])], dim=1)
-        if isinstance(ts[0], AffineTransform):
-            mats = torch.as_tensor(np.stack([t.matrix for t in ts])).to(pair)
-            moved = warp_affine(pair, mats, padding="grid-constant")
-        else:
-            disp = torch.as_tensor(np.stack([t.to_displacement(shape) for t in ts])).to(pair)
-            moved = warp(pair, disp, padding="grid-constant")
-        out[sl] = moved[:, 0].cpu().numpy()
-        coverage[sl] = moved[:, 1] > 0.999
-    return out, coverage
+    pair = torch.stack([raw, torch.ones_like(raw)], dim=1)
+    if isinstance(transforms[0], AffineTransform):
+        mats = torch.as_tensor(np.stack([t.matrix for t in transforms])).to(pair)
+        moved = warp_affine(pair, mats, padding="grid-constant")
+    else:
+        disp = torch.as_tensor(np.stack([t.to_displacement(shape) for t in transforms])).to(pair)
+        moved = warp(pair, disp, padding="grid-constant")
+    return moved[:, 0], moved[:, 1] > 0.999
 
 
-def _frame_similarities(raw, warped, coverage, reference, ref_index, batch, value_range):
-    """Per frame: final ZNCC with the aligned reference over shared pixels, the initial
-    ZNCC of the raw frames, and the overlap (fraction of pixels covered).
+def _warp_block(block: np.ndarray, transforms, device: str) -> np.ndarray:
+    """One chunk of frames of the lazy aligned stack (a dask task)."""
+    dev = torch.device(device)
+    with device_slot(dev):
+        raw = _inputs.to_tensor(block, "stack", leading=1).to(dev)
+        moved, _ = warp_frames(raw, transforms)
+        return moved.cpu().numpy()
 
-    Values are clipped to the stack's robust ``value_range`` first (as the shift
-    estimates see them), so hot or saturated pixels cannot dominate the score.
+
+def lazy_warped(data, transforms, device) -> object:
+    """The aligned stack of a dask or zarr ``data`` ``(T, *S)`` as a dask array, one frame
+    per chunk: computing a frame reads and warps that frame only."""
+    import dask
+    import dask.array as da
+
+    from ..io import lazy
+
+    frames = lazy.as_dask(data)
+    dtype = np.float64 if np.dtype(frames.dtype) == np.float64 else np.float32
+    shape = tuple(frames.shape[1:])
+    pieces = [
+        da.from_delayed(
+            dask.delayed(_warp_block, pure=True)(
+                frames[t : t + 1], transforms[t : t + 1], str(device)
+            ),
+            shape=(1, *shape),
+            dtype=dtype,
+        )
+        for t in range(frames.shape[0])
+    ]
+    return da.concatenate(pieces, axis=0)
+
+
+def _finish(src, value_range, transforms, reference, ref_index, batch):
+    """The aligned stack and, per frame: the final ZNCC with the aligned reference over the
+    pixels both cover, the initial ZNCC of the raw frames, and the overlap (fraction of
+    pixels covered). Returns ``(warped, (final, initial, overlap))``.
+
+    Values are clipped to the stack's robust ``value_range`` first (as the shift estimates
+    see them), so hot or saturated pixels cannot dominate the score. The frames are read
+    and warped batch by batch: once, or twice for ``reference="mean"`` (its target, the
+    mean of the aligned frames, needs a pass of its own).
     """
     lo, hi = value_range
-    shape = tuple(raw.shape[1:])
+    ndim = len(src.shape) - 1
 
     def clip(x):  # lightly blurred, as the estimates see the frames (less noise)
-        x = torch.as_tensor(x).to(raw).clamp(lo, hi)
-        return gaussian_blur(x.reshape(-1, 1, *x.shape[-len(shape) :]), 1.0).reshape(x.shape)
+        x = x.clamp(lo, hi)
+        return gaussian_blur(x.reshape(-1, 1, *x.shape[-ndim:]), 1.0).reshape(x.shape)
 
     if reference == "mean":
         # The mean is a real image only where every frame landed.
-        target = clip(warped).mean(dim=0)[None, None]
-        target_cover = coverage.all(dim=0)[None, None]
-        start = clip(raw).mean(dim=0)[None, None]
+        target = start = None
+        for sl in _batches(src.total, batch):
+            raw = src.raw(sl)
+            moved, cover = warp_frames(raw, transforms[sl])
+            part = (clip(moved).sum(dim=0), cover.all(dim=0), clip(raw).sum(dim=0))
+            if target is None:
+                target, target_cover, start = part
+            else:
+                target, target_cover, start = (
+                    target + part[0],
+                    target_cover & part[1],
+                    start + part[2],
+                )
+        target, start = (target / src.total)[None, None], (start / src.total)[None, None]
+        target_cover = target_cover[None, None]
     else:
         index = 0 if reference == "previous" else ref_index
-        target = clip(warped[index])[None, None]
-        target_cover = coverage[index : index + 1, None]
-        start = clip(raw[index])[None, None]
-    final, initial = [], []
-    for sl in _batches(raw.shape[0], batch):
-        shared = (coverage[sl, None] & target_cover).to(raw.dtype)
-        final.append(masked_zncc(target, clip(warped[sl])[:, None], shared))
-        initial.append(masked_zncc(start, clip(raw[sl])[:, None], torch.ones_like(shared)))
-    overlap = coverage.flatten(1).double().mean(1)
-    return (torch.cat(final).cpu().numpy(), torch.cat(initial).cpu().numpy(), overlap.cpu().numpy())
+        raw = src.raw(slice(index, index + 1))
+        moved, cover = warp_frames(raw, transforms[index : index + 1])
+        target, target_cover, start = clip(moved)[None], cover[None], clip(raw)[None]
+    out = None if src.lazy else np.empty(src.shape, np.float64 if src.is_float64 else np.float32)
+    final, initial, overlap = [], [], []
+    for sl in _batches(src.total, batch):
+        raw = src.raw(sl)
+        moved, cover = warp_frames(raw, transforms[sl])
+        if out is not None:
+            out[sl] = moved.cpu().numpy()
+        shared = (cover[:, None] & target_cover).to(raw.dtype)
+        final.append(masked_zncc(target, clip(moved)[:, None], shared))
+        initial.append(masked_zncc(start, clip(raw)[:, None], torch.ones_like(shared)))
+        overlap.append(cover.flatten(1).double().mean(1))
+    warped = out if out is not None else lazy_warped(src.data, transforms, src.device)
+    scores = tuple(torch.cat(x).cpu().numpy() for x in (final, initial, overlap))
+    return warped, scores
 
 
 def _assess_frames(final, initial, overlap, dense: bool) -> list[str]:
@@ -456,9 +530,10 @@ def _shift_progress(sl: slice, scale: float, history: list):
 
 
 def _translation_shifts(
-    frames, refs, batch, history, state, iterations, full_iterations=1, previous=False
+    total, pairs, batch, history, state, iterations, full_iterations=1, previous=False
 ):
-    """Phase correlation + Gauss–Newton, batch by batch; ``refs`` ``(1 or T, 1, *S)``.
+    """Phase correlation + Gauss–Newton, batch by batch, over ``total`` moving frames;
+    ``pairs(sl)`` reads batch ``sl``: ``(frames (n, 1, *S), refs (1 or n, 1, *S))``.
 
     A generator (yields :class:`StackProgress`) returning the shifts ``(T, D)``. Each
     frame's phase-correlation peak is kept only where it matches better than a zero
@@ -471,11 +546,10 @@ def _translation_shifts(
     come from.
     """
     out = []
-    halve = min(frames.shape[2:]) >= 256
-    scale = 2.0 if halve else 1.0
-    for sl in _batches(frames.shape[0], batch):
-        f = frames[sl]
-        r = refs if refs.shape[0] == 1 else refs[sl]
+    for sl in _batches(total, batch):
+        f, r = pairs(sl)
+        halve = min(f.shape[2:]) >= 256
+        scale = 2.0 if halve else 1.0
         fc, rc = (_halve(f), _halve(r)) if halve else (f, r)
         init = -phase_correlation(rc, fc)
         last = out[-1][-1] / scale if out else None
@@ -494,21 +568,21 @@ def _translation_shifts(
         if stopped:
             state["stopped"] = True
             # Frames not reached keep the identity.
-            rest = frames.shape[0] - sl.stop
+            rest = total - sl.stop
             if rest:
                 out.append(shifts.new_zeros(rest, shifts.shape[1]))
             break
     return torch.cat(out)
 
 
-def _refine_to(frames, mean, mask, shifts, batch, history, state, iterations):
+def _refine_to(total, read, mean, mask, shifts, batch, history, state, iterations):
     """Gauss–Newton from ``shifts`` against one ``mean`` reference, where ``mask`` says it
-    is a real image (a generator)."""
+    is a real image (a generator); ``read(sl)`` gives the frames of batch ``sl``."""
     out = []
-    for sl in _batches(frames.shape[0], batch):
+    for sl in _batches(total, batch):
         refined, _, stopped = yield from relay(
             refine_translation_iter(
-                frames[sl], mean, shifts[sl], iterations=iterations, reference_mask=mask
+                read(sl), mean, shifts[sl], iterations=iterations, reference_mask=mask
             ),
             _shift_progress(sl, 1.0, history),
         )
@@ -520,17 +594,53 @@ def _refine_to(frames, mean, mask, shifts, batch, history, state, iterations):
     return torch.cat(out)
 
 
-def _translation_route(clipped, reference, ref_index, batch, iterations, history, state):
+def _readers(src, value_range):
+    """``(normalized(sl), clipped(sl))``: batch readers of normalized and clipped frames."""
+
+    def normalized(sl):
+        return src.normalized(sl, value_range)
+
+    def clipped(sl):
+        return clip_unit(normalized(sl))
+
+    return normalized, clipped
+
+
+def _pair_reader(read, reference, ref_index):
+    """``pairs(sl)`` for the moving frames of batch ``sl`` and their reference(s): with
+    ``"previous"`` moving frame ``i`` is stack frame ``i + 1`` and its reference frame
+    ``i``; otherwise the reference frame is read once and kept."""
+    if reference == "previous":
+
+        def pairs(sl):
+            x = read(slice(sl.start, sl.stop + 1))
+            return x[1:], x[:-1]
+
+        return pairs
+    ref = read(slice(ref_index, ref_index + 1))
+    return lambda sl: (read(sl), ref)
+
+
+def _translation_route(src, value_range, reference, ref_index, batch, iterations, history, state):
     """Per-frame translations (a generator returning one AffineTransform per frame)."""
     its = 10 if iterations is None else int(iterations)
-    moving, refs = _pairs(clipped, reference, ref_index)
+    _, clipped = _readers(src, value_range)
+    previous = reference == "previous"
     shifts = yield from _translation_shifts(
-        moving, refs, batch, history, state, its, previous=reference == "previous"
+        src.total - previous,
+        _pair_reader(clipped, reference, ref_index),
+        batch,
+        history,
+        state,
+        its,
+        previous=previous,
     )
     if reference == "mean" and not state["stopped"]:
-        mean, mask = _aligned_mean(clipped, shifts)
-        shifts = yield from _refine_to(clipped, mean, mask, shifts, batch, history, state, its)
-    if reference == "previous":
+        mean, mask = _aligned_mean(clipped, src.total, shifts, batch)
+        shifts = yield from _refine_to(
+            src.total, clipped, mean, mask, shifts, batch, history, state, its
+        )
+    if previous:
         shifts = torch.cat([shifts.new_zeros(1, shifts.shape[1]), torch.cumsum(shifts, dim=0)])
     return [AffineTransform(m.numpy(), "translation") for m in _shift_matrices(shifts)]
 
@@ -538,51 +648,54 @@ def _translation_route(clipped, reference, ref_index, batch, iterations, history
 # -- the optimizer route ------------------------------------------------------------------
 
 
-def _aligned_mean(frames, shifts):
-    """The mean of ``frames`` aligned by ``shifts`` and where every frame covers it.
+def _aligned_mean(read, total, shifts, batch):
+    """The mean of the frames ``read(sl)`` aligned by ``shifts``, and where every frame
+    covers it, accumulated batch by batch.
 
     Returns ``(mean (1, 1, *S), mask (1, 1, *S))``: only where every frame contributed is
     the mean a real image (not edge smear), so it is matched there only.
     """
-    mats = _shift_matrices(shifts).to(frames)
-    mean = warp_affine(frames, mats, padding="nearest").mean(dim=0, keepdim=True)
-    covered = warp_affine(torch.ones_like(frames[:1]), mats, padding="grid-constant")
-    return mean, (covered.amin(dim=0, keepdim=True) > 0.999).to(frames.dtype)
+    mats = _shift_matrices(shifts)
+    total_sum, covered = None, None
+    for sl in _batches(total, batch):
+        frames = read(sl)
+        m = mats[sl].to(frames)
+        moved = warp_affine(frames, m, padding="nearest").sum(dim=0, keepdim=True)
+        cover = warp_affine(torch.ones_like(frames[:1]), m, padding="grid-constant")
+        cover = cover.amin(dim=0, keepdim=True)
+        total_sum = moved if total_sum is None else total_sum + moved
+        covered = cover if covered is None else torch.minimum(covered, cover)
+    return total_sum / total, (covered > 0.999).to(total_sum.dtype)
 
 
-def _mean_reference(frames, clipped, batch):
+def _mean_reference(normalized, clipped, total, batch):
     """The mean of the drift-corrected frames and where every frame covers it (see
     :func:`_aligned_mean`), for the optimizer route: the frames are aligned as the
     translation route aligns them to a mean (to the first frame, then to the mean of
     those), so that the mean is as sharp as translations can make it."""
     state = {"stopped": False}
-    drift = drive(_translation_shifts(clipped, clipped[:1], batch, [], state, 10))
-    mean, mask = _aligned_mean(clipped, drift)
-    drift = drive(_refine_to(clipped, mean, mask, drift, batch, [], state, 10))
-    return _aligned_mean(frames, drift)
+    pairs = _pair_reader(clipped, "first", 0)
+    drift = drive(_translation_shifts(total, pairs, batch, [], state, 10))
+    mean, mask = _aligned_mean(clipped, total, drift, batch)
+    drift = drive(_refine_to(total, clipped, mean, mask, drift, batch, [], state, 10))
+    return _aligned_mean(normalized, total, drift, batch)
 
 
-def _phase_guesses(moving_c, refs_c, batch, previous: bool) -> torch.Tensor:
-    """Initial matrices ``(T', D + 1, D + 1)`` from phase correlation of the clipped frames.
+def _phase_guess(mc, rc, previous: bool, last) -> torch.Tensor:
+    """Initial shifts ``(n, D)`` of one batch from phase correlation of the clipped frames.
 
     Each guess is kept only where it matches better than zero (or than the previous
-    pair's guess), as in ``register``'s ``initial_shift_matrix``.
+    pair's guess ``last``), as in ``register``'s ``initial_shift_matrix``.
     """
-    guesses, last = [], None
-    for sl in _batches(moving_c.shape[0], batch):
-        mc = moving_c[sl]
-        rc = refs_c if refs_c.shape[0] == 1 else refs_c[sl]
-        guess = -phase_correlation(gaussian_blur(rc, 1.0), gaussian_blur(mc, 1.0))
-        guess = select_shifts(mc, rc, [guess, *_start_candidates(guess, previous, last)])
-        guesses.append(guess)
-        last = guess[-1]
-    return _shift_matrices(torch.cat(guesses))
+    guess = -phase_correlation(gaussian_blur(rc, 1.0), gaussian_blur(mc, 1.0))
+    return select_shifts(mc, rc, [guess, *_start_candidates(guess, previous, last)])
 
 
 def _optimize_frames(
-    moving,
-    refs,
+    total,
+    batch_inputs,
     model,
+    shape,
     schedule,
     levels,
     batch,
@@ -590,27 +703,26 @@ def _optimize_frames(
     steps,
     history,
     state,
-    init_mats,
     ref_mask=None,
 ):
     """The generic optimizer on batches of frames (a generator returning the models).
 
-    ``ref_mask`` ``(1, 1, *S)``: where the reference may be matched (None: everywhere).
+    ``batch_inputs(sl)`` gives batch ``sl``'s ``(moving (n, 1, *S), refs (1 or n, 1, *S),
+    initial matrices or None)``; ``ref_mask`` ``(1, 1, *S)``: where the reference may be
+    matched (None: everywhere).
     """
-    shape = tuple(moving.shape[2:])
     shapes = level_shapes(shape, levels)
     weights = (
         [None] * levels
         if ref_mask is None
-        else [(w > 0.5).to(moving.dtype) for w in build_pyramid(ref_mask, shapes)]
+        else [(w > 0.5).to(ref_mask.dtype) for w in build_pyramid(ref_mask, shapes)]
     )
     models = []
-    for sl in _batches(moving.shape[0], batch):
-        f = moving[sl]
-        r = refs if refs.shape[0] == 1 else refs[sl]
+    for sl in _batches(total, batch):
+        f, r, init = batch_inputs(sl)
         n = f.shape[0]
         if model in LINEAR_MODELS:
-            mdl = LinearModel(model, shape, shape, n, init=init_mats[sl], device=f.device)
+            mdl = LinearModel(model, shape, shape, n, init=init, device=f.device)
         else:
             mdl = DenseModel(
                 model, shape, n, grid_spacing=grid_spacing, steps=steps, device=f.device
@@ -640,8 +752,8 @@ def _optimize_frames(
 
 
 def _optimizer_route(
-    frames,
-    clipped,
+    src,
+    value_range,
     reference,
     ref_index,
     batch,
@@ -662,27 +774,40 @@ def _optimizer_route(
     full_resolution,
 ):
     """Any model by the generic optimizer (a generator returning one transform per frame)."""
-    shape = tuple(frames.shape[2:])
-    moving, refs = _pairs(frames, reference, ref_index)
-    moving_c, refs_c = _pairs(clipped, reference, ref_index)
+    shape = src.frame_shape
+    normalized, clipped = _readers(src, value_range)
+    previous = reference == "previous"
+    total = src.total - previous
     ref_mask = None
+    mean = None
     if reference == "mean":
-        refs, ref_mask = _mean_reference(frames, clipped, batch)
+        mean, ref_mask = _mean_reference(normalized, clipped, src.total, batch)
     levels_n = auto_levels(shape) if levels in ("auto", None) else int(levels)
     its = level_iterations(iterations, model, shape, levels_n, full_resolution)
     schedule = make_schedule(model, lr, its, tol, regularization, report_every, metric, window)
-    # The same light blur as register(): less noise on the gradient, less bias from
-    # bilinear interpolation.
-    moving, refs = gaussian_blur(moving, 1.0), gaussian_blur(refs, 1.0)
-    init = (
-        _phase_guesses(moving_c, refs_c, batch, reference == "previous")
-        if model in LINEAR_MODELS
-        else None
-    )
+    pairs = _pair_reader(normalized, "first" if mean is not None else reference, ref_index)
+    linear = model in LINEAR_MODELS
+    last = None
+
+    def batch_inputs(sl):
+        """The batch's moving frames and references, blurred as register() blurs them (less
+        noise on the gradient, less bias from bilinear interpolation), and the
+        phase-correlation guesses of linear models."""
+        nonlocal last
+        f, r = pairs(sl)
+        init = None
+        if linear:
+            guess = _phase_guess(clip_unit(f), clip_unit(r), previous, last)
+            last = guess[-1]
+            init = _shift_matrices(guess)
+        refs = mean if mean is not None else r
+        return gaussian_blur(f, 1.0), gaussian_blur(refs, 1.0), init
+
     models = yield from _optimize_frames(
-        moving,
-        refs,
+        total,
+        batch_inputs,
         model,
+        shape,
         schedule,
         levels_n,
         batch,
@@ -690,12 +815,11 @@ def _optimizer_route(
         steps,
         history,
         state,
-        init,
         ref_mask,
     )
     transforms = [t for mdl in models for t in mdl.transforms()]
-    transforms += [_identity(model, shape)] * (moving.shape[0] - len(transforms))
-    if reference == "previous":
+    transforms += [_identity(model, shape)] * (total - len(transforms))
+    if previous:
         transforms = _chain(transforms, model, shape)
     return transforms
 

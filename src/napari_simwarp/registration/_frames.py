@@ -1,0 +1,113 @@
+"""The frames of a stack, read batch by batch: NumPy, torch, dask or zarr alike.
+
+A drift correction never holds the stack as float32: it reads the frames it works on
+(a batch, and the one or two the reference needs) and converts only those. NumPy and
+torch stacks are sliced in place; dask and zarr stacks are read region by region, so a
+stack larger than memory streams through.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..io import lazy
+from . import _inputs
+
+#: values the intensity range is estimated from (as ``_inputs.robust_range``)
+RANGE_SAMPLES = 200_000
+#: frames the intensity range is sampled from, evenly spaced over the stack
+RANGE_FRAMES = 16
+
+
+class FrameSource:
+    """A ``(T, *S)`` stack (``S`` 2-D or 3-D) read as float tensors, batch by batch.
+
+    Parameters
+    ----------
+    stack : NumPy array (or array-like), torch tensor, dask or zarr array; not modified
+    device : torch.device the batches are read onto
+    name : the argument's name, for messages
+
+    The shape and dtype are checked here, before anything is read; the values (finite,
+    frames that vary) are checked as each batch is read.
+    """
+
+    def __init__(self, stack, device, name: str = "stack"):
+        self.name = name
+        self.device = device
+        if isinstance(stack, torch.Tensor):
+            data = stack.detach()
+        elif lazy.is_lazy(stack) or lazy.is_multiscale(stack):
+            data = lazy.check_array(stack, name)
+        else:
+            try:
+                data = np.asarray(stack)
+            except Exception as exc:
+                raise TypeError(
+                    f"{name} must be an array-like, got {type(stack).__name__}"
+                ) from exc
+        self.data = data
+        self.lazy = lazy.is_lazy(data)
+        self.shape = tuple(int(n) for n in data.shape)
+        if len(self.shape) not in (3, 4):
+            raise ValueError(
+                f"{name} must be a (T, *S) stack of 2-D or 3-D frames (3-D or 4-D), got "
+                f"shape {self.shape}"
+            )
+        if 0 in self.shape:
+            raise ValueError(f"{name} must not be empty, got shape {self.shape}")
+        if not self.lazy:  # lazy stacks had their dtype checked without reading
+            self.raw(slice(0, 1))  # dtype checks (numbers, real) on one frame, in memory
+
+    @property
+    def total(self) -> int:
+        return self.shape[0]
+
+    @property
+    def frame_shape(self) -> tuple[int, ...]:
+        return self.shape[1:]
+
+    @property
+    def frame_bytes(self) -> int:
+        """Bytes of one frame as it is computed on (float32, or float64)."""
+        return int(np.prod(self.frame_shape)) * (8 if self.is_float64 else 4)
+
+    @property
+    def is_float64(self) -> bool:
+        return np.dtype(getattr(self.data, "dtype", np.float32)) == np.float64 or (
+            isinstance(self.data, torch.Tensor) and self.data.dtype == torch.float64
+        )
+
+    def raw(self, frames: slice) -> torch.Tensor:
+        """Frames ``frames`` as given (float32, or float64 for float64 stacks), on the device,
+        ``(n, *S)``; raises for NaN/Inf or non-numeric values."""
+        if isinstance(self.data, torch.Tensor):
+            part = self.data[frames]
+        else:
+            part = lazy.read(self.data, frames)
+        return _inputs.to_tensor(part, self.name, leading=1).to(self.device)
+
+    def value_range(self) -> tuple[float, float]:
+        """The stack's robust intensity range ``(lo, hi)`` (0.5th and 99.5th percentiles),
+        from a strided sample of :data:`RANGE_FRAMES` evenly spaced frames, read one at a
+        time: a statistic no batch can know alone, computed once, the same way for every
+        kind of input."""
+        picks = np.unique(np.linspace(0, self.total - 1, min(self.total, RANGE_FRAMES)).round())
+        step = max(1, int(np.prod(self.frame_shape)) * len(picks) // RANGE_SAMPLES)
+        sample = torch.cat([self.raw(slice(int(t), int(t) + 1)).reshape(-1)[::step] for t in picks])
+        return _inputs.robust_range(sample, self.name)
+
+    def normalized(self, frames: slice, value_range) -> torch.Tensor:
+        """Frames rescaled so that ``value_range`` maps to ``[0, 1]``: float32
+        ``(n, 1, *S)``. Raises a ValueError naming the first constant frame."""
+        lo, hi = value_range
+        out = ((self.raw(frames) - lo) / (hi - lo)).to(torch.float32)[:, None]
+        flat = out.reshape(out.shape[0], -1)
+        constant = (flat.amax(dim=1) - flat.amin(dim=1)) <= 0
+        if bool(constant.any()):
+            t = frames.start + int(constant.nonzero()[0, 0])
+            raise ValueError(
+                f"frame {t} of {self.name} is constant; there is nothing to align it by"
+            )
+        return out
