@@ -60,14 +60,27 @@ def write_atomic(path, write: Callable[[pathlib.Path], None], *, overwrite: bool
     return path
 
 
-def read_text(path, expected: str) -> str:
-    """The UTF-8 text of ``path``; a missing file is a FileNotFoundError, a directory or a
-    binary file a :class:`TransformFileError` that says what was ``expected``."""
+def check_file(path, expected: str) -> pathlib.Path:
+    """``path`` as a Path to an existing file: a missing one is a FileNotFoundError, a
+    directory a :class:`TransformFileError` that says what was ``expected``."""
     path = pathlib.Path(path)
     if not path.exists():
         raise FileNotFoundError(f"transform file {where(path)} does not exist")
     if path.is_dir():
         raise TransformFileError(f"{where(path)} is a directory, expected {expected}")
+    return path
+
+
+def read_head(path, expected: str, size: int = 8) -> bytes:
+    """The first ``size`` bytes of the file ``path`` (checked by :func:`check_file`)."""
+    with open(check_file(path, expected), "rb") as f:
+        return f.read(size)
+
+
+def read_text(path, expected: str) -> str:
+    """The UTF-8 text of ``path``; a missing file is a FileNotFoundError, a directory or a
+    binary file a :class:`TransformFileError` that says what was ``expected``."""
+    path = check_file(path, expected)
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
