@@ -186,6 +186,17 @@ def test_ome_zarr_displacement_field_round_trip(tmp_path, rng):
     back = load_transform(path)
     assert (back.fixed_grid, back.moving_grid) == (fixed_grid, moving_grid)
     np.testing.assert_allclose(back.displacement, field, atol=1e-5)
+    transform.save(path)  # our own scene is replaced
+
+
+def test_a_zarr_directory_not_written_here_is_never_replaced(tmp_path):
+    pytest.importorskip("ngff_zarr")
+    store = tmp_path / "images.zarr"
+    store.mkdir()
+    (store / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group"}')
+    with pytest.raises(FileExistsError, match="not replaced"):
+        _physical_transform(2).save(store)
+    assert (store / "zarr.json").read_text() == '{"zarr_format": 3, "node_type": "group"}'
 
 
 # -- the lossless default, format choice and bad input ---------------------------------

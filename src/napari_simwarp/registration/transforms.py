@@ -193,8 +193,9 @@ class Transform:
 
         Every file holds the transform in physical coordinates through the grids
         (``fixed_grid``, ``moving_grid``); ITK and elastix files in their own x, y, z
-        order. Written whole or not at all; an existing file is replaced (an existing
-        ``.zarr`` directory too).
+        order. Written whole or not at all; an existing file is replaced, an existing
+        ``.zarr`` directory only when it is a scene napari-simwarp wrote (a FileExistsError
+        otherwise: it may hold someone's images).
         """
         fmt = format_of(path, format)
         allowed = {"npz": (), "itk": (), "elastix": ("fixed_shape",), "ngff": _NGFF_OPTIONS}
@@ -567,7 +568,7 @@ def _save_interop(transform: Transform, path: pathlib.Path, fmt: str, options) -
         matrix=transform.physical_matrix if linear else None,
         field=None if linear else _physical_field(transform),
         units=options.get("units"),
-        overwrite=True,
+        overwrite=ngff.written_here(path),  # never a directory that may hold user data
         **images,
     )
 

@@ -103,7 +103,10 @@ def write_ngff(
     if (fixed_image is None) != (moving_image is None):
         raise ValueError("fixed_image and moving_image are written together: give both or none")
     if path.exists() and not overwrite:
-        raise FileExistsError(f"{where(path)} exists; pass overwrite=True to replace it")
+        raise FileExistsError(
+            f"{where(path)} exists; it is not replaced (a scene written by napari-simwarp "
+            "is, by Transform.save; write_ngff replaces anything with overwrite=True)"
+        )
     d = len(fixed_grid[0])
     dims = _DIMS[d]
     images, systems = {}, None
@@ -167,6 +170,15 @@ def write_ngff(
         },
     )
     return path
+
+
+def written_here(path) -> bool:
+    """Whether ``path`` is a scene :func:`write_ngff` wrote (the only directory that
+    ``Transform.save`` replaces: anything else may hold a user's images)."""
+    try:
+        return "napari_simwarp" in _root_attributes(pathlib.Path(path))
+    except (FileNotFoundError, TransformFileError, OSError):
+        return False
 
 
 def _add_root_attributes(path: pathlib.Path, ours: dict) -> None:
