@@ -69,6 +69,11 @@ class _Parzen:
 
     def __init__(self, kernel: str, bins: int, sigma: float):
         self.kernel, self.bins, self.sigma = kernel, bins, sigma
+        #: B-spline: 4 × 4 tap pairs per pixel, counted directly; Gaussian: every bin a
+        #: tap, dense weights and matrix products
+        self.sparse = kernel == "bspline"
+        #: elements per pixel a chunk holds (sizes the chunks)
+        self.cost = 16 if self.sparse else bins
 
     def taps(self, xi: torch.Tensor, derivative: bool = False):
         """``(index, weights, slopes)``, each ``(M, P, T)`` (``slopes`` None unless asked)."""
@@ -96,14 +101,25 @@ class _JointHistogram(torch.autograd.Function):
         ctx.save_for_backward(xi_a, xi_b, weight)
         ctx.parzen = parzen
         m, p = xi_a.shape
-        joint = xi_a.new_zeros(m, parzen.bins, parzen.bins)
-        for chunk in _chunks(p, m * parzen.bins):
-            wa = parzen.dense(*parzen.taps(xi_a[:, chunk])[:2])
-            wb = parzen.dense(*parzen.taps(xi_b[:, chunk])[:2])
+        bins = parzen.bins
+        joint = xi_a.new_zeros(m * bins * bins)
+        for chunk in _chunks(p, m * parzen.cost):
+            index_a, wa, _ = parzen.taps(xi_a[:, chunk])
+            index_b, wb, _ = parzen.taps(xi_b[:, chunk])
             if weight is not None:
                 wa = wa * weight[:, chunk].unsqueeze(-1)
-            joint += torch.bmm(wa.transpose(1, 2), wb)
-        return joint
+            if parzen.sparse:
+                # every pair of taps adds wa·wb to its bin: one weighted count (bincount:
+                # a shared-memory histogram on CUDA), no dense weights
+                flat = _pair_index(index_a, index_b, bins)
+                values = wa.unsqueeze(-1) * wb.unsqueeze(-2)
+                joint += torch.bincount(flat.reshape(-1), values.reshape(-1), m * bins * bins)
+            else:
+                dense = torch.bmm(
+                    parzen.dense(index_a, wa).transpose(1, 2), parzen.dense(index_b, wb)
+                )
+                joint += dense.reshape(-1)
+        return joint.reshape(m, bins, bins)
 
     @staticmethod
     @first_order_backward("mutual_information")
@@ -114,21 +130,38 @@ class _JointHistogram(torch.autograd.Function):
         grad_a = torch.zeros_like(xi_a) if need_a else None
         grad_b = torch.zeros_like(xi_b) if need_b else None
         m, p = xi_a.shape
-        for chunk in _chunks(p, m * parzen.bins):
+        grad_joint = grad_joint.contiguous()
+        for chunk in _chunks(p, m * parzen.cost):
             index_a, wa, slope_a = parzen.taps(xi_a[:, chunk], derivative=need_a)
             index_b, wb, slope_b = parzen.taps(xi_b[:, chunk], derivative=need_b)
             w = None if weight is None else weight[:, chunk]
             # ∂L/∂ξ_a(p) = w_p Σ_k W'_a[p, k] Σ_l G[k, l] W_b[p, l], and the same for b:
-            # one matrix product per image, then the taps' slopes gathered from it.
+            # what each tap of one image sees of G through the other image's weights
+            if parzen.sparse:
+                g = grad_joint.reshape(-1)[_pair_index(index_a, index_b, parzen.bins)]
+                seen_a = (g * wb.unsqueeze(-2)).sum(-1) if need_a else None
+                seen_b = (g * wa.unsqueeze(-1)).sum(-2) if need_b else None
+            else:
+                seen_a = seen_b = None
+                if need_a:
+                    seen = torch.bmm(parzen.dense(index_b, wb), grad_joint.transpose(1, 2))
+                    seen_a = seen.gather(-1, index_a)
+                if need_b:
+                    seen_b = torch.bmm(parzen.dense(index_a, wa), grad_joint).gather(-1, index_b)
             if need_a:
-                seen = torch.bmm(parzen.dense(index_b, wb), grad_joint.transpose(1, 2))
-                g = (slope_a * seen.gather(-1, index_a)).sum(-1)
+                g = (slope_a * seen_a).sum(-1)
                 grad_a[:, chunk] = g if w is None else g * w
             if need_b:
-                seen = torch.bmm(parzen.dense(index_a, wa), grad_joint)
-                g = (slope_b * seen.gather(-1, index_b)).sum(-1)
+                g = (slope_b * seen_b).sum(-1)
                 grad_b[:, chunk] = g if w is None else g * w
         return grad_a, grad_b, None, None
+
+
+def _pair_index(index_a: torch.Tensor, index_b: torch.Tensor, bins: int) -> torch.Tensor:
+    """Flat index ``(M, P, Ta, Tb)`` of every pair of taps into ``(M, bins, bins)``."""
+    m = index_a.shape[0]
+    offset = torch.arange(m, device=index_a.device).view(m, 1, 1, 1) * (bins * bins)
+    return offset + index_a.unsqueeze(-1) * bins + index_b.unsqueeze(-2)
 
 
 def _chunks(pixels: int, per_pixel: int):
