@@ -19,7 +19,7 @@ from ._nonfinite import fill_nonfinite, nonfinite_mask
 from ._validation import check_bool, check_choice, check_pair, check_positive
 
 KERNELS = ("bspline", "gaussian")
-#: pixels × bins of the dense kernel weights built at once (bounds the memory of a pass)
+#: pixels × taps (or tap pairs) built at once: bounds the memory of a pass
 _CHUNK_ELEMENTS = 1 << 22
 #: probabilities below this count as empty bins in p·log p (its gradient stays finite)
 _TINY = 1e-300
@@ -91,9 +91,10 @@ class _JointHistogram(torch.autograd.Function):
     """``J[m] = Σ_p w_p · W_a[m, p]ᵀ ⊗ W_b[m, p]`` ``(M, bins, bins)`` from bin coordinates
     ``xi_a``, ``xi_b`` ``(M, P)`` and pixel weights ``(M, P)`` (or None).
 
-    Pixels are processed in chunks: the dense kernel weights of one chunk, then one
-    batched matrix product; the backward recomputes them chunk by chunk, so the memory is
-    a few ``(M, P)`` maps whatever the number of bins (docs/maths.md §10.2).
+    Pixels are processed in chunks: the B-spline's 16 tap pairs per pixel counted into
+    their bins, or the Gaussian's dense weights and one batched matrix product; the
+    backward recomputes the taps chunk by chunk, so the memory is a few ``(M, P)`` maps
+    whatever the number of bins (docs/maths.md §10.2).
     """
 
     @staticmethod
