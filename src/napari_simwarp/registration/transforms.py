@@ -193,9 +193,10 @@ class Transform:
 
         Every file holds the transform in physical coordinates through the grids
         (``fixed_grid``, ``moving_grid``); ITK and elastix files in their own x, y, z
-        order. Written whole or not at all; an existing file is replaced, an existing
-        ``.zarr`` directory only when it is a scene napari-simwarp wrote (a FileExistsError
-        otherwise: it may hold someone's images).
+        order. Written whole or not at all (a ``.zarr`` is built beside and renamed into
+        place); an existing file is replaced, an existing ``.zarr`` directory only when it
+        is a scene napari-simwarp wrote (a FileExistsError otherwise: it may hold someone's
+        images).
         """
         fmt = format_of(path, format)
         allowed = {"npz": (), "itk": (), "elastix": ("fixed_shape",), "ngff": _NGFF_OPTIONS}

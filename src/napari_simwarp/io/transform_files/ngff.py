@@ -24,7 +24,9 @@ transformations; ome-zarr-py writes up to 0.5 (no ``coordinateSystems``, no scen
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import shutil
 
 import numpy as np
 
@@ -124,51 +126,58 @@ def write_ngff(
         axes = [Axis(name=n, type="space", unit=units) for n in dims]
         systems = [CoordinateSystem(name="fixed", axes=axes), CoordinateSystem("moving", axes)]
         fixed_system, moving_system = System(name="fixed"), System(name="moving")
-    if path.exists():
-        import shutil
-
-        shutil.rmtree(path)
-    path.mkdir(parents=True)
-    if matrix is not None:
-        forward = np.linalg.inv(np.asarray(matrix, float))  # moving → fixed
-        transform = Affine(
-            affine=forward[:d].tolist(),
-            input=moving_system,
-            output=fixed_system,
-            name="moving_to_fixed",
+    # Built beside the target, then renamed into place: a failed write leaves nothing.
+    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    try:
+        if matrix is not None:
+            forward = np.linalg.inv(np.asarray(matrix, float))  # moving → fixed
+            transform = Affine(
+                affine=forward[:d].tolist(),
+                input=moving_system,
+                output=fixed_system,
+                name="moving_to_fixed",
+            )
+        else:
+            displacement = _image(
+                nz,
+                np.asarray(field, np.float64),
+                ["c", *dims],
+                [1.0, *fixed_grid[0]],
+                [0.0, *fixed_grid[1]],
+                "displacement",
+                None,
+            )
+            displacement.axes_types = {"c": "displacement", **dict.fromkeys(dims, "space")}
+            multiscales = nz.to_multiscales(displacement, scale_factors=[])
+            nz.to_ome_zarr(str(partial / _FIELD_PATH), multiscales, version="0.6")
+            transform = Displacements(
+                path=_FIELD_PATH,
+                interpolation="linear",
+                input=fixed_system,
+                output=moving_system,
+                name="fixed_to_moving",
+            )
+        scene = nz.NgffScene(
+            images=images, coordinateTransformations=[transform], coordinateSystems=systems
         )
-    else:
-        displacement = _image(
-            nz,
-            np.asarray(field, np.float64),
-            ["c", *dims],
-            [1.0, *fixed_grid[0]],
-            [0.0, *fixed_grid[1]],
-            "displacement",
-            None,
+        nz.to_ome_zarr(str(partial), scene, version="0.6", overwrite=False)
+        _add_root_attributes(
+            partial,
+            {
+                "kind": kind,
+                "fixed_grid": {"spacing": list(fixed_grid[0]), "origin": list(fixed_grid[1])},
+                "moving_grid": {"spacing": list(moving_grid[0]), "origin": list(moving_grid[1])},
+            },
         )
-        displacement.axes_types = {"c": "displacement", **dict.fromkeys(dims, "space")}
-        multiscales = nz.to_multiscales(displacement, scale_factors=[])
-        nz.to_ome_zarr(str(path / _FIELD_PATH), multiscales, version="0.6")
-        transform = Displacements(
-            path=_FIELD_PATH,
-            interpolation="linear",
-            input=fixed_system,
-            output=moving_system,
-            name="fixed_to_moving",
-        )
-    scene = nz.NgffScene(
-        images=images, coordinateTransformations=[transform], coordinateSystems=systems
-    )
-    nz.to_ome_zarr(str(path), scene, version="0.6", overwrite=False)
-    _add_root_attributes(
-        path,
-        {
-            "kind": kind,
-            "fixed_grid": {"spacing": list(fixed_grid[0]), "origin": list(fixed_grid[1])},
-            "moving_grid": {"spacing": list(moving_grid[0]), "origin": list(moving_grid[1])},
-        },
-    )
+        if path.exists():
+            shutil.rmtree(path)
+        partial.rename(path)
+    finally:
+        if partial.exists():
+            shutil.rmtree(partial)
     return path
 
 
