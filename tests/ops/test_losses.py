@@ -9,8 +9,17 @@ import torch
 from scipy import ndimage as ndi
 from skimage.metrics import structural_similarity
 
-from napari_simwarp.ops import LOSSES, LocalNCCLoss, MSELoss, NCCLoss, SSIMLoss, loss_for
+from napari_simwarp.ops import (
+    LOSSES,
+    LocalNCCLoss,
+    MILoss,
+    MSELoss,
+    NCCLoss,
+    SSIMLoss,
+    loss_for,
+)
 from tests.images import random_smooth
+from tests.ops.mutual_information_reference import mutual_information_reference
 
 SHAPE = (30, 34)
 
@@ -65,6 +74,10 @@ def reference(metric, f, m, mask=None, **options):
         )
     if metric == "ssim":
         return 1 - _mean(_ssim_map(f, m, options.get("data_range", 1.0)), mask)
+    if metric == "mi":
+        normalize = options.get("normalize", True)
+        score = mutual_information_reference(f, m, mask, normalize=normalize)
+        return 2 - score if normalize else -score
     return _mean((m - f) ** 2, mask)
 
 
@@ -78,7 +91,7 @@ def _t(x) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64))
 
 
-METRICS = ["ncc", "lncc", "ssim", "mse"]
+METRICS = ["ncc", "lncc", "ssim", "mse", "mi"]
 
 
 # -- values -----------------------------------------------------------------------------
@@ -101,6 +114,14 @@ def test_local_ncc_loss_options(rng, window, kernel):
     np.testing.assert_allclose(float(out), expected, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("normalize", [True, False])
+def test_mi_loss_options(rng, normalize):
+    fixed, moving = _pairs(rng, 1)
+    out = MILoss(bins=16, normalize=normalize)(_t(fixed), _t(moving))
+    score = mutual_information_reference(fixed, moving, bins=16, normalize=normalize)
+    np.testing.assert_allclose(float(out), 2 - score if normalize else -score, rtol=1e-10)
+
+
 def test_ssim_loss_data_range(rng):
     fixed, moving = _pairs(rng, 1)
     fixed, moving = 4000 * fixed + 100, 4000 * moving + 100
@@ -116,7 +137,7 @@ def test_perfect_match_is_zero_loss(rng, metric):
     np.testing.assert_allclose(out.numpy(), 0.0, atol=1e-12)
 
 
-@pytest.mark.parametrize("metric", ["ncc", "lncc", "ssim", "mse"])
+@pytest.mark.parametrize("metric", METRICS)
 def test_channels_are_averaged(rng, metric):
     fixed, moving = _pairs(rng, 2, channels=3)
     out = LOSSES[metric](reduction="none")(_t(fixed), _t(moving))
@@ -244,6 +265,9 @@ def test_mismatched_shapes_are_an_error_naming_fixed_and_moving(fixed_shape, mov
         ("lncc", {"window": 5, "kernel": "gaussian"}),
         ("ssim", {"window": 5, "sigma": 1.0}),
         ("mse", {}),
+        # "mi": its frame (each image's min and max) is held fixed, which finite
+        # differences of the extreme pixels do not; gradchecked with a fixed frame in
+        # tests/ops/test_mutual_information.py
     ],
 )
 @pytest.mark.parametrize("weighted", [False, True])
@@ -281,6 +305,7 @@ def test_loss_for_builds_the_module_with_its_options():
         ("mse", {"sigma": 1.0, "window": 3}, "sigma, window", "none"),
         ("lncc", {"data_range": 1.0}, "data_range", "window, kernel, sigma"),
         ("ssim", {"kernel": "box"}, "kernel", "window, sigma, data_range, k1, k2"),
+        ("mi", {"window": 9}, "window", "bins, kernel, sigma, normalize"),
     ],
 )
 def test_loss_for_rejects_unknown_options_by_name(metric, options, named, accepted):

@@ -221,3 +221,75 @@ def test_one_pixel_template_with_pad_input_leaves_the_image_untouched():
     match_template(
         leaf, torch.ones(1, 1, 1, 1, dtype=torch.float64), pad_input=True
     ).sum().backward()
+
+
+# -- scikit-image's padding modes (pad_input=True) ---------------------------------------
+
+MODES = [
+    "constant",
+    "edge",
+    "reflect",
+    "symmetric",
+    "wrap",
+    "linear_ramp",
+    "maximum",
+    "mean",
+    "median",
+    "minimum",
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape, tshape", [((26, 31), (7, 6)), ((11, 12, 13), (4, 3, 5))])
+def test_every_skimage_mode(rng, mode, shape, tshape):
+    img, tpl = _image_and_template("random", rng, shape, tshape)
+    img = img + 0.4  # the constant and the ramp's 0 then differ from the image
+    ref = sk_match_template(img, tpl, pad_input=True, mode=mode, constant_values=0.9)
+    out = match_template(
+        _as_tensor(img, "cpu"),
+        _as_tensor(tpl, "cpu"),
+        pad_input=True,
+        mode=mode,
+        constant_values=0.9,
+    )
+    np.testing.assert_allclose(out[0, 0].numpy(), ref, rtol=0, atol=1e-6)
+    if mode != "constant":  # the border matters: another mode gives another map
+        other = sk_match_template(img, tpl, pad_input=True)
+        assert np.abs(other - ref).max() > 1e-3
+    valid = match_template(
+        _as_tensor(img, "cpu"), _as_tensor(tpl, "cpu"), mode=mode, constant_values=0.9
+    )
+    np.testing.assert_allclose(valid[0, 0].numpy(), sk_match_template(img, tpl), atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["edge", "median", "linear_ramp"])
+def test_modes_are_differentiable(mode):
+    gen = torch.Generator().manual_seed(3)
+    image = torch.rand(1, 1, 9, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    template = torch.rand(1, 1, 3, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda i, t: match_template(i, t, pad_input=True, mode=mode), (image, template)
+    )
+
+
+@pytest.mark.parametrize(
+    "mode, nan_rows", [("constant", [0, 1, 2]), ("edge", [0, 1, 2]), ("wrap", [0, 1, 2, 10, 11])]
+)
+def test_a_nan_pixel_reaches_the_windows_that_see_it_or_its_copies(mode, nan_rows):
+    image = torch.rand(1, 1, 12, 12, dtype=torch.float64)
+    image[0, 0, 0, 5] = float("nan")
+    out = match_template(
+        image, torch.rand(1, 1, 5, 3, dtype=torch.float64), pad_input=True, mode=mode
+    )
+    rows = torch.isnan(out[0, 0]).any(1).nonzero().flatten().tolist()
+    assert rows == nan_rows
+
+
+def test_mode_checks():
+    image, template = torch.rand(1, 1, 10, 10), torch.rand(1, 1, 3, 3)
+    with pytest.raises(ValueError, match="'nearest' is SciPy's name.*'edge' is the same"):
+        match_template(image, template, pad_input=True, mode="nearest")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        match_template(image, template, pad_input=True, mode="empty")
+    with pytest.raises(TypeError, match="constant_values must be a number"):
+        match_template(image, template, pad_input=True, constant_values=(0, 1))

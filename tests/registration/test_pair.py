@@ -156,7 +156,7 @@ def test_generator_send_stop_returns_result(affine_case):
         (np.zeros((0, 16)), np.ones((16, 16)), {}, "empty"),
         (np.ones((16, 16)), np.random.rand(16, 16), {}, "constant"),
         (np.random.rand(16, 16), np.random.rand(16, 16), {"model": "bspline"}, "model"),
-        (np.random.rand(16, 16), np.random.rand(16, 16), {"metric": "mi"}, "metric"),
+        (np.random.rand(16, 16), np.random.rand(16, 16), {"metric": "mattes"}, "metric"),
         (np.random.rand(16), np.random.rand(16), {}, "2-D or 3-D"),
     ],
 )

@@ -15,6 +15,7 @@ from magicgui.widgets import (
 )
 from napari.qt.threading import create_worker
 
+from ..registration.quality import MEASURES
 from ..widgets_logic.geometry import (
     apply_transforms,
     for_moving_grid,
@@ -276,7 +277,8 @@ class RegisterWidget(WorkerWidget):
             res = self._run.result
             word = "stopped early" if res.stopped else "done"
             status = (
-                f"{word} in {res.seconds:.1f} s on {res.device}; similarity (ZNCC) "
+                f"{word} in {res.seconds:.1f} s on {res.device}; similarity "
+                f"({MEASURES[res.similarity_measure].label}) "
                 f"{res.initial_similarity:.3f} → {res.similarity:.3f}"
             )
             if res.warnings:

@@ -14,8 +14,9 @@ from .invert import invert
 from .jacobian_determinant import jacobian_determinant
 from .local_ncc import local_ncc
 from .local_std import local_std
-from .losses import LOSSES, LocalNCCLoss, MSELoss, NCCLoss, SSIMLoss, loss_for
+from .losses import LOSSES, LocalNCCLoss, MILoss, MSELoss, NCCLoss, SSIMLoss, loss_for
 from .match_template import match_template
+from .mutual_information import mutual_information
 from .ncc import ncc
 from .similarity_gradient import similarity_gradient
 from .splat import splat
@@ -26,6 +27,7 @@ from .warp_affine import warp_affine
 __all__ = [
     "LOSSES",
     "LocalNCCLoss",
+    "MILoss",
     "MSELoss",
     "NCCLoss",
     "SSIMLoss",
@@ -39,6 +41,7 @@ __all__ = [
     "local_std",
     "loss_for",
     "match_template",
+    "mutual_information",
     "ncc",
     "similarity_gradient",
     "splat",

@@ -10,6 +10,8 @@ name         module             loss per image
 ``"lncc"``   :class:`LocalNCCLoss` ``1 −`` mean local NCC
 ``"ssim"``   :class:`SSIMLoss`   ``1 −`` mean SSIM
 ``"mse"``    :class:`MSELoss`    mean squared difference
+``"mi"``     :class:`MILoss`     ``2 −`` normalized mutual information (not 0
+                                 at a perfect match: the Parzen window)
 ============ ================== ============================================
 
 An optional ``weight`` ``(N or 1, 1, *S)`` (0..1, no gradient) restricts every mean to
@@ -27,6 +29,7 @@ import torch
 from ._numerics import flat_threshold_factor
 from ._validation import check_choice, check_pair
 from .local_ncc import local_ncc
+from .mutual_information import mutual_information
 from .ncc import ncc
 from .ssim import ssim
 
@@ -175,8 +178,52 @@ class SSIMLoss(SimilarityLoss):
         return 1.0 - _weighted_mean(s, weight)
 
 
+class MILoss(SimilarityLoss):
+    """Mutual information per image (:func:`~napari_simwarp.ops.mutual_information`),
+    for images whose intensities are related by any function (multimodal).
+
+    ``normalize=True`` (default): ``2 −`` the normalized mutual information of Studholme
+    et al., in ``[0, 1]``: 1 for independent images, lower the more each image determines
+    the other. ``normalize=False``: ``−`` the mutual information in nats (the value of
+    elastix's ``AdvancedMattesMutualInformation``), negative. Unlike the other losses
+    neither is 0 for identical images: the Parzen window spreads every intensity over
+    neighboring bins (``2 − NMI`` of an image with itself is about 0.5 with 32 bins).
+    The weight restricts the histogram to the pixels where it is positive and weighs
+    them; channels are averaged.
+    """
+
+    def __init__(
+        self,
+        bins: int = 32,
+        kernel: str = "bspline",
+        sigma: float = 1.0,
+        normalize: bool = True,
+        reduction: str = "mean",
+    ):
+        super().__init__(reduction)
+        self.bins, self.kernel, self.sigma, self.normalize = bins, kernel, sigma, normalize
+
+    def per_image(self, fixed, moving, weight):
+        score = mutual_information(
+            fixed,
+            moving,
+            weight=weight,
+            bins=self.bins,
+            kernel=self.kernel,
+            sigma=self.sigma,
+            normalize=self.normalize,
+        ).mean(dim=1)
+        return 2.0 - score if self.normalize else -score
+
+
 #: metric name → loss class (the registration's ``metric`` and similarity_gradient's).
-LOSSES = {"ncc": NCCLoss, "lncc": LocalNCCLoss, "ssim": SSIMLoss, "mse": MSELoss}
+LOSSES = {
+    "ncc": NCCLoss,
+    "lncc": LocalNCCLoss,
+    "ssim": SSIMLoss,
+    "mse": MSELoss,
+    "mi": MILoss,
+}
 
 #: metric name → the options its loss takes (besides ``reduction``).
 LOSS_OPTIONS = {
@@ -184,6 +231,7 @@ LOSS_OPTIONS = {
     "lncc": ("window", "kernel", "sigma"),
     "ssim": ("window", "sigma", "data_range", "k1", "k2"),
     "mse": (),
+    "mi": ("bins", "kernel", "sigma", "normalize"),
 }
 
 

@@ -15,7 +15,13 @@ from . import _kernels
 from ._nonfinite import fill_nonfinite, nonfinite_mask, power_of_two_scale, windows_seeing
 from ._numerics import accumulate_dtype, compute_dtype
 from ._padding import pad_spatial
-from ._validation import check_bool, check_image, check_kernel_like, check_same_device
+from ._validation import (
+    check_bool,
+    check_choice,
+    check_image,
+    check_kernel_like,
+    check_same_device,
+)
 from .fft_cc import fft_cc
 from .ncc import centered_energy
 
@@ -30,8 +36,100 @@ def _check_template(image: torch.Tensor, template: torch.Tensor) -> None:
     check_kernel_like(template, image, "template", "image")
 
 
+#: scikit-image's padding modes (``numpy.pad``'s names and meanings; ``"empty"`` excluded)
+MODES = (
+    "constant",
+    "edge",
+    "reflect",
+    "symmetric",
+    "wrap",
+    "linear_ramp",
+    "maximum",
+    "mean",
+    "median",
+    "minimum",
+)
+#: SciPy names refused here with the NumPy name scikit-image uses for the same border
+_SCIPY_NAMES = {
+    "nearest": "edge",
+    "mirror": "reflect",
+    "grid-mirror": "symmetric",
+    "grid-wrap": "wrap",
+    "grid-constant": "constant",
+}
+#: NumPy modes that are index gathers, as SciPy's names in ``pad_spatial``
+_GATHERS = {"edge": "nearest", "reflect": "mirror", "symmetric": "reflect"}
+_STATISTICS = {
+    "maximum": lambda x, d: x.amax(d, keepdim=True),
+    "minimum": lambda x, d: x.amin(d, keepdim=True),
+    "mean": lambda x, d: x.mean(d, keepdim=True),
+    "median": lambda x, d: torch.quantile(x, 0.5, dim=d, keepdim=True),
+}
+
+
+def _check_mode(mode, constant_values) -> float:
+    if mode in _SCIPY_NAMES:
+        raise ValueError(
+            f"mode={mode!r} is SciPy's name; match_template takes scikit-image's "
+            f"(numpy.pad's): {_SCIPY_NAMES[mode]!r} is the same border"
+        )
+    check_choice(mode, "mode", MODES)
+    if isinstance(constant_values, bool) or not isinstance(constant_values, (int, float)):
+        raise TypeError(f"constant_values must be a number, got {constant_values!r}")
+    return float(constant_values)
+
+
+def _pad_axis(x: torch.Tensor, dim: int, width: int, mode: str, value: float) -> torch.Tensor:
+    """``x`` padded by ``width`` on both sides of ``dim``, as ``numpy.pad(mode=mode)``."""
+    n = x.shape[dim]
+    if mode == "wrap":
+        return x.index_select(dim, torch.arange(-width, n + width, device=x.device) % n)
+    if mode in _GATHERS:
+        later_axes = [(0, 0)] * (x.dim() - dim - 1)
+        return pad_spatial(x, [(width, width), *later_axes], mode=_GATHERS[mode])
+    shape = list(x.shape)
+    shape[dim] = width
+    if mode == "constant":
+        before = after = x.new_full(shape, value)
+    elif mode == "linear_ramp":
+        # from 0 at the outer end to the edge value, numpy's linspace without its endpoint
+        ramp_shape = [1] * x.dim()
+        ramp_shape[dim] = width
+        ramp = torch.arange(width, device=x.device, dtype=x.dtype).reshape(ramp_shape) / width
+        before = x.narrow(dim, 0, 1) * ramp
+        after = x.narrow(dim, n - 1, 1) * ramp.flip(dim)
+    else:
+        before = after = _STATISTICS[mode](x, dim).expand(shape)
+    return torch.cat([before, x, after], dim=dim)
+
+
+def _pad_like_numpy(x: torch.Tensor, widths, mode: str, value: float) -> torch.Tensor:
+    """The spatial axes of ``(N, C, *S)`` padded by ``widths`` on both sides, axis after
+    axis as ``numpy.pad`` does (so corners of the statistic modes see earlier pads)."""
+    for axis, width in enumerate(widths):
+        x = _pad_axis(x, 2 + axis, width, mode, value)
+    return x
+
+
+#: how the mask of non-finite pixels is padded for each mode: a padded pixel is invalid
+#: where the values it copies or summarizes include an invalid one
+_MASK_MODES = {
+    "constant": "constant",
+    "linear_ramp": "edge",
+    "maximum": "maximum",
+    "minimum": "maximum",
+    "mean": "maximum",
+    "median": "maximum",
+}
+
+
 def match_template(
-    image: torch.Tensor, template: torch.Tensor, *, pad_input: bool = False
+    image: torch.Tensor,
+    template: torch.Tensor,
+    *,
+    pad_input: bool = False,
+    mode: str = "constant",
+    constant_values: float = 0.0,
 ) -> torch.Tensor:
     """ZNCC of a template at every position of an image, as ``skimage.feature.match_template``.
 
@@ -47,6 +145,17 @@ def match_template(
         (top-left) pixel is ``i``. True: the image is zero-padded by ``(t // 2,
         t - 1 - t // 2)`` per axis, output shape ``S``, position ``i`` is the window centered
         on ``i`` (center ``t // 2``), as scikit-image.
+    mode : str
+        How the image is padded for ``pad_input=True`` (no effect otherwise): scikit-image's
+        ``mode``, which is ``numpy.pad``'s, with NumPy's names and meanings —
+        ``"constant"`` (``constant_values``), ``"edge"`` (SciPy's "nearest"),
+        ``"reflect"`` (``d c b | a b c``: SciPy's "mirror"), ``"symmetric"`` (``c b a |
+        a b c``: SciPy's "reflect"), ``"wrap"``, ``"linear_ramp"`` (from 0 to the edge
+        value), ``"maximum"``, ``"mean"``, ``"median"``, ``"minimum"`` (of the whole row
+        along each axis, axis after axis). As in scikit-image the image is padded by the
+        template's full size, which only ``"linear_ramp"`` can tell.
+    constant_values : float
+        The value outside the image for ``mode="constant"`` (before centering).
 
     Returns
     -------
@@ -65,6 +174,7 @@ def match_template(
     check_same_device(image, template, "image", "template")
     _check_template(image, template)
     check_bool(pad_input, "pad_input")
+    value = _check_mode(mode, constant_values)
     out_dtype = torch.promote_types(image.dtype, template.dtype)
     dtype = compute_dtype(out_dtype)
     # Sums and the FFT run in the accumulation dtype (float64 for float32 data): the FFT's
@@ -88,8 +198,11 @@ def match_template(
     mean = img.detach().mean(dims, keepdim=True)
     scale = power_of_two_scale(img - mean, dims)
     if pad_input:
-        pads = [(t // 2, t - 1 - t // 2) for t in tshape]
-        y = (pad_spatial(img, pads, mode="constant") - mean) * scale
+        # scikit-image pads by the whole template, then keeps (t // 2, t - 1 - t // 2)
+        keep = tuple(
+            slice(t - t // 2, t + n + t - 1 - t // 2) for t, n in zip(tshape, img.shape[2:])
+        )
+        y = (_pad_like_numpy(img, tshape, mode, value)[(..., *keep)] - mean) * scale
     else:
         y = (img - mean) * scale
     t_centered, t_energy, t_flat = centered_energy(tpl * power_of_two_scale(tpl, dims), dims)
@@ -108,7 +221,10 @@ def match_template(
     if invalid is not None:
         padded_invalid = invalid
         if pad_input:
-            padded_invalid = pad_spatial(invalid.to(torch.float32), pads, mode="constant") > 0.5
+            flags = _pad_like_numpy(
+                invalid.to(torch.float32), tshape, _MASK_MODES.get(mode, mode), 0.0
+            )
+            padded_invalid = flags[(..., *keep)] > 0.5
         out = out.masked_fill(windows_seeing(padded_invalid, tshape, None), float("nan"))
     if template_invalid is not None:
         seen = template_invalid.flatten(2).any(-1)[(...,) + (None,) * len(tshape)]

@@ -2,4 +2,4 @@
 
 MODELS = ("translation", "rigid", "similarity", "affine", "deformable", "diffeomorphic")
 LINEAR_MODELS = MODELS[:4]
-METRICS = ("ncc", "lncc", "ssim", "mse")
+METRICS = ("ncc", "lncc", "ssim", "mse", "mi")

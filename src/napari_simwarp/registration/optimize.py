@@ -102,9 +102,12 @@ class RunResult:
     stopped : True when a callback (or ``send``) ended the run early
     model, device : what ran, where
     seconds : wall time of the run
-    similarity, initial_similarity : ZNCC of the fixed and the warped moving image over
-        the pixels they share, after and before registration (for a stack: the lowest
-        over the frames; per frame in ``frame_similarity``)
+    similarity, initial_similarity : the similarity of the fixed and the warped moving
+        image over the pixels they share, after and before registration (for a stack: the
+        lowest over the frames; per frame in ``frame_similarity``)
+    similarity_measure : what they measure: "zncc" (global ZNCC, in [-1, 1]) or, for
+        ``metric="mi"``, "nmi" (normalized mutual information, in [1, 2]); see
+        :mod:`~.quality`
     overlap : fraction of the fixed image the warped moving image covers (stack: lowest)
     warnings : why the result looks implausible, if it does (also emitted as
         :class:`~.quality.RegistrationWarning`)
@@ -117,6 +120,7 @@ class RunResult:
     seconds: float = 0.0
     similarity: float = float("nan")
     initial_similarity: float = float("nan")
+    similarity_measure: str = "zncc"
     overlap: float = float("nan")
     warnings: list = field(default_factory=list)
 

@@ -31,7 +31,7 @@ from .grid import Grid
 from .models import DenseModel, LinearModel
 from .optimize import RunResult, level_iterations, level_loss, make_schedule, optimize
 from .pyramid import auto_levels, build_pyramid, gaussian_blur, level_anisotropy, level_shapes
-from .quality import assess, masked_zncc
+from .quality import assess, masked_nmi, masked_zncc, measure_for
 from .transforms import Transform
 
 
@@ -341,7 +341,8 @@ def register_iter(
     # ``yield from`` passes each Progress out and each ``send`` (the stop signal) back in.
     stopped = (yield from loop)[0]
     warped = warp_moving(mdl, prep["moving_raw"][None, None], prep["shape"])
-    similarity, initial, overlap = _similarities(prep, model, mdl)
+    measure = measure_for(metric)
+    similarity, initial, overlap = _similarities(prep, model, mdl, measure)
     return RegistrationResult(
         transform=mdl.transforms()[0],
         warped=warped[0, 0].cpu().numpy(),
@@ -353,15 +354,18 @@ def register_iter(
         device=str(prep["device"]),
         similarity=similarity,
         initial_similarity=initial,
+        similarity_measure=measure,
         overlap=overlap,
-        warnings=assess(similarity, initial, overlap, dense=model not in LINEAR_MODELS),
+        warnings=assess(similarity, initial, overlap, model not in LINEAR_MODELS, measure),
         seconds=time.perf_counter() - start,
     )
 
 
-def _similarities(prep, model, mdl) -> tuple[float, float, float]:
-    """Final and initial ZNCC of the normalized images over their overlap, and the overlap
-    (fraction of the fixed image covered), at the finest level."""
+def _similarities(prep, model, mdl, measure: str) -> tuple[float, float, float]:
+    """Final and initial similarity (``measure``: "zncc" or "nmi") of the normalized images
+    over their overlap, and the overlap (fraction of the fixed image covered), at the
+    finest level."""
+    similarity = masked_nmi if measure == "nmi" else masked_zncc
     fixed, moving = prep["fixed"][-1], prep["moving"][-1]
     shape = tuple(fixed.shape[2:])
     start = make_model(prep, model, 1, None, None, 0)
@@ -372,8 +376,8 @@ def _similarities(prep, model, mdl) -> tuple[float, float, float]:
         weight = prep["weights"][-1]
         if weight is not None:
             valid, initial_valid = valid * weight, initial_valid * weight
-        final = float(masked_zncc(fixed, warped, valid)[0])
-        initial = float(masked_zncc(fixed, initial_warped, initial_valid)[0])
+        final = float(similarity(fixed, warped, valid)[0])
+        initial = float(similarity(fixed, initial_warped, initial_valid)[0])
         overlap = float(valid.mean() / (weight.mean() if weight is not None else 1.0))
     return final, initial, overlap
 

@@ -14,19 +14,22 @@ Conventions (docs/maths.md §6), all in array-axis order and pixels of the fixed
   spacing and zero origin, where the physical and pixel forms coincide.
 
 Transforms save to ``.npz`` files holding the arrays and a JSON header with a ``kind`` tag
-and the two grids; :func:`load_transform` reads any of them back.
+and the two grids (lossless); :func:`load_transform` reads any of them back. They also save
+to, and load from, the files other tools read (docs/maths.md §11): ITK (``.tfm``, ``.txt``,
+``.h5``), elastix ``TransformParameters`` and OME-Zarr 0.6 scenes (``.zarr``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 
 import numpy as np
 import torch
 
 from ..io.lazy import is_lazy
+from ..io.transform_files import elastix, format_of, itk, ngff
+from ..io.transform_files._common import write_atomic
 from ..ops import affine_to_displacement, integrate_velocity, warp, warp_affine
 from ..ops._sampling import sample_displaced
 from .grid import Grid, unit_grid
@@ -187,11 +190,42 @@ class Transform:
     def _meta(self) -> dict:
         return {}
 
-    def save(self, path) -> pathlib.Path:
-        """Write the transform to ``path`` (``.npz`` added when missing); return the path.
+    def save(self, path, format: str | None = None, **options) -> pathlib.Path:
+        """Write the transform to ``path``; return the path written.
 
-        The file is written whole or not at all (a temporary file, then a rename).
+        Parameters
+        ----------
+        path : str or path-like
+        format : {"npz", "itk", "elastix", "ngff"}, optional
+            Default: from the extension (docs/maths.md §11) — ``.npz`` (added when the
+            extension is not known) the lossless default; ``.tfm``, ``.txt`` ITK text
+            (linear), ``.h5`` ITK HDF5 (linear or displacement field); ``.txt`` named
+            ``TransformParameters*`` elastix (linear); ``.zarr`` an OME-Zarr 0.6 scene.
+        **options
+            ``fixed_shape`` (elastix, linear transforms: the fixed image's spatial shape,
+            the grid transformix resamples onto); ``fixed_image``, ``moving_image``,
+            ``units`` (ngff: the images to write beside the transform, with the grids).
+
+        Every file holds the transform in physical coordinates through the grids
+        (``fixed_grid``, ``moving_grid``); ITK and elastix files in their own x, y, z
+        order. Written whole or not at all (a ``.zarr`` is built beside and renamed into
+        place); an existing file is replaced, an existing ``.zarr`` directory only when it
+        is a scene napari-simwarp wrote (a FileExistsError otherwise: it may hold someone's
+        images).
         """
+        fmt = format_of(path, format)
+        allowed = {"npz": (), "itk": (), "elastix": ("fixed_shape",), "ngff": _NGFF_OPTIONS}
+        unknown = sorted(set(options) - set(allowed[fmt]))
+        if unknown:
+            raise TypeError(
+                f"save(format={fmt!r}) got unexpected option(s) {', '.join(unknown)}; "
+                f"it takes: {', '.join(allowed[fmt]) or 'none'}"
+            )
+        if fmt == "npz":
+            return self._save_npz(path)
+        return _save_interop(self, pathlib.Path(path), fmt, options)
+
+    def _save_npz(self, path) -> pathlib.Path:
         path = pathlib.Path(path)
         if path.suffix != ".npz":
             path = path.with_name(path.name + ".npz")
@@ -203,14 +237,12 @@ class Transform:
             "fixed_grid": fixed_grid.as_dict(),
             "moving_grid": moving_grid.as_dict(),
         }
-        partial = path.with_name(f".{path.name}.partial-{os.getpid()}.npz")
-        try:
-            np.savez(partial, header=np.array(json.dumps(header)), **self._arrays())
-            os.replace(partial, path)
-        finally:
-            if partial.exists():
-                partial.unlink()
-        return path
+
+        def write(partial):
+            with open(partial, "wb") as f:
+                np.savez(f, header=np.array(json.dumps(header)), **self._arrays())
+
+        return write_atomic(path, write, overwrite=True)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(kind={self.kind!r}, ndim={self.ndim})"
@@ -430,13 +462,33 @@ class VelocityTransform(_FieldTransform):
         return {"steps": self.steps}
 
 
-def load_transform(path) -> Transform:
-    """Read a transform written by ``Transform.save``.
+def load_transform(
+    path, format: str | None = None, *, fixed_grid: Grid | None = None, moving_grid=None
+) -> Transform:
+    """Read a transform written by ``Transform.save``, ITK, elastix or an OME-Zarr scene.
+
+    ``format`` as in :meth:`Transform.save` (default: from the extension; a ``.txt`` by its
+    first line). Files that do not hold a grid (ITK linear files: neither; ITK fields and
+    elastix files: the moving one) take it from ``fixed_grid`` / ``moving_grid``, or else
+    the unit grid, which places the physical transform in pixels; a grid passed for a
+    file that holds a different one is an error.
 
     Raises FileNotFoundError for a missing file and a ValueError that names the path for
-    anything else that is not a complete napari-simwarp transform: an empty or truncated
-    file, another kind of file, a missing array or an unknown kind.
+    anything else that is not a complete transform of the format: an empty or truncated
+    file, another kind of file, a missing array, an unknown kind, an ITK or elastix
+    transform type napari-simwarp does not read.
     """
+    fmt = format_of(path, format, reading=True)
+    if fmt != "npz":
+        return _load_interop(pathlib.Path(path), fmt, fixed_grid, moving_grid)
+    transform = _load_npz(path)
+    _check_given(path, (transform.fixed_grid, transform.moving_grid), (fixed_grid, moving_grid))
+    return transform.with_grids(
+        transform.fixed_grid or fixed_grid, transform.moving_grid or moving_grid
+    )
+
+
+def _load_npz(path) -> Transform:
     path = pathlib.Path(path)
     if not path.exists() and path.with_name(path.name + ".npz").exists():
         path = path.with_name(path.name + ".npz")
@@ -496,3 +548,128 @@ def load_transform(path) -> Transform:
         return transform.with_grids(*grids)
     except (TypeError, ValueError, KeyError) as exc:
         raise ValueError(f"{str(path)!r}: {exc}") from exc
+
+
+# -- the formats other tools read (docs/maths.md §11) ----------------------------------
+
+_NGFF_OPTIONS = ("fixed_image", "moving_image", "units")
+
+
+def _pixels_and_grids(shape, fixed: Grid, moving: Grid):
+    """Pixel positions ``(D, *shape)`` and the grids' spacing and origin shaped to
+    broadcast against them: ``(x, fixed spacing, fixed origin, moving spacing, origin)``."""
+    x = np.stack(np.meshgrid(*[np.arange(n) for n in shape], indexing="ij")).astype(np.float64)
+    per_axis = (-1, *([1] * len(shape)))
+    return x, *(
+        np.reshape(v, per_axis)
+        for v in (fixed.spacing, fixed.origin, moving.spacing, moving.origin)
+    )
+
+
+def _physical_field(transform: _FieldTransform) -> np.ndarray:
+    """The physical displacement ``u`` ``(D, *S)`` on the fixed grid: moving physical point
+    minus fixed physical point, per fixed pixel (array order)."""
+    d = transform.to_displacement(transform.shape).astype(np.float64)
+    x, fs, fo, ms, mo = _pixels_and_grids(transform.shape, *transform.grids())
+    return mo + ms * (x + d) - (fo + fs * x)
+
+
+def _pixel_field(u: np.ndarray, fixed: Grid, moving: Grid) -> np.ndarray:
+    """The pixel displacement ``d`` of a physical one ``u`` (the inverse of
+    :func:`_physical_field`)."""
+    x, fs, fo, ms, mo = _pixels_and_grids(u.shape[1:], fixed, moving)
+    return (fo + fs * x + u - mo) / ms - x
+
+
+def _grid_pair(grid: Grid) -> tuple[tuple, tuple]:
+    return tuple(grid.spacing), tuple(grid.origin)
+
+
+def _save_interop(transform: Transform, path: pathlib.Path, fmt: str, options) -> pathlib.Path:
+    linear = isinstance(transform, AffineTransform)
+    fixed, moving = transform.grids()
+    if fmt == "itk":
+        if linear:
+            return itk.write_itk_linear(path, transform.physical_matrix, overwrite=True)
+        if path.suffix.lower() not in itk.HDF5_SUFFIXES:
+            raise ValueError(
+                f"{str(path)!r}: a {transform.kind} field is written as ITK HDF5 (.h5); "
+                "ITK text files (.tfm, .txt) hold linear transforms"
+            )
+        field = _physical_field(transform)
+        return itk.write_itk_displacement(path, field, *_grid_pair(fixed), overwrite=True)
+    if fmt == "elastix":
+        if not linear:
+            raise ValueError(
+                f"{str(path)!r}: elastix parameter files are written for linear transforms; "
+                "save a field as ITK HDF5 (.h5) or OME-Zarr (.zarr)"
+            )
+        shape = options.get("fixed_shape")
+        if shape is None or len(shape) != transform.ndim or any(int(n) < 1 for n in shape):
+            raise ValueError(
+                f"fixed_shape must be the fixed image's spatial shape ({transform.ndim} "
+                f"positive ints: the grid transformix resamples onto), got {shape!r}"
+            )
+        return elastix.write_elastix(
+            path, transform.physical_matrix, tuple(shape), *_grid_pair(fixed), overwrite=True
+        )
+    images = {}
+    for name in ("fixed_image", "moving_image"):
+        if options.get(name) is not None:
+            array = _source(options[name], transform.ndim)[0]
+            if array.ndim != transform.ndim:
+                raise ValueError(f"{name} must be a {transform.ndim}-D image, got {array.shape}")
+            images[name] = array
+    return ngff.write_ngff(
+        path,
+        fixed_grid=_grid_pair(fixed),
+        moving_grid=_grid_pair(moving),
+        kind=transform.kind,
+        matrix=transform.physical_matrix if linear else None,
+        field=None if linear else _physical_field(transform),
+        units=options.get("units"),
+        overwrite=ngff.written_here(path),  # never a directory that may hold user data
+        **images,
+    )
+
+
+def _check_given(path, held, given) -> None:
+    """A grid passed to load_transform must be the one the file holds, where it holds one."""
+    for have, want, name in zip(held, given, ("fixed_grid", "moving_grid")):
+        if want is not None and have is not None and want != have:
+            raise ValueError(
+                f"{str(path)!r} holds its {name} ({have}); the {name} passed differs ({want})"
+            )
+
+
+def _grid_from(pair, ndim: int) -> Grid | None:
+    return None if pair is None else Grid.make(ndim, *pair)
+
+
+def _load_interop(path: pathlib.Path, fmt: str, fixed_grid, moving_grid) -> Transform:
+    if fmt == "itk":
+        found = itk.read_itk(path)
+        if found[0] == "linear":
+            kind, matrix, field, held = found[2], found[1], None, (None, None)
+        else:
+            kind, matrix, field = "displacement", None, found[1]
+            held = ((found[2], found[3]), None)
+    elif fmt == "elastix":
+        matrix, kind, _, spacing, origin = elastix.read_elastix(path)
+        field, held = None, ((spacing, origin), None)
+    else:
+        kind, matrix, field, fixed_pair, moving_pair = ngff.read_ngff(path)
+        held = (fixed_pair, moving_pair)
+    ndim = (matrix.shape[0] - 1) if matrix is not None else field.shape[0]
+    try:
+        fixed_held, moving_held = (_grid_from(pair, ndim) for pair in held)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{str(path)!r}: its grids are not valid ({exc})") from None
+    _check_given(path, (fixed_held, moving_held), (fixed_grid, moving_grid))
+    fixed = fixed_held or fixed_grid or unit_grid(ndim)
+    moving = moving_held or moving_grid or unit_grid(ndim)
+    if matrix is not None:
+        pixels = moving.to_pixels() @ matrix @ fixed.to_physical()
+        kind = kind if kind in LINEAR_KINDS else "affine"
+        return AffineTransform(pixels, kind).with_grids(fixed, moving)
+    return DisplacementTransform(_pixel_field(field, fixed, moving)).with_grids(fixed, moving)

@@ -1,0 +1,328 @@
+"""Mutual information of two images from a Parzen-window joint histogram (Mattes et al.).
+
+docs/maths.md §10. Each image's intensities are mapped to continuous bin coordinates and
+spread over the bins by a smooth kernel (a cubic B-spline, as Mattes et al. 2003 and
+elastix's ``AdvancedMattesMutualInformation`` for the moving image, or a Gaussian), so the
+joint histogram, and the mutual information computed from it, are differentiable with
+respect to both images. For images whose intensities are related by any function, not
+only a linear one (two stains, fluorescence against brightfield).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._autograd import first_order_backward
+from ._nonfinite import fill_nonfinite, nonfinite_mask
+from ._validation import check_bool, check_choice, check_pair, check_positive
+
+KERNELS = ("bspline", "gaussian")
+#: pixels × taps (or tap pairs) built at once: bounds the memory of a pass
+_CHUNK_ELEMENTS = 1 << 22
+#: probabilities below this count as empty bins in p·log p (its gradient stays finite)
+_TINY = 1e-300
+
+
+def _bspline3_taps(xi: torch.Tensor, bins: int, derivative: bool):
+    """The cubic B-spline's four non-zero taps at bin coordinates ``xi`` ``(M, P)`` in
+    ``[1, bins − 2]``: bins ``cell − 1 … cell + 2`` with ``cell = ⌊ξ⌋`` (kept ≤ bins − 3,
+    so ``f = ξ − cell ∈ [0, 1]``), weights ``β³(ξ − k)`` in closed form, and their
+    derivatives with respect to ``ξ``."""
+    cell = xi.detach().floor().clamp(1, bins - 3)
+    f = (xi - cell).unsqueeze(-1)
+    index = cell.to(torch.int64).unsqueeze(-1) + torch.arange(-1, 3, device=xi.device)
+    g = 1.0 - f
+    f2, f3 = f * f, f * f * f
+    weights = (
+        torch.cat([g * g * g, 3 * f3 - 6 * f2 + 4, -3 * f3 + 3 * f2 + 3 * f + 1, f3], dim=-1) / 6.0
+    )
+    if not derivative:
+        return index, weights, None
+    slopes = torch.cat([-0.5 * g * g, 1.5 * f2 - 2 * f, -1.5 * f2 + f + 0.5, 0.5 * f2], dim=-1)
+    return index, weights, slopes
+
+
+def _gaussian_taps(xi: torch.Tensor, bins: int, sigma: float, derivative: bool):
+    """Gaussian weights of ``sigma`` bins over every bin, normalized to sum 1 per pixel,
+    and their derivatives with respect to ``xi``."""
+    centers = torch.arange(bins, device=xi.device, dtype=xi.dtype)
+    t = xi.unsqueeze(-1) - centers
+    g = torch.exp(-0.5 * (t / sigma) ** 2)
+    total = g.sum(-1, keepdim=True)
+    weights = g / total
+    index = torch.arange(bins, device=xi.device).expand_as(t)
+    if not derivative:
+        return index, weights, None
+    dg = -t / sigma**2 * g
+    return index, weights, dg / total - weights * dg.sum(-1, keepdim=True) / total
+
+
+class _Parzen:
+    """The Parzen window over ``bins`` bins: each pixel's taps (bins, weights and their
+    derivatives with respect to its bin coordinate ``ξ``), and their dense form.
+
+    B-spline: 4 taps, summing to 1 for ``ξ ∈ [1, bins − 2]`` (where the intensities are
+    mapped). Gaussian (``sigma`` in bins): every bin a tap, normalized to sum 1.
+    """
+
+    def __init__(self, kernel: str, bins: int, sigma: float):
+        self.kernel, self.bins, self.sigma = kernel, bins, sigma
+        #: B-spline: 4 × 4 tap pairs per pixel, counted directly; Gaussian: every bin a
+        #: tap, dense weights and matrix products
+        self.sparse = kernel == "bspline"
+        #: elements per pixel a chunk holds (sizes the chunks)
+        self.cost = 16 if self.sparse else bins
+
+    def taps(self, xi: torch.Tensor, derivative: bool = False):
+        """``(index, weights, slopes)``, each ``(M, P, T)`` (``slopes`` None unless asked)."""
+        if self.kernel == "bspline":
+            return _bspline3_taps(xi, self.bins, derivative)
+        return _gaussian_taps(xi, self.bins, self.sigma, derivative)
+
+    def dense(self, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """``W[m, p, k]`` ``(M, P, bins)``: the taps' weights scattered onto the bins."""
+        out = weights.new_zeros(*weights.shape[:-1], self.bins)
+        return out.scatter_add_(-1, index, weights)
+
+
+class _JointHistogram(torch.autograd.Function):
+    """``J[m] = Σ_p w_p · W_a[m, p]ᵀ ⊗ W_b[m, p]`` ``(M, bins, bins)`` from bin coordinates
+    ``xi_a``, ``xi_b`` ``(M, P)`` and pixel weights ``(M, P)`` (or None).
+
+    Pixels are processed in chunks: the B-spline's 16 tap pairs per pixel counted into
+    their bins, or the Gaussian's dense weights and one batched matrix product; the
+    backward recomputes the taps chunk by chunk, so the memory is a few ``(M, P)`` maps
+    whatever the number of bins (docs/maths.md §10.2).
+    """
+
+    @staticmethod
+    def forward(ctx, xi_a, xi_b, weight, parzen: _Parzen):
+        ctx.save_for_backward(xi_a, xi_b, weight)
+        ctx.parzen = parzen
+        m, p = xi_a.shape
+        bins = parzen.bins
+        joint = xi_a.new_zeros(m * bins * bins)
+        for chunk in _chunks(p, m * parzen.cost):
+            index_a, wa, _ = parzen.taps(xi_a[:, chunk])
+            index_b, wb, _ = parzen.taps(xi_b[:, chunk])
+            if weight is not None:
+                wa = wa * weight[:, chunk].unsqueeze(-1)
+            if parzen.sparse:
+                # every pair of taps adds wa·wb to its bin: one weighted count (bincount:
+                # a shared-memory histogram on CUDA), no dense weights
+                flat = _pair_index(index_a, index_b, bins)
+                values = wa.unsqueeze(-1) * wb.unsqueeze(-2)
+                joint += torch.bincount(flat.reshape(-1), values.reshape(-1), m * bins * bins)
+            else:
+                dense = torch.bmm(
+                    parzen.dense(index_a, wa).transpose(1, 2), parzen.dense(index_b, wb)
+                )
+                joint += dense.reshape(-1)
+        return joint.reshape(m, bins, bins)
+
+    @staticmethod
+    @first_order_backward("mutual_information")
+    def backward(ctx, grad_joint):
+        xi_a, xi_b, weight = ctx.saved_tensors
+        parzen = ctx.parzen
+        need_a, need_b = ctx.needs_input_grad[:2]
+        grad_a = torch.zeros_like(xi_a) if need_a else None
+        grad_b = torch.zeros_like(xi_b) if need_b else None
+        m, p = xi_a.shape
+        grad_joint = grad_joint.contiguous()
+        for chunk in _chunks(p, m * parzen.cost):
+            index_a, wa, slope_a = parzen.taps(xi_a[:, chunk], derivative=need_a)
+            index_b, wb, slope_b = parzen.taps(xi_b[:, chunk], derivative=need_b)
+            w = None if weight is None else weight[:, chunk]
+            # ∂L/∂ξ_a(p) = w_p Σ_k W'_a[p, k] Σ_l G[k, l] W_b[p, l], and the same for b:
+            # what each tap of one image sees of G through the other image's weights
+            if parzen.sparse:
+                g = grad_joint.reshape(-1)[_pair_index(index_a, index_b, parzen.bins)]
+                seen_a = (g * wb.unsqueeze(-2)).sum(-1) if need_a else None
+                seen_b = (g * wa.unsqueeze(-1)).sum(-2) if need_b else None
+            else:
+                seen_a = seen_b = None
+                if need_a:
+                    seen = torch.bmm(parzen.dense(index_b, wb), grad_joint.transpose(1, 2))
+                    seen_a = seen.gather(-1, index_a)
+                if need_b:
+                    seen_b = torch.bmm(parzen.dense(index_a, wa), grad_joint).gather(-1, index_b)
+            if need_a:
+                g = (slope_a * seen_a).sum(-1)
+                grad_a[:, chunk] = g if w is None else g * w
+            if need_b:
+                g = (slope_b * seen_b).sum(-1)
+                grad_b[:, chunk] = g if w is None else g * w
+        return grad_a, grad_b, None, None
+
+
+def _pair_index(index_a: torch.Tensor, index_b: torch.Tensor, bins: int) -> torch.Tensor:
+    """Flat index ``(M, P, Ta, Tb)`` of every pair of taps into ``(M, bins, bins)``."""
+    m = index_a.shape[0]
+    offset = torch.arange(m, device=index_a.device).view(m, 1, 1, 1) * (bins * bins)
+    return offset + index_a.unsqueeze(-1) * bins + index_b.unsqueeze(-2)
+
+
+def _chunks(pixels: int, per_pixel: int):
+    step = max(1, _CHUNK_ELEMENTS // max(per_pixel, 1))
+    for start in range(0, pixels, step):
+        yield slice(start, min(pixels, start + step))
+
+
+def _bin_coordinates(x, valid, value_range, bins: int, pad: float) -> torch.Tensor:
+    """Intensities ``(M, P)`` → continuous bin coordinates in ``[pad, bins − 1 − pad]``.
+
+    The range is ``value_range`` or, per row, the min and max of the pixels in ``valid``
+    (detached: the histogram's frame does not move with the image); values outside it are
+    clamped to it.
+    """
+    if value_range is None:
+        big = torch.finfo(x.dtype).max
+        lo = torch.where(valid, x, x.new_tensor(big)).amin(1, keepdim=True).detach()
+        hi = torch.where(valid, x, x.new_tensor(-big)).amax(1, keepdim=True).detach()
+        empty = hi < lo  # no valid pixel: any frame will do, the weights are all 0
+        lo, hi = torch.where(empty, 0.0, lo), torch.where(empty, 1.0, hi)
+    else:
+        lo, hi = (x.new_tensor(float(v)) for v in value_range)
+    span = hi - lo
+    flat = span <= 0
+    span = torch.where(flat, torch.ones_like(span), span)
+    unit = ((torch.minimum(torch.maximum(x, lo), hi) - lo) / span).clamp(0.0, 1.0)
+    return pad + unit * (bins - 1 - 2 * pad)
+
+
+def _entropy(p: torch.Tensor, dims) -> torch.Tensor:
+    return -(p * torch.log(p.clamp_min(_TINY))).sum(dims)
+
+
+def _check_weight(weight, a: torch.Tensor) -> torch.Tensor | None:
+    if weight is None:
+        return None
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        raise TypeError(f"weight must be a floating-point torch.Tensor, got {weight!r:.80}")
+    expected = (a.shape[0], 1, *a.shape[2:])
+    if (
+        weight.dim() != a.dim()
+        or weight.shape[0] not in (1, a.shape[0])
+        or weight.shape[1] != 1
+        or weight.shape[2:] != a.shape[2:]
+    ):
+        raise ValueError(
+            f"weight must have shape (N or 1, 1, *S) = {expected} for images of shape "
+            f"{tuple(a.shape)}, got {tuple(weight.shape)}"
+        )
+    if weight.device != a.device:
+        raise ValueError(f"weight is on {weight.device}, the images on {a.device}")
+    return weight.detach()
+
+
+def _check_range(value_range):
+    if value_range is None:
+        return None
+    try:
+        lo, hi = (float(v) for v in value_range)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"value_range must be None or a pair (low, high) of numbers, got {value_range!r}"
+        ) from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and hi > lo):
+        raise ValueError(f"value_range must be finite with high > low, got {value_range!r}")
+    return lo, hi
+
+
+def mutual_information(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    weight: torch.Tensor | None = None,
+    bins: int = 32,
+    kernel: str = "bspline",
+    sigma: float = 1.0,
+    value_range=None,
+    normalize: bool = False,
+) -> torch.Tensor:
+    """Mutual information of ``a`` and ``b`` per image and channel, from a Parzen-window
+    joint histogram.
+
+    Parameters
+    ----------
+    a, b : Tensor, shape ``(N, C, H, W)`` or ``(N, C, D, H, W)``, same shape and device
+        float16/bfloat16 (computed in float32), float32 or float64. Never modified.
+    weight : Tensor, shape ``(N or 1, 1, *S)``, optional
+        Each pixel's share of the histogram (≥ 0; a 0/1 mask selects pixels). No gradient
+        flows to it. Default: every pixel counts once.
+    bins : int
+        Histogram bins per image (≥ 4 for the B-spline kernel, ≥ 2 for the Gaussian).
+    kernel : {"bspline", "gaussian"}
+        The Parzen window: the cubic B-spline of Mattes et al. (support 4 bins, the
+        intensity range mapped onto bins ``[1, bins − 2]`` so that every pixel's weights
+        sum to 1), or a Gaussian of ``sigma`` bins (weights normalized to sum 1 per pixel,
+        the range mapped onto ``[0, bins − 1]``).
+    sigma : float
+        The Gaussian's standard deviation, in bins (ignored by the B-spline).
+    value_range : (low, high), optional
+        The intensity range the bins cover, for both images; values outside are clamped
+        to it. Default: each image's own min and max (over the pixels of positive weight,
+        per image and channel; not differentiated).
+    normalize : bool
+        False: the mutual information ``H(a) + H(b) − H(a, b)`` in nats. True: the
+        normalized mutual information ``(H(a) + H(b)) / H(a, b)`` of Studholme et al. (in
+        ``[1, 2]``; scikit-image's ``normalized_mutual_information``).
+
+    Returns
+    -------
+    Tensor, shape ``(N, C)``, in the promoted dtype of ``a`` and ``b``. The mutual
+    information is ≥ 0: 0 for independent images (and wherever one image is constant
+    over the counted pixels), larger the more each image tells about the other; the
+    normalized form runs from 1 (independent) to 2 (each determines the other; 2 also
+    where the joint entropy is 0). NaN for an image and channel holding a NaN or
+    infinite pixel. Differentiable with respect to
+    ``a`` and ``b`` (first derivatives; the histogram's frame is held fixed).
+    """
+    out_dtype, dtype = check_pair(a, b)
+    weight = _check_weight(weight, a)
+    if isinstance(bins, bool) or not isinstance(bins, int):
+        raise TypeError(f"bins must be an int, got {bins!r}")
+    check_choice(kernel, "kernel", KERNELS)
+    low = 4 if kernel == "bspline" else 2
+    if bins < low:
+        raise ValueError(f"bins must be at least {low} for kernel={kernel!r}, got {bins}")
+    sigma = check_positive(sigma, "sigma")
+    value_range = _check_range(value_range)
+    check_bool(normalize, "normalize")
+
+    n, c = a.shape[:2]
+    invalid = [nonfinite_mask(x) for x in (a, b)]
+    a, b = (x if m is None else fill_nonfinite(x, m) for x, m in zip((a, b), invalid))
+    xa = a.to(dtype).reshape(n * c, -1)
+    xb = b.to(dtype).reshape(n * c, -1)
+    if weight is None:
+        w, valid = None, torch.ones_like(xa, dtype=torch.bool)
+    else:
+        w = weight.to(dtype).expand(n, c, *weight.shape[2:]).reshape(n * c, -1)
+        valid = w > 0
+    pad = 1.0 if kernel == "bspline" else 0.0
+    xi_a = _bin_coordinates(xa, valid, value_range, bins, pad)
+    xi_b = _bin_coordinates(xb, valid, value_range, bins, pad)
+    joint = _JointHistogram.apply(xi_a, xi_b, w, _Parzen(kernel, bins, sigma))
+
+    # Entropies in float64 where the device has it: p log p of small bins is where
+    # float32 loses the digits that the differences of entropies keep.
+    joint = joint.to(torch.float64) if joint.device.type != "mps" else joint
+    total = joint.sum((1, 2), keepdim=True)
+    p = joint / total.clamp_min(_TINY)
+    h_ab = _entropy(p, (1, 2))
+    h_a = _entropy(p.sum(2), 1)
+    h_b = _entropy(p.sum(1), 1)
+    if normalize:
+        flat = h_ab <= 0
+        score = torch.where(flat, 2.0, (h_a + h_b) / torch.where(flat, 1.0, h_ab))
+    else:
+        score = h_a + h_b - h_ab
+    score = score.reshape(n, c)
+    for m in invalid:
+        if m is not None:
+            score = score.masked_fill(m.flatten(2).any(-1), float("nan"))
+    return score.to(out_dtype)

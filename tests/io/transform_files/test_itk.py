@@ -1,0 +1,64 @@
+"""ITK transform files: the types SimpleITK writes are read as SimpleITK applies them;
+our files round-trip. (Resampling by SimpleITK: tests/registration/test_transform_files.py.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from napari_simwarp.io.transform_files.itk import read_itk, write_itk_displacement, write_itk_linear
+
+sitk = pytest.importorskip("SimpleITK")
+
+
+def test_simpleitk_written_types_are_read(tmp_path):
+    """Euler, versor, similarity and composite transforms written by SimpleITK give the
+    matrix SimpleITK applies."""
+    cases = [
+        sitk.Euler2DTransform((1.0, 2.0), 0.3, (4.0, -1.0)),
+        sitk.Similarity2DTransform(1.2, 0.2, (0.5, 1.0), (2.0, 3.0)),
+        sitk.Euler3DTransform((1.0, 2.0, 3.0), 0.1, -0.2, 0.3, (4.0, 5.0, 6.0)),
+        sitk.VersorRigid3DTransform((0.1, 0.2, -0.1, np.sqrt(1 - 0.06)), (1.0, 2.0, 3.0)),
+        sitk.Similarity3DTransform(0.9, (0.0, 0.1, 0.2, np.sqrt(0.95)), (1.0, -1, 2), (3, 2, 1)),
+        sitk.ScaleTransform(2, (1.5, 0.5)),
+        sitk.CompositeTransform(
+            [sitk.TranslationTransform(2, (1.0, 2.0)), sitk.Euler2DTransform((0, 0), 0.4)]
+        ),
+    ]
+    zyx = sitk.Euler3DTransform((1.0, 2.0, 3.0), 0.1, -0.2, 0.3, (4.0, 5.0, 6.0))
+    zyx.SetComputeZYX(True)
+    cases.append(zyx)
+    for i, tx in enumerate(cases):
+        path = tmp_path / f"t{i}.tfm"
+        sitk.WriteTransform(tx, str(path))
+        found, matrix, _ = read_itk(path)
+        assert found == "linear"
+        d = matrix.shape[0] - 1
+        for point in np.random.default_rng(i).normal(0, 10, (5, d)):
+            expected = np.array(tx.TransformPoint(tuple(point[::-1])))[::-1]
+            got = matrix[:d, :d] @ point + matrix[:d, d]
+            np.testing.assert_allclose(got, expected, atol=1e-9, err_msg=tx.GetName())
+
+
+@pytest.mark.parametrize("suffix", [".tfm", ".h5"])
+def test_linear_round_trip_and_kind(tmp_path, rng, suffix):
+    matrix = np.eye(4)
+    matrix[:3, :] = rng.normal(0, 1, (3, 4))
+    path = write_itk_linear(tmp_path / f"a{suffix}", matrix)
+    found, back, kind = read_itk(path)
+    np.testing.assert_allclose(back, matrix, atol=1e-14)
+    assert (found, kind) == ("linear", "affine")
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        write_itk_linear(path, matrix)
+
+
+def test_displacement_round_trip_is_simpleitks_field(tmp_path, rng):
+    field = rng.normal(0, 1, (2, 5, 7))
+    path = write_itk_displacement(tmp_path / "d.h5", field, (0.5, 2.0), (1.0, -3.0))
+    found, back, spacing, origin = read_itk(path)
+    np.testing.assert_allclose(back, field)
+    assert (found, spacing, origin) == ("displacement", (0.5, 2.0), (1.0, -3.0))
+    image = sitk.DisplacementFieldTransform(sitk.ReadTransform(str(path))).GetDisplacementField()
+    assert image.GetSize() == (7, 5) and image.GetSpacing() == (2.0, 0.5)
+    vectors = sitk.GetArrayFromImage(image)  # (rows, cols, (x, y))
+    np.testing.assert_allclose(vectors[..., ::-1], np.moveaxis(field, 0, -1))

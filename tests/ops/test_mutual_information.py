@@ -1,0 +1,167 @@
+"""mutual_information against an independent NumPy/SciPy Parzen-window reference and
+scikit-image's normalized mutual information; gradients, weights, NaN rule, checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from skimage.metrics import normalized_mutual_information
+
+from napari_simwarp.ops import mutual_information
+from tests.images import random_smooth
+from tests.ops.mutual_information_reference import mutual_information_reference
+
+
+def _pair(rng, shape, n=1, c=1):
+    a = np.stack([[random_smooth(rng, shape, 1.5) for _ in range(c)] for _ in range(n)])
+    b = np.sin(3 * np.pi * a) + 0.1 * rng.standard_normal(a.shape)  # not monotonic
+    return torch.from_numpy(a), torch.from_numpy(b)
+
+
+@pytest.mark.parametrize("kernel", ["bspline", "gaussian"])
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("shape", [(24, 29), (9, 10, 11)])
+def test_matches_the_numpy_reference(rng, kernel, normalize, shape):
+    a, b = _pair(rng, shape, n=2, c=2)
+    out = mutual_information(a, b, bins=16, kernel=kernel, sigma=0.8, normalize=normalize)
+    assert out.shape == (2, 2) and out.dtype == torch.float64
+    expected = [
+        [
+            mutual_information_reference(
+                a[i, j], b[i, j], bins=16, kernel=kernel, sigma=0.8, normalize=normalize
+            )
+            for j in range(2)
+        ]
+        for i in range(2)
+    ]
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-10, atol=1e-12)
+
+
+def test_weights_and_value_range_match_the_reference(rng):
+    a, b = _pair(rng, (30, 26))
+    weight = torch.from_numpy(rng.random((1, 1, 30, 26)) * (rng.random((30, 26)) < 0.6))
+    out = mutual_information(a, b, weight=weight, value_range=(-0.5, 1.2), bins=20)
+    expected = mutual_information_reference(a, b, weight, bins=20, value_range=(-0.5, 1.2))
+    np.testing.assert_allclose(float(out), expected, rtol=1e-10)
+    unweighted = mutual_information(a, b, value_range=(-0.5, 1.2), bins=20)
+    assert abs(float(unweighted) - expected) > 1e-3  # the weight matters here
+
+
+def test_narrow_gaussian_is_scikit_images_histogram(rng):
+    """With intensities on the bin centers and a very narrow Gaussian, the Parzen histogram
+    is the plain joint histogram scikit-image counts."""
+    a = rng.integers(0, 12, (40, 36)).astype(np.float64)
+    b = np.where(rng.random(a.shape) < 0.8, (a * 7) % 12, rng.integers(0, 12, a.shape))
+    out = mutual_information(
+        torch.from_numpy(a)[None, None],
+        torch.from_numpy(b.astype(np.float64))[None, None],
+        bins=12,
+        kernel="gaussian",
+        sigma=0.05,
+        normalize=True,
+    )
+    np.testing.assert_allclose(float(out), normalized_mutual_information(a, b, bins=12), rtol=1e-9)
+
+
+@pytest.mark.parametrize("kernel", ["bspline", "gaussian"])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_gradcheck(rng, kernel, normalize):
+    a, b = _pair(rng, (6, 7), n=2)
+    weight = torch.from_numpy(rng.random((2, 1, 6, 7)))
+    a.requires_grad_()
+    b.requires_grad_()
+    # A fixed frame (value_range): the default frame follows the min and max, which the
+    # operator holds fixed (not differentiated), while finite differences move it.
+    assert torch.autograd.gradcheck(
+        lambda x, y: mutual_information(
+            x, y, weight=weight, bins=7, kernel=kernel, value_range=(-1.5, 1.5), normalize=normalize
+        ),
+        (a, b),
+    )
+
+
+def test_default_frame_gradient_holds_the_range_fixed(rng):
+    """The default frame (each image's min and max) is not differentiated: with both
+    images spanning the same range it gives the gradient of that range given explicitly."""
+    a, b = _pair(rng, (12, 12))
+    lo, hi = float(a.min()), float(a.max())
+    b = lo + (b - b.min()) / (b.max() - b.min()) * (hi - lo)
+    grads = []
+    for value_range in (None, (lo, hi)):
+        x = b.clone().requires_grad_()
+        mutual_information(a, x, value_range=value_range).sum().backward()
+        grads.append(x.grad)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-9, atol=1e-12)
+    assert grads[0].abs().max() > 0
+
+
+def test_float32_agrees_with_float64(rng):
+    a, b = _pair(rng, (64, 64))
+    out32 = mutual_information(a.float(), b.float())
+    assert out32.dtype == torch.float32
+    np.testing.assert_allclose(float(out32), float(mutual_information(a, b)), rtol=1e-5)
+
+
+def test_independent_images_share_little_information(rng):
+    a, _ = _pair(rng, (64, 64))
+    b = torch.from_numpy(rng.random((1, 1, 64, 64)))
+    assert float(mutual_information(a, b)) < 0.1 * float(mutual_information(a, a))
+
+
+def test_constant_images():
+    flat = torch.full((1, 1, 8, 8), 3.0, dtype=torch.float64)
+    ramp = torch.linspace(0, 1, 64, dtype=torch.float64).reshape(1, 1, 8, 8)
+    assert float(mutual_information(flat, ramp)) == pytest.approx(0.0, abs=1e-12)
+    # the Parzen window spreads a constant image over 3 bins: independent of anything
+    assert float(mutual_information(flat, flat, normalize=True)) == pytest.approx(1.0)
+    ramp.requires_grad_()
+    mutual_information(flat, ramp).sum().backward()
+    assert torch.isfinite(ramp.grad).all()
+
+
+def test_nonfinite_pixels_give_nan_for_their_image_only(rng):
+    a, b = _pair(rng, (10, 10), n=2)
+    a[1, 0, 3, 3] = float("nan")
+    a.requires_grad_()
+    out = mutual_information(a, b)
+    assert torch.isnan(out[1]).all() and torch.isfinite(out[0]).all()
+    out[0].sum().backward()
+    assert torch.isfinite(a.grad).all()
+
+
+def test_inputs_are_not_modified(rng):
+    a, b = _pair(rng, (10, 10))
+    a0, b0 = a.clone(), b.clone()
+    weight = torch.ones(1, 1, 10, 10, dtype=torch.float64)
+    mutual_information(a, b, weight=weight)
+    assert torch.equal(a, a0) and torch.equal(b, b0)
+    assert torch.equal(weight, torch.ones_like(weight))
+
+
+def test_double_backward_is_refused(rng):
+    a, b = _pair(rng, (6, 6))
+    b.requires_grad_()
+    with pytest.raises(RuntimeError, match="first derivatives only"):
+        torch.autograd.grad(mutual_information(a, b).sum(), b, create_graph=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(bins=3), ValueError, "bins must be at least 4"),
+        (dict(bins=8.0), TypeError, "bins must be an int"),
+        (dict(kernel="box"), ValueError, "kernel must be one of"),
+        (dict(sigma=0), ValueError, "sigma must be positive"),
+        (dict(value_range=(1, 1)), ValueError, "high > low"),
+        (dict(value_range="ab"), TypeError, "value_range must be None or a pair"),
+        (dict(weight=torch.ones(1, 2, 8, 8)), ValueError, r"weight must have shape \(N or 1, 1"),
+        (dict(normalize=1), TypeError, "normalize must be True or False"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, error, message):
+    a = torch.rand(1, 1, 8, 8)
+    with pytest.raises(error, match=message):
+        mutual_information(a, a, **kwargs)
+    with pytest.raises(ValueError, match="same shape"):
+        mutual_information(a, a[..., :7])
