@@ -26,6 +26,24 @@ std::vector<int64_t> pass_axes(at::IntArrayRef window) {
   return axes;
 }
 
+// One pass per window axis over an array of `shape` whose window axes start at `first`:
+// run(lines, k, first_pass, next), where next is a new (maps, *shape after the pass) buffer
+// for the pass that follows, or undefined on the last pass. Valid passes shrink each axis
+// by k − 1, full ones grow it.
+template <typename Run>
+void window_passes(at::IntArrayRef window, int64_t first, std::vector<int64_t> shape, bool full,
+                   int64_t maps, const at::TensorOptions& options, Run run) {
+  const std::vector<int64_t> axes = pass_axes(window);
+  for (size_t p = 0; p < axes.size(); ++p) {
+    const int64_t dim = first + axes[p], k = window[axes[p]];
+    const Lines l = lines_of(shape, dim);
+    shape[dim] = full ? l.L + k - 1 : l.L - k + 1;
+    std::vector<int64_t> next_shape{maps};
+    next_shape.insert(next_shape.end(), shape.begin(), shape.end());
+    run(l, k, p == 0, p + 1 == axes.size() ? at::Tensor() : at::empty(next_shape, options));
+  }
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> local_std_fwd(const at::Tensor& xp_in,
@@ -39,22 +57,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> local_std_fwd(const at::Tensor& x
   const int64_t first = xp.dim() - static_cast<int64_t>(window.size());
   at::Tensor out = at::empty(out_shape, xp.options()), s1 = at::empty(out_shape, xp.options());
   at::Tensor flat = at::empty(out_shape, xp.options().dtype(at::kBool));
-  const std::vector<int64_t> axes = pass_axes(window);
-  std::vector<int64_t> shape = xp.sizes().vec();
-  at::Tensor moments;  // the previous pass's (4, *shape)
-  for (size_t p = 0; p < axes.size(); ++p) {
-    const int64_t dim = first + axes[p], k = window[axes[p]];
-    const Lines l = lines_of(shape, dim);
-    shape[dim] = l.L - k + 1;
-    const bool last = p + 1 == axes.size();
-    std::vector<int64_t> next_shape{4};
-    next_shape.insert(next_shape.end(), shape.begin(), shape.end());
-    at::Tensor next = last ? at::Tensor() : at::empty(next_shape, xp.options());
+  at::Tensor moments;  // the previous pass's (4, ...)
+  window_passes(window, first, xp.sizes().vec(), /*full=*/false, 4, xp.options(),
+                [&](const Lines& l, int64_t k, bool first_pass, const at::Tensor& next) {
     AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "simwarp_local_std_fwd_cuda", [&] {
       LocalStdForward<scalar_t> io{};
-      io.x = p == 0 ? xp.data_ptr<scalar_t>() : nullptr;
-      io.moments = p == 0 ? nullptr : moments.data_ptr<scalar_t>();
-      io.moments_out = last ? nullptr : next.data_ptr<scalar_t>();
+      io.x = first_pass ? xp.data_ptr<scalar_t>() : nullptr;
+      io.moments = first_pass ? nullptr : moments.data_ptr<scalar_t>();
+      io.moments_out = next.defined() ? next.data_ptr<scalar_t>() : nullptr;
       io.out = out.data_ptr<scalar_t>();
       io.s1 = s1.data_ptr<scalar_t>();
       io.flat = flat.data_ptr<bool>();
@@ -66,7 +76,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> local_std_fwd(const at::Tensor& x
                    "local_std_fwd");
     });
     moments = next;
-  }
+  });
   return {out, s1, flat};
 }
 
@@ -80,20 +90,12 @@ at::Tensor local_std_bwd(const at::Tensor& grad_in, const at::Tensor& out_in,
   const at::Tensor out = out_in.contiguous(), s1 = s1_in.contiguous(), flat = flat_in.contiguous();
   const int64_t first = xp.dim() - static_cast<int64_t>(window.size());
   at::Tensor dx = at::empty_like(xp, at::MemoryFormat::Contiguous);
-  const std::vector<int64_t> axes = pass_axes(window);
-  std::vector<int64_t> shape = grad.sizes().vec();
-  at::Tensor partials;  // the previous pass's (2, *shape)
-  for (size_t p = 0; p < axes.size(); ++p) {
-    const int64_t dim = first + axes[p], k = window[axes[p]];
-    const Lines l = lines_of(shape, dim);
-    shape[dim] = l.L + k - 1;
-    const bool last = p + 1 == axes.size();
-    std::vector<int64_t> next_shape{2};
-    next_shape.insert(next_shape.end(), shape.begin(), shape.end());
-    at::Tensor next = last ? at::Tensor() : at::empty(next_shape, xp.options());
+  at::Tensor partials;  // the previous pass's (2, ...)
+  window_passes(window, first, grad.sizes().vec(), /*full=*/true, 2, xp.options(),
+                [&](const Lines& l, int64_t k, bool first_pass, const at::Tensor& next) {
     AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "simwarp_local_std_bwd_cuda", [&] {
       LocalStdBackward<scalar_t> io{};
-      if (p == 0) {
+      if (first_pass) {
         io.grad = grad.data_ptr<scalar_t>();
         io.out = out.data_ptr<scalar_t>();
         io.s1 = s1.data_ptr<scalar_t>();
@@ -101,7 +103,7 @@ at::Tensor local_std_bwd(const at::Tensor& grad_in, const at::Tensor& out_in,
       } else {
         io.partials = partials.data_ptr<scalar_t>();
       }
-      io.partials_out = last ? nullptr : next.data_ptr<scalar_t>();
+      io.partials_out = next.defined() ? next.data_ptr<scalar_t>() : nullptr;
       io.x = xp.data_ptr<scalar_t>();
       io.dx = dx.data_ptr<scalar_t>();
       io.inv_n = scalar_t(1) / static_cast<scalar_t>(checks::window_volume(window));
@@ -110,7 +112,7 @@ at::Tensor local_std_bwd(const at::Tensor& grad_in, const at::Tensor& out_in,
                    "local_std_bwd");
     });
     partials = next;
-  }
+  });
   return dx;
 }
 

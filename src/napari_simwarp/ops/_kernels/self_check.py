@@ -16,6 +16,7 @@ the whole check costs milliseconds on a GPU.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -120,37 +121,27 @@ def _compare_linear(
     )
 
 
-def _check_box_sum(device, dtype, gen) -> float:
-    errors = []
-    for shape, window in (((2, 3, 19, 23), (5, 7)), ((1, 2, 9, 10, 11), (3, 1, 5))):
-        x = _random(gen, shape, device, dtype)
-        for full in (False, True):
-            errors.append(
-                _compare_linear(
-                    lambda t, w=window, f=full: calls.box_sum(t, w, f),
-                    lambda t, w=window, f=full: _reference.box_sum(t, w, f),
-                    lambda t, w=window, f=full: _reference.box_sum(t, w, not f),
-                    x,
-                    seed=1,
-                )
-            )
-    return max(errors)
-
-
-def _check_correlate(device, dtype, gen) -> float:
+def _check_linear(name: str, device, dtype, gen) -> float:
+    """box_sum or correlate, valid and full / transposed (each the other's adjoint)."""
+    compiled, twin = getattr(calls, name), getattr(_reference, name)
     errors = []
     for shape, sizes in (((2, 3, 19, 23), (5, 7)), ((1, 2, 9, 10, 11), (3, 1, 5))):
         x = _random(gen, shape, device, dtype)
-        # Random taps: the transpose is not the same correlation unless they are symmetric.
-        taps = [torch.rand(k, generator=gen, device=device).tolist() for k in sizes]
-        for transpose in (False, True):
+        # A window, or random taps (the transpose is not the same correlation unless they
+        # are symmetric).
+        window = (
+            sizes
+            if name == "box_sum"
+            else [torch.rand(k, generator=gen, device=device).tolist() for k in sizes]
+        )
+        for flag in (False, True):
             errors.append(
                 _compare_linear(
-                    lambda t, w=taps, tr=transpose: calls.correlate(t, w, tr),
-                    lambda t, w=taps, tr=transpose: _reference.correlate(t, w, tr),
-                    lambda t, w=taps, tr=transpose: _reference.correlate(t, w, not tr),
+                    lambda t, w=window, f=flag: compiled(t, w, f),
+                    lambda t, w=window, f=flag: twin(t, w, f),
+                    lambda t, w=window, f=flag: twin(t, w, not f),
                     x,
-                    seed=2,
+                    seed=1,
                 )
             )
     return max(errors)
@@ -213,8 +204,8 @@ def _check_splat(device, dtype, gen) -> float:
 #: primitive -> its check: a function of (device, dtype, generator) giving the largest
 #: relative difference from the twin.
 PRIMITIVE_CHECKS = {
-    "box_sum": _check_box_sum,
-    "correlate": _check_correlate,
+    "box_sum": functools.partial(_check_linear, "box_sum"),
+    "correlate": functools.partial(_check_linear, "correlate"),
     "moments5": _check_moments5,
     "local_std": _check_local_std,
     "splat": _check_splat,
