@@ -1,109 +1,410 @@
-"""The compiled kernels on a GPU at 4096² against their memory-traffic floor (issue: kernels).
+"""The CUDA kernels on a GPU: each against the bytes it must move, each op against the
+pure torch path and its peers.
 
-The floor of an op is the time to read each of its inputs and write each of its outputs
-once at the device's measured copy bandwidth. local_std forward+backward reads the image
-and the upstream gradient and writes the map and the image gradient (4 float32 arrays);
-SSIM forward+backward (the map, then a map-shaped upstream gradient) reads two images and
-the gradient and writes the map and two image gradients (6 arrays). Ratios to the floor
-and to the pure torch path on the same GPU go into docs/benchmarks.md. Without CUDA the
-module records that it was skipped.
+    python benchmarks/bench_gpu.py            # on a GPU: measure, rewrite the GPU section of
+                                              # docs/benchmarks.md (scripts/gpu_check.sh)
+    python benchmarks/bench_gpu.py --smoke    # tiny sizes on any device: the code paths run
+    python benchmarks/run.py gpu              # within the whole benchmark run
+
+Per kernel (one torch.ops.simwarp call): the bytes its passes read and write
+(:data:`KERNELS`, from the design in csrc/cuda/), the time that traffic takes at the
+device's measured copy bandwidth (the prediction), and the time measured with CUDA events.
+Per op (forward+backward through autograd, the issue's targets): ours compiled and pure
+torch; the read-once/write-once floor of the op; and the peers on the same GPU:
+pytorch-msssim, kornia, MONAI, and fused-ssim / fussim and fused-lncc where installed.
+Without a GPU the section holds the predictions at an H100's nominal bandwidth, marked
+not yet measured.
 """
 
 from __future__ import annotations
 
+import argparse
+import datetime
+import pathlib
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
-from _harness import time_call, with_backend
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 
-SECTION = "Compiled kernels on the GPU (4096², against the memory floor)"
-SIZE = 4096
+from _harness import Report, with_backend  # noqa: E402
+
+SECTION = "Compiled kernels on the GPU (against the bytes they move)"
+#: an H100 SXM's HBM3 bandwidth (bytes/s), for predictions made without a GPU
+NOMINAL_BANDWIDTH = 3.35e12
+DOCS = HERE.parent / "docs" / "benchmarks.md"
 
 
-def _synchronised(fn, device: torch.device):
-    def run():
-        out = fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return out
+@dataclass(frozen=True)
+class Kernel:
+    """One compiled call and the traffic its passes make (csrc/cuda/)."""
 
-    return run
+    name: str
+    #: maps (of the call's output size, in its dtype) read and written by all its passes
+    maps_moved: float
+    #: maps its arguments and results alone fill: the read-once/write-once floor
+    maps_floor: float
+    #: bytes of one map
+    map_bytes: int
+    #: the call, given a device (inputs are made once, outside the timing)
+    make: Callable[[torch.device], Callable[[], object]]
+
+    def predicted(self, bandwidth: float) -> float:
+        return self.maps_moved * self.map_bytes / bandwidth
+
+    def floor(self, bandwidth: float) -> float:
+        return self.maps_floor * self.map_bytes / bandwidth
+
+
+def _kernels(size: int) -> list[Kernel]:
+    """The kernel calls at ``size``² float32 (windows 15 and 11, the ops' defaults)."""
+    ops = torch.ops.simwarp
+    f32 = size * size * 4
+    k, g = 15, 11
+    taps = [1.0 / g] * (2 * g)
+
+    def local_std_fwd(device):
+        xp = torch.randn(1, 1, size + k - 1, size + k - 1, device=device)
+        return lambda: ops.local_std_fwd(xp, [k, k], 0.0, True, 2.3e-13)
+
+    def local_std_bwd(device):
+        xp = torch.randn(1, 1, size + k - 1, size + k - 1, device=device)
+        out, s1, flat = ops.local_std_fwd(xp, [k, k], 0.0, True, 2.3e-13)
+        grad = torch.randn_like(out)
+        return lambda: ops.local_std_bwd(grad, out, s1, flat, xp, [k, k], True)
+
+    def box_full(device):
+        x = torch.randn(1, 1, size, size, device=device)
+        return lambda: ops.box_sum(x, [k, k], True)
+
+    def moments(device):
+        centered = torch.randn(2, 1, 1, size + g - 1, size + g - 1, device=device)
+        return lambda: ops.moments5(centered, taps, [g, g])
+
+    def correlate_t(device):
+        y = torch.randn(5, 1, 1, size, size, device=device)
+        return lambda: ops.correlate(y, taps, [g, g], True)
+
+    def splat(device):
+        image = torch.rand(1, 1, size, size, device=device)
+        disp = torch.randn(1, 2, size, size, device=device)
+        return lambda: ops.splat_fwd(image, disp, True, 1e-6)
+
+    def splat_bwd(device):
+        image = torch.rand(1, 1, size, size, device=device)
+        disp = torch.randn(1, 2, size, size, device=device)
+        out, den = ops.splat_fwd(image, disp, True, 1e-6)
+        v = torch.randn_like(out)
+        return lambda: ops.splat_bwd(v, None, image, disp, out, den, True, 1e-6)
+
+    # maps moved, per pass (window_pass.h, local_std.cu, moments5.cu, correlate.cu, splat.cu):
+    return [
+        # last axis: read x, write S1, S2 as hi/lo pairs (4); first axis: read 4, write out,
+        # s1 and the 1-byte flat mask.
+        Kernel("local_std_fwd 2D w15", 1 + 4 + 4 + 2.25, 1 + 2.25, f32, local_std_fwd),
+        # last axis: read grad, out, s1, flat, write 2 partial sums; first axis: read 2 and
+        # x, write dx.
+        Kernel("local_std_bwd 2D w15", 3.25 + 2 + 2 + 2, 3.25 + 2, f32, local_std_bwd),
+        Kernel("box_sum full 2D w15", 4, 2, f32, box_full),
+        # last axis: read a, b, write 5 maps; first axis: read 5, write 5.
+        Kernel("moments5 2D w11", 2 + 5 + 5 + 5, 2 + 5, f32, moments),
+        Kernel("correlate transpose, 5 maps, 2D w11", 4 * 5, 2 * 5, f32, correlate_t),
+        # scatter: read image and 2 displacement maps, zero and add into out and den (2,
+        # atomics in L2), normalize: read 2, write 1.
+        Kernel("splat_fwd 2D, 1 channel", 3 + 2 + 2 + 3, 3 + 2, f32, splat),
+        # prepare: read v, out, den, write scaled, slope0; gather: read image, 2 disp,
+        # scaled and slope0 at the corners (cached), write 3 gradients.
+        Kernel("splat_bwd 2D, 1 channel", 3 + 2 + 5 + 3, 6 + 3, f32, splat_bwd),
+    ]
+
+
+def _gpu_seconds(fn: Callable[[], object], repeat: int = 20, warmup: int = 3) -> float:
+    """Median time of ``fn()`` on the current CUDA stream, by CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def _cpu_seconds(fn: Callable[[], object], repeat: int = 3, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def seconds(fn: Callable[[], object], device: torch.device) -> float:
+    return _gpu_seconds(fn) if device.type == "cuda" else _cpu_seconds(fn)
 
 
 def copy_bandwidth(device: torch.device, n_bytes: int = 1 << 30) -> float:
     """Bytes per second of a device-to-device copy (read plus write)."""
     src = torch.empty(n_bytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    seconds = time_call(_synchronised(lambda: dst.copy_(src), device), repeat=10)
-    return 2 * n_bytes / seconds
+    return 2 * n_bytes / seconds(lambda: dst.copy_(src), device)
 
 
-def _forward_backward(op, *images):
-    """One forward and backward of a map-valued ``op`` with a map-shaped upstream gradient."""
-    leaves = [x.detach().clone().requires_grad_() for x in images]
-    upstream = torch.randn_like(images[0])
+def kernel_table(kernels: list[Kernel], bandwidth: float, device: torch.device | None) -> str:
+    """Markdown: each kernel's traffic, prediction, floor and (with a device) its time."""
+    lines = [
+        "| kernel | maps moved | predicted (µs) | floor (µs) | measured (µs) | measured / "
+        "predicted |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for kernel in kernels:
+        predicted, floor = kernel.predicted(bandwidth), kernel.floor(bandwidth)
+        if device is None:
+            measured, ratio = "not yet measured", ""
+        else:
+            t = seconds(kernel.make(device), device)
+            measured, ratio = f"{t * 1e6:.0f}", f"{t / predicted:.2f}"
+        lines.append(
+            f"| {kernel.name} | {kernel.maps_moved:g} | {predicted * 1e6:.0f} | "
+            f"{floor * 1e6:.0f} | {measured} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+def targets_note(kernels: list[Kernel], bandwidth: float, size: int) -> str:
+    """What the predictions say of the issue's targets, before any measurement."""
+    t = {k.name: k.predicted(bandwidth) for k in kernels}
+    map_s = kernels[0].map_bytes / bandwidth
+    local_std = t["local_std_fwd 2D w15"] + t["local_std_bwd 2D w15"]
+    return (
+        f"Targets. local_std forward+backward at {size}²: its two "
+        f"kernels are predicted at {local_std * 1e6:.0f} µs, {local_std / (4 * map_s):.1f}× the "
+        f"read-once/write-once floor of the op ({4 * map_s * 1e6:.0f} µs: x and the upstream "
+        "gradient read, the map and the image gradient written; the target is 3×), before the "
+        "operator's own padded, centered copy of the image and its non-finite check (about 3 "
+        "more maps, ops/local_std.py). Reaching 3× needs the forward to write only its map "
+        "(S1 and the flat mask recomputed by the backward) and the padding done in the "
+        "first pass, as the CPU's local_std_2d does. SSIM and local NCC on CUDA run their "
+        "moments in float64 and their per-pixel metric as torch element-wise passes "
+        "(ops/_moments.py): moments5 and the adjoint correlation alone move 37 maps, in "
+        "float64 twice the bytes, against about 6 float32 maps for a fully fused SSIM "
+        "(fused-ssim): they are not expected to match fused-ssim or fused-lncc until the "
+        "metric is fused into the window passes."
+    )
+
+
+# ---- the ops, forward+backward, against torch and peers -----------------------------------
+
+
+def _fwd_bwd(fn: Callable, *inputs: torch.Tensor, grads: int | None = None):
+    """One forward and backward of ``fn`` on leaf copies of ``inputs`` (the first ``grads``
+    of them require grad), the output summed unless it is a scalar."""
+    n = len(inputs) if grads is None else grads
+    leaves = [x.detach().clone().requires_grad_(i < n) for i, x in enumerate(inputs)]
 
     def run():
         for leaf in leaves:
             leaf.grad = None
-        op(*leaves).backward(upstream)
+        out = fn(*leaves)
+        (out if out.dim() == 0 else out.sum()).backward()
 
     return run
 
 
-def measure(report, device: torch.device, size: int) -> None:
-    """Time local_std and ssim forward+backward on ``device`` at ``size``², both backends."""
+def _peer_ssim() -> dict[str, tuple[Callable, int]]:
+    """SSIM peers that import here: name -> (fn(a, b) -> scalar or map, inputs with grad)."""
+    peers = {}
+    try:
+        import pytorch_msssim
+
+        peers["pytorch-msssim ssim"] = (lambda a, b: pytorch_msssim.ssim(a, b, data_range=1.0), 2)
+    except ImportError:
+        pass
+    try:
+        import kornia
+
+        peers["kornia metrics.ssim"] = (lambda a, b: kornia.metrics.ssim(a, b, 11), 2)
+    except ImportError:
+        pass
+    try:
+        from monai.losses import SSIMLoss
+
+        loss = SSIMLoss(spatial_dims=2, data_range=1.0)
+        peers["MONAI SSIMLoss"] = (loss, 2)
+    except ImportError:
+        pass
+    for module in ("fussim", "fused_ssim"):
+        try:
+            fused = __import__(module).fused_ssim
+        except (ImportError, AttributeError):
+            continue
+        # Gradients to the first image only: what these kernels give.
+        peers[f"{module}.fused_ssim"] = (lambda a, b, f=fused: f(a, b, padding="same"), 1)
+    return peers
+
+
+def _peer_lncc() -> dict[str, tuple[Callable, int]]:
+    peers = {}
+    try:
+        from monai.losses import LocalNormalizedCrossCorrelationLoss
+
+        loss = LocalNormalizedCrossCorrelationLoss(spatial_dims=3, kernel_size=9)
+        peers["MONAI LocalNormalizedCrossCorrelationLoss"] = (loss, 2)
+    except ImportError:
+        pass
+    try:
+        import fused_lncc
+
+        for name in ("lncc_loss", "fused_lncc", "lncc", "LNCCLoss", "FusedLNCC"):
+            fn = getattr(fused_lncc, name, None)
+            if fn is not None:
+                fn = fn(kernel_size=9) if isinstance(fn, type) else fn
+                peers[f"fused_lncc.{name}"] = (fn, 2)
+                break
+    except ImportError:
+        pass
+    return peers
+
+
+def op_cases(device: torch.device, smoke: bool):
+    """(title, floor in maps of the input's size, our op, peers, inputs) per target."""
     from napari_simwarp import ops
 
-    bandwidth = copy_bandwidth(device)
-    array_s = size * size * 4 / bandwidth  # one float32 map read or written once
-    report.note(
-        SECTION,
-        f"{device}: copy bandwidth {bandwidth / 1e9:.0f} GB/s (read + write); "
-        f"one {size}² float32 map costs {array_s * 1e3:.3f} ms at it.",
-    )
     gen = torch.Generator(device=device).manual_seed(0)
-    a = torch.rand((1, 1, size, size), generator=gen, device=device)
-    b = (0.7 * a + 0.3 * torch.rand(a.shape, generator=gen, device=device)).clamp_(0, 1)
-    cases = [
-        (f"local_std {size}² w15", 4, lambda x: ops.local_std(x, window=15), (a,)),
-        (f"ssim map {size}² w11", 6, lambda x, y: ops.ssim(x, y, reduction="none"), (a, b)),
+
+    def images(*shape):
+        a = torch.rand(shape, generator=gen, device=device)
+        b = (0.7 * a + 0.3 * torch.rand(shape, generator=gen, device=device)).clamp(0, 1)
+        return a, b
+
+    n = 64 if smoke else 4096
+    ssim_shape = (2, 1, 48, 64) if smoke else (5, 1, 1080, 1920)
+    lncc_side = 24 if smoke else 160
+    return [
+        # read x and the upstream gradient, write the map and the image gradient
+        (
+            f"local_std {n}² w15",
+            4,
+            lambda x: ops.local_std(x, window=15),
+            {},
+            images(1, 1, n, n)[:1],
+        ),
+        # read a and b, write the two image gradients (a scalar loss)
+        (
+            f"ssim {ssim_shape} w11, mean",
+            4,
+            lambda a, b: ops.ssim(a, b, window=11, reduction="mean"),
+            _peer_ssim(),
+            images(*ssim_shape),
+        ),
+        (
+            f"local_ncc {lncc_side}³ w9, mean",
+            4,
+            lambda a, b: ops.local_ncc(a, b, window=9, reduction="mean"),
+            _peer_lncc(),
+            images(1, 1, lncc_side, lncc_side, lncc_side),
+        ),
     ]
-    for group, arrays, op, images in cases:
-        fn = _forward_backward(op, *images)
-        ours = report.measure(
-            group,
-            "simwarp compiled",
-            "forward+backward",
-            _synchronised(with_backend("compiled", fn), device),
-            ours=True,
-            repeat=20,
-            memory=False,
-        )
-        report.measure(
-            group,
-            "simwarp pure torch",
-            "forward+backward",
-            _synchronised(with_backend("torch", fn), device),
-            repeat=20,
-            memory=False,
-        )
-        floor = arrays * array_s
-        report.note(
-            SECTION,
-            f"{group}: compiled forward+backward {ours.seconds * 1e3:.2f} ms, "
-            f"{ours.seconds / floor:.2f}× its floor of {floor * 1e3:.2f} ms "
-            f"({arrays} maps read or written once).",
-        )
 
 
-def run(report) -> None:
+def op_table(device: torch.device, bandwidth: float, smoke: bool) -> str:
+    lines = [
+        "| op | implementation | forward+backward (ms) | / floor | / ours compiled |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for title, floor_maps, op, peers, inputs in op_cases(device, smoke):
+        floor = floor_maps * inputs[0].numel() * 4 / bandwidth
+        rows = [
+            ("simwarp compiled", with_backend("compiled", _fwd_bwd(op, *inputs))),
+            ("simwarp pure torch", with_backend("torch", _fwd_bwd(op, *inputs))),
+        ]
+        rows += [(name, _fwd_bwd(fn, *inputs, grads=g)) for name, (fn, g) in peers.items()]
+        ours = None
+        for name, fn in rows:
+            try:
+                t = seconds(fn, device)
+            except Exception as exc:  # a peer that fails here is reported, not fatal
+                lines.append(f"| {title} | {name} | failed: {type(exc).__name__} | | |")
+                continue
+            ours = t if ours is None else ours
+            lines.append(f"| {title} | {name} | {t * 1e3:.3f} | {t / floor:.1f} | {t / ours:.2f} |")
+    return "\n".join(lines)
+
+
+def run(report: Report, smoke: bool = False) -> None:
+    """The GPU section: measured on CUDA, predicted only elsewhere (``smoke``: tiny, any
+    device, for checking that the code runs)."""
     from napari_simwarp.ops import _kernels as backend
 
-    if not torch.cuda.is_available():
-        report.note(SECTION, "No CUDA device in this run: skipped.")
+    cuda = torch.cuda.is_available() and backend.ensure_loaded() and backend.state()["cuda"]
+    size = 64 if smoke else 4096
+    if not cuda and not smoke:
+        report.note(
+            SECTION,
+            "Not yet measured: no CUDA device in this run "
+            f"({backend.state().get('cuda_error') or 'torch has no CUDA'}). Predictions at an "
+            f"H100 SXM's nominal {NOMINAL_BANDWIDTH / 1e12:.2f} TB/s, {size}² float32 (a map "
+            f"is {size * size * 4 / 1e6:.0f} MB); `bash scripts/gpu_check.sh` measures them "
+            "and rewrites this section.",
+        )
+        report.note(SECTION, kernel_table(_kernels(size), NOMINAL_BANDWIDTH, None))
+        report.note(SECTION, targets_note(_kernels(size), NOMINAL_BANDWIDTH, size))
         return
-    if not backend.ensure_loaded() or not backend.state()["cuda"]:
-        report.note(SECTION, f"CUDA kernels not built here: {backend.state()['error']}")
-        return
-    report.note(SECTION, f"GPU: {torch.cuda.get_device_name()}, CUDA {torch.version.cuda}.")
-    measure(report, torch.device("cuda"), SIZE)
+    device = torch.device("cuda" if cuda else "cpu")
+    backend.ensure_loaded()
+    bandwidth = copy_bandwidth(device, n_bytes=1 << 20 if smoke else 1 << 30)
+    name = torch.cuda.get_device_name() if cuda else "CPU (smoke run)"
+    report.note(
+        SECTION,
+        f"{datetime.date.today().isoformat()}, {name}, torch {torch.__version__} (CUDA "
+        f"{torch.version.cuda}); measured copy bandwidth {bandwidth / 1e9:.0f} GB/s (read + "
+        f"write), at which one {size}² float32 map costs {size * size * 4 / bandwidth * 1e6:.1f} "
+        "µs. Predictions: the maps each kernel's passes move, at that bandwidth.",
+    )
+    report.note(SECTION, kernel_table(_kernels(size), bandwidth, device))
+    report.note(SECTION, op_table(device, bandwidth, smoke))
+
+
+def splice(markdown: str, path: pathlib.Path = DOCS) -> None:
+    """Replace the GPU section of ``path`` (from its heading to the next ``## ``) with
+    ``markdown``, leaving every other section as it was."""
+    text = path.read_text().splitlines()
+    start = next(
+        i for i, line in enumerate(text) if line.startswith("## Compiled kernels on the GPU")
+    )
+    end = next((i for i in range(start + 1, len(text)) if text[i].startswith("## ")), len(text))
+    path.write_text(
+        "\n".join([*text[:start], *markdown.rstrip("\n").splitlines(), "", *text[end:]]) + "\n"
+    )
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, any device, no docs")
+    parser.add_argument("--out", default=str(DOCS), help="the benchmarks page to update")
+    args = parser.parse_args(argv)
+    report = Report()
+    run(report, smoke=args.smoke)
+    markdown = report.markdown(SECTION)
+    print(markdown)
+    if not args.smoke:
+        splice(markdown, pathlib.Path(args.out))
+        print(f"updated {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

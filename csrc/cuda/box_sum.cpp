@@ -1,8 +1,6 @@
-// CUDA binding of simwarp::box_sum and its registration; also box_pass, the one-axis pass
-// that local_std.cpp reuses (declared in binding.h). The kernel is box_sum.cu.
+// CUDA binding of simwarp::box_sum and its registration; also box_pass (declared in
+// binding.h). The kernel is box_sum.cu.
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "binding.h"
@@ -14,16 +12,12 @@ namespace cuda {
 
 at::Tensor box_pass(const at::Tensor& x, int64_t dim, int64_t k, bool full) {
   const Lines l = lines_of(x, dim);
-  const int64_t pad = full ? k - 1 : 0;
-  const int64_t n_out = full ? l.L + k - 1 : l.L - k + 1;
   auto sizes = x.sizes().vec();
-  sizes[dim] = n_out;
-  auto out = at::empty(sizes, x.options());
-  auto stream = c10::cuda::getCurrentCUDAStream();
+  sizes[dim] = full ? l.L + k - 1 : l.L - k + 1;
+  at::Tensor out = at::empty(sizes, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "simwarp_box_pass_cuda", [&] {
-    check_launch(launch_box_axis<scalar_t, scalar_t>(x.data_ptr<scalar_t>(),
-                                                     out.data_ptr<scalar_t>(), l.B, l.L, l.R, k,
-                                                     pad, n_out, stream),
+    check_launch(launch_box_axis<scalar_t>(x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), l.B,
+                                           l.L, l.R, k, full, current_stream()),
                  "box_sum");
   });
   return out;
@@ -32,7 +26,7 @@ at::Tensor box_pass(const at::Tensor& x, int64_t dim, int64_t k, bool full) {
 at::Tensor box_sum(const at::Tensor& x, at::IntArrayRef window, bool full) {
   checks::box_sum(x, window, full);
   if (x.numel() == 0) return at::zeros(checks::window_output_shape(x.sizes(), window, full), x.options());
-  const c10::cuda::CUDAGuard guard(x.device());
+  const DeviceGuard guard(x.device());
   const int64_t first = x.dim() - static_cast<int64_t>(window.size());
   at::Tensor cur = x.contiguous();
   for (int64_t a = static_cast<int64_t>(window.size()) - 1; a >= 0; --a) {
@@ -44,4 +38,4 @@ at::Tensor box_sum(const at::Tensor& x, at::IntArrayRef window, bool full) {
 }  // namespace cuda
 }  // namespace simwarp
 
-TORCH_LIBRARY_IMPL(simwarp, CUDA, m) { m.impl("box_sum", &simwarp::cuda::box_sum); }
+SIMWARP_CUDA_LIBRARY_IMPL(m) { m.impl("box_sum", &simwarp::cuda::box_sum); }

@@ -1,47 +1,39 @@
-// CUDA kernel of simwarp::box_sum: window sums along one axis, one thread per line.
+// CUDA kernel of simwarp::box_sum: window sums along one axis (window_pass.h), as
+// compensated sums in the data's type.
 #include "box_sum.h"
-#include "grid.h"
+#include "simwarp/compensated.h"
+#include "window_pass.h"
 
 namespace simwarp {
 namespace cuda {
 namespace {
 
-// One thread per (b, r) line: a running sum along L (O(1) per element whatever k). Adjacent
-// threads own adjacent r, so for inner axes (R > 1) every step reads a coalesced row.
-template <typename T, typename Out>
-__global__ void box_axis_kernel(const T* __restrict__ x, Out* __restrict__ out, int64_t B,
-                                int64_t L, int64_t R, int64_t k, int64_t pad, int64_t n_out) {
-  const int64_t line = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (line >= B * R) return;
-  const int64_t b = line / R, r = line % R;
-  const T* xl = x + b * L * R + r;
-  Out* ol = out + b * n_out * R + r;
-  double acc = 0.0;
-  const int64_t lo0 = -pad, hi0 = -pad + k - 1;
-  for (int64_t j = lo0 > 0 ? lo0 : 0; j <= (hi0 < L - 1 ? hi0 : L - 1); ++j) acc += xl[j * R];
-  ol[0] = static_cast<Out>(acc);
-  for (int64_t i = 1; i < n_out; ++i) {
-    const int64_t add = hi0 + i, sub = lo0 + i - 1;
-    if (add >= 0 && add < L) acc += xl[add * R];
-    if (sub >= 0 && sub < L) acc -= xl[sub * R];
-    ol[i * R] = static_cast<Out>(acc);
+template <typename T>
+struct BoxPolicy {
+  using Acc = Compensated<T>;
+  const T* x;
+  T* out;
+  PassIndex at;
+
+  __device__ T load(int64_t b, int64_t j, int64_t r) const { return x[at.in(b, j, r)]; }
+  __device__ void store(int64_t b, int64_t i, int64_t r, const Acc& acc) const {
+    out[at.out(b, i, r)] = acc.value();
   }
-}
+};
 
 }  // namespace
 
-template <typename T, typename Out>
-cudaError_t launch_box_axis(const T* x, Out* out, int64_t B, int64_t L, int64_t R, int64_t k,
-                            int64_t pad, int64_t n_out, cudaStream_t stream) {
-  box_axis_kernel<T, Out><<<blocks_for(B * R), kThreads, 0, stream>>>(x, out, B, L, R, k, pad, n_out);
-  return cudaGetLastError();
+template <typename T>
+cudaError_t launch_box_axis(const T* x, T* out, int64_t B, int64_t L, int64_t R, int64_t k,
+                            bool full, cudaStream_t stream) {
+  const AxisPass pass = axis_pass(B, L, R, k, full);
+  return launch_window_pass(pass, BoxPolicy<T>{x, out, pass_index(pass)}, stream);
 }
 
-template cudaError_t launch_box_axis<float, float>(const float*, float*, int64_t, int64_t, int64_t,
-                                                   int64_t, int64_t, int64_t, cudaStream_t);
-template cudaError_t launch_box_axis<double, double>(const double*, double*, int64_t, int64_t,
-                                                     int64_t, int64_t, int64_t, int64_t,
-                                                     cudaStream_t);
+template cudaError_t launch_box_axis<float>(const float*, float*, int64_t, int64_t, int64_t,
+                                            int64_t, bool, cudaStream_t);
+template cudaError_t launch_box_axis<double>(const double*, double*, int64_t, int64_t, int64_t,
+                                             int64_t, bool, cudaStream_t);
 
 }  // namespace cuda
 }  // namespace simwarp

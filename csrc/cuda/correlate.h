@@ -9,13 +9,13 @@
 namespace simwarp {
 namespace cuda {
 
-// One separable-correlation pass along L of a contiguous (B, L, R) array; `taps` (k values)
-// live on the device. transpose=False: valid (n_out = L − k + 1); True: its adjoint
-// (n_out = L + k − 1). Instantiated for float and double.
+// One separable-correlation pass along L of a contiguous (B, L, R) array with the k taps
+// at `taps` (host memory; they travel as kernel arguments, taps.h). transpose=False: valid
+// (n_out = L − k + 1); True: its adjoint (n_out = L + k − 1). Instantiated for float and
+// double.
 template <typename T>
-cudaError_t launch_correlate_axis(const T* x, T* out, const T* taps, int64_t B, int64_t L,
-                                  int64_t R, int64_t k, bool transpose, int64_t n_out,
-                                  cudaStream_t stream);
+cudaError_t launch_correlate_axis(const T* x, T* out, const double* taps, int64_t B, int64_t L,
+                                  int64_t R, int64_t k, bool transpose, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace simwarp

@@ -1,112 +1,147 @@
-// CUDA kernels of simwarp::local_std_fwd / local_std_bwd (docs/maths.md §1): the last-axis
-// window sums of x and x², the per-element forward, vjp and combine. The leading axes' and
-// the backward's window sums are box_sum.cu's. The per-element maths is
-// include/simwarp/local_std.h, the same functions the CPU runs.
-#include "grid.h"
+// CUDA kernels of simwarp::local_std_fwd / local_std_bwd (docs/maths.md §1): window passes
+// (window_pass.h) that carry S1 and S2 as compensated sums in the data's type from one axis
+// to the next, the per-element maths of include/simwarp/local_std.h fused into the first
+// pass (the backward's vjp, on the fly) and the last (the forward's output, the backward's
+// combine). No pass runs in float64 for float32 data: the compensated sums hold the
+// accuracy of the CPU's double accumulators at float32's rate.
 #include "local_std.h"
 #include "simwarp/local_std.h"
+#include "window_pass.h"
 
 namespace simwarp {
 namespace cuda {
 namespace {
 
-// One thread per (b, r) line: running sums of x and x² along L, in double.
-template <typename T>
-__global__ void box_axis_squares_kernel(const T* __restrict__ x, double* __restrict__ sum,
-                                        double* __restrict__ sum_sq, int64_t B, int64_t L,
-                                        int64_t R, int64_t k) {
-  const int64_t line = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (line >= B * R) return;
-  const int64_t b = line / R, r = line % R, n_out = L - k + 1;
-  const T* xl = x + b * L * R + r;
-  double* o1 = sum + b * n_out * R + r;
-  double* o2 = sum_sq + b * n_out * R + r;
-  double s1 = 0.0, s2 = 0.0;
-  for (int64_t j = 0; j < k; ++j) { const double v = xl[j * R]; s1 += v; s2 += v * v; }
-  o1[0] = s1;
-  o2[0] = s2;
-  for (int64_t i = 1; i < n_out; ++i) {
-    const double a = xl[(i + k - 1) * R], s = xl[(i - 1) * R];
-    s1 += a - s;
-    s2 += a * a - s * s;
-    o1[i * R] = s1;
-    o2[i * R] = s2;
+// Forward pass: from the data (kFromData) or the previous pass's moments; to the next
+// pass's moments or (kLast) to out, s1 and flat.
+template <typename T, bool kFromData, bool kLast>
+struct ForwardPolicy {
+  using Acc = WindowMoments<T>;
+  LocalStdForward<T> io;
+  PassIndex at;
+  int64_t in_plane, out_plane;
+
+  __device__ auto load(int64_t b, int64_t j, int64_t r) const {
+    const int64_t q = at.in(b, j, r);
+    if constexpr (kFromData) {
+      return io.x[q];
+    } else {
+      const T* m = io.moments;
+      Acc v;
+      v.s1 = Compensated<T>(m[q], m[in_plane + q]);
+      v.s2 = Compensated<T>(m[2 * in_plane + q], m[3 * in_plane + q]);
+      return v;
+    }
   }
-}
+
+  __device__ void store(int64_t b, int64_t i, int64_t r, const Acc& acc) const {
+    const int64_t q = at.out(b, i, r);
+    if constexpr (kLast) {
+      bool flat;
+      io.out[q] = local_std_forward_compensated(acc, io.n, io.eps, io.flat_factor, io.normalized,
+                                                &flat);
+      io.flat[q] = flat;
+      io.s1[q] = acc.s1.value();
+    } else {
+      const Compensated<T> s1 = acc.s1.normalized(), s2 = acc.s2.normalized();
+      T* m = io.moments_out;
+      m[q] = s1.hi;
+      m[out_plane + q] = s1.lo;
+      m[2 * out_plane + q] = s2.hi;
+      m[3 * out_plane + q] = s2.lo;
+    }
+  }
+};
+
+// ∂L/∂S1 and ∂L/∂S2 at one position, or their window sums so far.
+template <typename T>
+struct Partials {
+  T d1, d2;
+};
 
 template <typename T>
-__global__ void local_std_forward_kernel(const double* __restrict__ s1,
-                                         const double* __restrict__ s2, T* __restrict__ out,
-                                         T* __restrict__ s1_out, bool* __restrict__ flat, int64_t n,
-                                         double inv_n, double eps, double flat_factor,
-                                         bool normalized) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  out[i] = static_cast<T>(
-      local_std_forward<double>(s1[i], s2[i], inv_n, eps, flat_factor, normalized, flat + i));
-  s1_out[i] = static_cast<T>(s1[i]);
-}
+struct PartialSums {
+  Compensated<T> d1, d2;
 
-template <typename T>
-__global__ void local_std_vjp_kernel(const T* __restrict__ grad, const T* __restrict__ out,
-                                     const T* __restrict__ s1, const bool* __restrict__ flat,
-                                     T* __restrict__ d_s1, T* __restrict__ d_s2, int64_t n,
-                                     T inv_n, bool normalized) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) local_std_vjp(grad[i], out[i], s1[i], inv_n, normalized, flat[i], d_s1 + i, d_s2 + i);
-}
+  __device__ void add(const Partials<T>& p) {
+    d1.add(p.d1);
+    d2.add(p.d2);
+  }
+  __device__ void sub(const Partials<T>& p) {
+    d1.sub(p.d1);
+    d2.sub(p.d2);
+  }
+};
 
-template <typename T>
-__global__ void local_std_combine_kernel(const T* __restrict__ a, const T* __restrict__ b,
-                                         const T* __restrict__ x, T* __restrict__ dx, int64_t n) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) dx[i] = local_std_combine(a[i], b[i], x[i]);
+// Backward pass: from the forward's saved tensors (kFromGrad: the vjp on the fly) or the
+// previous pass's sums; to the next pass's sums or (kLast) to ∂L/∂x.
+template <typename T, bool kFromGrad, bool kLast>
+struct BackwardPolicy {
+  using Acc = PartialSums<T>;
+  LocalStdBackward<T> io;
+  PassIndex at;
+  int64_t in_plane, out_plane;
+
+  __device__ Partials<T> load(int64_t b, int64_t j, int64_t r) const {
+    const int64_t q = at.in(b, j, r);
+    Partials<T> p;
+    if constexpr (kFromGrad) {
+      local_std_vjp(io.grad[q], io.out[q], io.s1[q], io.inv_n, io.normalized, io.flat[q], &p.d1,
+                    &p.d2);
+    } else {
+      p.d1 = io.partials[q];
+      p.d2 = io.partials[in_plane + q];
+    }
+    return p;
+  }
+
+  __device__ void store(int64_t b, int64_t i, int64_t r, const Acc& acc) const {
+    const int64_t q = at.out(b, i, r);
+    if constexpr (kLast) {
+      io.dx[q] = local_std_combine(acc.d1.value(), acc.d2.value(), io.x[q]);
+    } else {
+      io.partials_out[q] = acc.d1.value();
+      io.partials_out[out_plane + q] = acc.d2.value();
+    }
+  }
+};
+
+// The pass with the policy its arguments ask for: Policy<T, first, last>.
+template <template <typename, bool, bool> class Policy, typename T, typename IO>
+cudaError_t launch_pass(const IO& io, bool first, bool last, int64_t B, int64_t L, int64_t R,
+                        int64_t k, bool full, cudaStream_t stream) {
+  const AxisPass p = axis_pass(B, L, R, k, full);
+  const PassIndex at = pass_index(p);
+  const int64_t in = B * L * R, out = B * p.n_out * R;  // the maps' planes
+  if (first && last) return launch_window_pass(p, Policy<T, true, true>{io, at, in, out}, stream);
+  if (first) return launch_window_pass(p, Policy<T, true, false>{io, at, in, out}, stream);
+  if (last) return launch_window_pass(p, Policy<T, false, true>{io, at, in, out}, stream);
+  return launch_window_pass(p, Policy<T, false, false>{io, at, in, out}, stream);
 }
 
 }  // namespace
 
 template <typename T>
-cudaError_t launch_box_axis_squares(const T* x, double* sum, double* sum_sq, int64_t B, int64_t L,
-                                    int64_t R, int64_t k, cudaStream_t stream) {
-  box_axis_squares_kernel<T><<<blocks_for(B * R), kThreads, 0, stream>>>(x, sum, sum_sq, B, L, R, k);
-  return cudaGetLastError();
+cudaError_t launch_local_std_forward_pass(const LocalStdForward<T>& io, int64_t B, int64_t L,
+                                          int64_t R, int64_t k, cudaStream_t stream) {
+  return launch_pass<ForwardPolicy, T>(io, io.x != nullptr, io.moments_out == nullptr, B, L, R,
+                                       k, /*full=*/false, stream);
 }
 
 template <typename T>
-cudaError_t launch_local_std_forward(const double* s1, const double* s2, T* out, T* s1_out,
-                                     bool* flat, int64_t n, double inv_n, double eps,
-                                     double flat_factor, bool normalized, cudaStream_t stream) {
-  local_std_forward_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
-      s1, s2, out, s1_out, flat, n, inv_n, eps, flat_factor, normalized);
-  return cudaGetLastError();
+cudaError_t launch_local_std_backward_pass(const LocalStdBackward<T>& io, int64_t B, int64_t L,
+                                           int64_t R, int64_t k, cudaStream_t stream) {
+  return launch_pass<BackwardPolicy, T>(io, io.grad != nullptr, io.partials_out == nullptr, B, L,
+                                        R, k, /*full=*/true, stream);
 }
 
-template <typename T>
-cudaError_t launch_local_std_vjp(const T* grad, const T* out, const T* s1, const bool* flat,
-                                 T* d_s1, T* d_s2, int64_t n, T inv_n, bool normalized,
-                                 cudaStream_t stream) {
-  local_std_vjp_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(grad, out, s1, flat, d_s1, d_s2,
-                                                                  n, inv_n, normalized);
-  return cudaGetLastError();
-}
-
-template <typename T>
-cudaError_t launch_local_std_combine(const T* box_d_s1, const T* box_d_s2, const T* x, T* dx,
-                                     int64_t n, cudaStream_t stream) {
-  local_std_combine_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(box_d_s1, box_d_s2, x, dx, n);
-  return cudaGetLastError();
-}
-
-#define SIMWARP_INSTANTIATE(T)                                                                   \
-  template cudaError_t launch_box_axis_squares<T>(const T*, double*, double*, int64_t, int64_t,  \
-                                                  int64_t, int64_t, cudaStream_t);               \
-  template cudaError_t launch_local_std_forward<T>(const double*, const double*, T*, T*, bool*, \
-                                                   int64_t, double, double, double, bool,       \
-                                                   cudaStream_t);                                \
-  template cudaError_t launch_local_std_vjp<T>(const T*, const T*, const T*, const bool*, T*, T*,\
-                                               int64_t, T, bool, cudaStream_t);                  \
-  template cudaError_t launch_local_std_combine<T>(const T*, const T*, const T*, T*, int64_t,   \
-                                                   cudaStream_t);
+#define SIMWARP_INSTANTIATE(T)                                                                 \
+  template cudaError_t launch_local_std_forward_pass<T>(const LocalStdForward<T>&, int64_t,    \
+                                                        int64_t, int64_t, int64_t,             \
+                                                        cudaStream_t);                         \
+  template cudaError_t launch_local_std_backward_pass<T>(const LocalStdBackward<T>&, int64_t,  \
+                                                         int64_t, int64_t, int64_t,            \
+                                                         cudaStream_t);
 SIMWARP_INSTANTIATE(float)
 SIMWARP_INSTANTIATE(double)
 #undef SIMWARP_INSTANTIATE

@@ -11,11 +11,11 @@ namespace simwarp {
 namespace cuda {
 
 // The five moments (a, b, a², b², ab) filtered along the last axis of `lines` lines of
-// length L; out is (5, lines, L − k + 1); `taps` (k values) live on the device.
-// Instantiated for float and double.
+// length L with the k taps at `taps` (host memory; kernel arguments, taps.h); out is
+// (5, lines, L − k + 1). Instantiated for float and double.
 template <typename T>
-cudaError_t launch_moments_last_axis(const T* a, const T* b, T* out, const T* taps, int64_t lines,
-                                     int64_t L, int64_t k, cudaStream_t stream);
+cudaError_t launch_moments_last_axis(const T* a, const T* b, T* out, const double* taps,
+                                     int64_t lines, int64_t L, int64_t k, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace simwarp

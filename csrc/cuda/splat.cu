@@ -1,7 +1,7 @@
 // CUDA kernels of simwarp::splat_fwd / splat_bwd (docs/maths.md §4). The landing cell,
 // corner weights and their derivatives are include/simwarp/splat.h, the functions the CPU
 // path runs.
-#include "grid.h"
+#include "launch.h"
 #include "simwarp/splat.h"
 #include "splat.h"
 
@@ -29,7 +29,7 @@ __global__ void splat_scatter_kernel(const T* __restrict__ image, const T* __res
                                      Size3 sz) {
   int64_t P = 1;
   for (int k = 0; k < D; ++k) P *= sz.s[k];
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t t = thread_index();
   if (t >= N * P) return;
   const int64_t n = t / P, i = t % P;
   T position[D];
@@ -48,7 +48,7 @@ __global__ void splat_scatter_kernel(const T* __restrict__ image, const T* __res
 template <typename T>
 __global__ void splat_normalize_kernel(T* __restrict__ num, const T* __restrict__ den, int64_t N,
                                        int64_t C, int64_t P, bool normalize, T eps) {
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t t = thread_index();
   if (t >= N * C * P) return;
   const int64_t j = t % P, n = t / (C * P);
   const T w = den[n * P + j];
@@ -60,7 +60,7 @@ __global__ void splat_prepare_kernel(const T* __restrict__ v_out, const T* __res
                                      const T* __restrict__ out, const T* __restrict__ den,
                                      T* __restrict__ scaled, T* __restrict__ slope0, int64_t N,
                                      int64_t C, int64_t P, bool normalize, T eps) {
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t t = thread_index();
   if (t >= N * P) return;
   const int64_t n = t / P, j = t % P;
   T s0 = v_den != nullptr ? v_den[t] : T(0);
@@ -80,7 +80,7 @@ __global__ void splat_gather_kernel(const T* __restrict__ image, const T* __rest
                                     int64_t N, int64_t C, Size3 sz) {
   int64_t P = 1;
   for (int k = 0; k < D; ++k) P *= sz.s[k];
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t t = thread_index();
   if (t >= N * P) return;
   const int64_t n = t / P, i = t % P;
   T position[D];
@@ -111,17 +111,15 @@ template <typename T>
 cudaError_t launch_splat_forward(const T* image, const T* disp, T* out, T* den, int64_t N,
                                  int64_t C, int D, const int64_t* size, bool normalize, T eps,
                                  cudaStream_t stream) {
-  Size3 sz{{size[0], size[1], size[2]}};
+  const Size3 sz{{size[0], size[1], size[2]}};
   int64_t P = 1;
   for (int k = 0; k < D; ++k) P *= size[k];
-  if (D == 2)
-    splat_scatter_kernel<T, 2><<<blocks_for(N * P), kThreads, 0, stream>>>(image, disp, out, den, N, C, sz);
-  else
-    splat_scatter_kernel<T, 3><<<blocks_for(N * P), kThreads, 0, stream>>>(image, disp, out, den, N, C, sz);
-  if (C > 0)  // an image of no channel still has its den; a launch of zero blocks fails
-    splat_normalize_kernel<T><<<blocks_for(N * C * P), kThreads, 0, stream>>>(out, den, N, C, P,
-                                                                              normalize, eps);
-  return cudaGetLastError();
+  cudaError_t err = D == 2 ? launch(&splat_scatter_kernel<T, 2>, N * P, stream, image, disp, out,
+                                    den, N, C, sz)
+                           : launch(&splat_scatter_kernel<T, 3>, N * P, stream, image, disp, out,
+                                    den, N, C, sz);
+  if (err != cudaSuccess || C == 0) return err;  // no channel: den only
+  return launch(&splat_normalize_kernel<T>, N * C * P, stream, out, den, N, C, P, normalize, eps);
 }
 
 template <typename T>
@@ -130,18 +128,16 @@ cudaError_t launch_splat_backward(const T* v_out, const T* v_den, const T* image
                                   T* grad_image, T* grad_disp, int64_t N, int64_t C, int D,
                                   const int64_t* size, bool normalize, T eps,
                                   cudaStream_t stream) {
-  Size3 sz{{size[0], size[1], size[2]}};
+  const Size3 sz{{size[0], size[1], size[2]}};
   int64_t P = 1;
   for (int k = 0; k < D; ++k) P *= size[k];
-  splat_prepare_kernel<T><<<blocks_for(N * P), kThreads, 0, stream>>>(
-      v_out, v_den, out, den, scaled, slope0, N, C, P, normalize, eps);
-  if (D == 2)
-    splat_gather_kernel<T, 2><<<blocks_for(N * P), kThreads, 0, stream>>>(
-        image, disp, scaled, slope0, grad_image, grad_disp, N, C, sz);
-  else
-    splat_gather_kernel<T, 3><<<blocks_for(N * P), kThreads, 0, stream>>>(
-        image, disp, scaled, slope0, grad_image, grad_disp, N, C, sz);
-  return cudaGetLastError();
+  const cudaError_t err = launch(&splat_prepare_kernel<T>, N * P, stream, v_out, v_den, out, den,
+                                 scaled, slope0, N, C, P, normalize, eps);
+  if (err != cudaSuccess) return err;
+  return D == 2 ? launch(&splat_gather_kernel<T, 2>, N * P, stream, image, disp, scaled, slope0,
+                         grad_image, grad_disp, N, C, sz)
+                : launch(&splat_gather_kernel<T, 3>, N * P, stream, image, disp, scaled, slope0,
+                         grad_image, grad_disp, N, C, sz);
 }
 
 template cudaError_t launch_splat_forward<float>(const float*, const float*, float*, float*, int64_t,

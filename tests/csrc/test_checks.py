@@ -1,8 +1,9 @@
 """The argument checks of csrc/checks.h and its rule for zero-size inputs.
 
 The CPU and the CUDA bindings run the same checks (test_cuda_sources checks that each calls
-checks::<op>), so these run on every device the kernels are built for: CPU here, CUDA too
-on a machine with a GPU.
+checks::<op>), so these run on every side the kernels are built for: the CPU kernels, the
+CUDA bindings built as host code (the host shim, on every run), and the CUDA kernels on a
+machine with a GPU.
 """
 
 from __future__ import annotations
@@ -11,21 +12,41 @@ import pytest
 import torch
 
 from tests.compiled import require_compiled
+from tests.csrc.conftest import require_host_shim
 
-ops = torch.ops.simwarp
+#: the CPU-only ops (local_std_2d_*) are checked here alone
+CPU_OPS = torch.ops.simwarp
+
+#: the sides under test: (name, library namespace, device)
+SIDES = [("cpu", "simwarp", "cpu"), ("host_shim", "simwarp_host_shim", "cpu")]
+if torch.cuda.is_available():
+    SIDES.append(("cuda", "simwarp", "cuda"))
 
 
-@pytest.fixture
-def on(device):
-    """The device under test, once the kernels for it are loaded."""
+class Side:
+    """One side's ops (``.ops``) and a maker of random tensors on its device (``side(*shape)``)."""
+
+    def __init__(self, library: str, device: str):
+        self.ops = getattr(torch.ops, library)
+        self.device = torch.device(device)
+
+    def __call__(self, *shape, dtype=torch.float64) -> torch.Tensor:
+        return torch.rand(*shape, dtype=dtype, device=self.device)
+
+
+@pytest.fixture(params=SIDES, ids=[s[0] for s in SIDES])
+def on(request):
+    """The side under test, once its kernels are loaded."""
+    name, library, device = request.param
     require_compiled()
-    from napari_simwarp.ops import _kernels
+    if name == "host_shim":
+        require_host_shim()
+    if name == "cuda":
+        from napari_simwarp.ops import _kernels
 
-    if device.type == "cuda" and not _kernels.state()["cuda"]:
-        pytest.skip(f"CUDA kernels not built: {_kernels.state()['cuda_error']}")
-    if device.type not in ("cpu", "cuda"):
-        pytest.skip(f"no kernels for {device.type}")
-    return lambda *shape, dtype=torch.float64: torch.rand(*shape, dtype=dtype, device=device)
+        if not _kernels.state()["cuda"]:
+            pytest.skip(f"CUDA kernels not built: {_kernels.state()['cuda_error']}")
+    return Side(library, device)
 
 
 # ---- zero-size inputs: correctly shaped zeros, no kernel ---------------------------------
@@ -37,20 +58,20 @@ def _zeros(result, shape, dtype=None):
 
 
 def test_empty_window_sums(on):
-    _zeros(ops.box_sum(on(0, 3, 9, 10), [3, 4]), (0, 3, 7, 7))
+    _zeros(on.ops.box_sum(on(0, 3, 9, 10), [3, 4]), (0, 3, 7, 7))
     # Full mode over an empty axis: the sums over nothing, k − 1 of them.
-    _zeros(ops.box_sum(on(1, 1, 0, 5), [3, 1], True), (1, 1, 2, 5))
-    _zeros(ops.correlate(on(0, 2, 6, 7), [1.0] * 5, [3, 2]), (0, 2, 4, 6))
-    _zeros(ops.correlate(on(1, 1, 0, 5), [1.0] * 5, [3, 2], True), (1, 1, 2, 6))
-    _zeros(ops.moments5(on(2, 0, 8, 9), [1.0] * 6, [3, 3]), (5, 0, 6, 7))
+    _zeros(on.ops.box_sum(on(1, 1, 0, 5), [3, 1], True), (1, 1, 2, 5))
+    _zeros(on.ops.correlate(on(0, 2, 6, 7), [1.0] * 5, [3, 2]), (0, 2, 4, 6))
+    _zeros(on.ops.correlate(on(1, 1, 0, 5), [1.0] * 5, [3, 2], True), (1, 1, 2, 6))
+    _zeros(on.ops.moments5(on(2, 0, 8, 9), [1.0] * 6, [3, 3]), (5, 0, 6, 7))
 
 
 def test_empty_local_std(on):
     x = on(0, 1, 8, 9)
-    out, s1, flat = ops.local_std_fwd(x, [3, 3], 0.0, True, 1e-14)
+    out, s1, flat = on.ops.local_std_fwd(x, [3, 3], 0.0, True, 1e-14)
     for t, dtype in ((out, x.dtype), (s1, x.dtype), (flat, torch.bool)):
         _zeros(t, (0, 1, 6, 7), dtype)
-    _zeros(ops.local_std_bwd(out, out, s1, flat, x, [3, 3], True), (0, 1, 8, 9))
+    _zeros(on.ops.local_std_bwd(out, out, s1, flat, x, [3, 3], True), (0, 1, 8, 9))
 
 
 def test_empty_local_std_2d():  # CPU only
@@ -60,17 +81,17 @@ def test_empty_local_std_2d():  # CPU only
         ((0, 1, 5, 5), "valid", (0, 1, 3, 3)),
     ):
         x = torch.rand(shape, dtype=torch.float64)
-        out, s1, flat = ops.local_std_2d_fwd(x, [3, 3], padding, 0.0, True, 1e-14)
+        out, s1, flat = CPU_OPS.local_std_2d_fwd(x, [3, 3], padding, 0.0, True, 1e-14)
         _zeros(out, out_shape)
-        _zeros(ops.local_std_2d_bwd(out, out, s1, flat, x, [3, 3], padding, True), shape)
+        _zeros(CPU_OPS.local_std_2d_bwd(out, out, s1, flat, x, [3, 3], padding, True), shape)
 
 
 def test_empty_splat(on):
     image, disp = on(0, 3, 4, 5), on(0, 2, 4, 5)
-    out, den = ops.splat_fwd(image, disp, True, 1e-6)
+    out, den = on.ops.splat_fwd(image, disp, True, 1e-6)
     _zeros(out, (0, 3, 4, 5))
     _zeros(den, (0, 1, 4, 5))
-    grad_image, grad_disp = ops.splat_bwd(out, den, image, disp, out, den, True, 1e-6)
+    grad_image, grad_disp = on.ops.splat_bwd(out, den, image, disp, out, den, True, 1e-6)
     _zeros(grad_image, (0, 3, 4, 5))
     _zeros(grad_disp, (0, 2, 4, 5))
 
@@ -78,8 +99,8 @@ def test_empty_splat(on):
 def test_splat_of_no_channel_still_weighs(on):
     # den depends on the displacement alone: an image of no channel has it too.
     disp = on(1, 2, 4, 5) * 2 - 1
-    out, den = ops.splat_fwd(on(1, 0, 4, 5), disp, True, 1e-6)
-    _, den_one = ops.splat_fwd(on(1, 1, 4, 5), disp, True, 1e-6)
+    out, den = on.ops.splat_fwd(on(1, 0, 4, 5), disp, True, 1e-6)
+    _, den_one = on.ops.splat_fwd(on(1, 1, 4, 5), disp, True, 1e-6)
     assert out.shape == (1, 0, 4, 5)
     torch.testing.assert_close(den, den_one)
 
@@ -95,41 +116,43 @@ def _raises(match, fn, *args):
 def test_refuses_non_float(on):
     x = on(1, 2, 8, 9).to(torch.int32)
     for op, name, args in (
-        (ops.box_sum, "x", (x, [3, 3])),
-        (ops.correlate, "x", (x, [1.0] * 6, [3, 3])),
-        (ops.moments5, "centered", (x.expand(2, 2, 8, 9), [1.0] * 6, [3, 3])),
-        (ops.local_std_fwd, "xp", (x, [3, 3], 0.0, True, 1e-14)),
-        (ops.splat_fwd, "image", (x, x, True, 1e-6)),
+        (on.ops.box_sum, "x", (x, [3, 3])),
+        (on.ops.correlate, "x", (x, [1.0] * 6, [3, 3])),
+        (on.ops.moments5, "centered", (x.expand(2, 2, 8, 9), [1.0] * 6, [3, 3])),
+        (on.ops.local_std_fwd, "xp", (x, [3, 3], 0.0, True, 1e-14)),
+        (on.ops.splat_fwd, "image", (x, x, True, 1e-6)),
     ):
         _raises(f"{name} must be float32 or float64, got Int", op, *args)
-    _raises("float32 or float64", ops.box_sum, x.half(), [3, 3])  # no half kernels
+    _raises("float32 or float64", on.ops.box_sum, x.half(), [3, 3])  # no half kernels
 
 
 def test_refuses_bad_windows(on):
     x = on(1, 2, 8, 9)
-    for op, extra in ((ops.box_sum, ()), (ops.local_std_fwd, (0.0, True, 1e-14))):
+    for op, extra in ((on.ops.box_sum, ()), (on.ops.local_std_fwd, (0.0, True, 1e-14))):
         _raises("window sizes must be at least 1", op, x, [0, 3], *extra)
         _raises("window larger than the axis", op, x, [9, 3], *extra)
         _raises("a window of 5 axes needs at least 5 dimensions", op, x, [1] * 5, *extra)
-    ops.box_sum(x, [9, 3], True)  # full mode pads: any size
-    _raises("window larger than the axis", ops.correlate, x, [1.0] * 12, [9, 3])
-    ops.correlate(x, [1.0] * 12, [9, 3], True)
-    _raises("window must cover at least one axis", ops.local_std_fwd, x, [], 0.0, True, 1e-14)
+    on.ops.box_sum(x, [9, 3], True)  # full mode pads: any size
+    _raises("window larger than the axis", on.ops.correlate, x, [1.0] * 12, [9, 3])
+    on.ops.correlate(x, [1.0] * 12, [9, 3], True)
+    _raises("window must cover at least one axis", on.ops.local_std_fwd, x, [], 0.0, True, 1e-14)
 
 
 def test_refuses_bad_taps(on):
     x = on(2, 2, 8, 9)
-    _raises(r"taps must hold sum\(sizes\) = 6 values, got 5", ops.correlate, x, [1.0] * 5, [3, 3])
-    _raises(r"taps must hold sum\(sizes\) = 6 values, got 7", ops.moments5, x, [1.0] * 7, [3, 3])
+    _raises(
+        r"taps must hold sum\(sizes\) = 6 values, got 5", on.ops.correlate, x, [1.0] * 5, [3, 3]
+    )
+    _raises(r"taps must hold sum\(sizes\) = 6 values, got 7", on.ops.moments5, x, [1.0] * 7, [3, 3])
 
 
 def test_refuses_bad_moments5_stacks(on):
-    _raises(r"stack \[a, b\] on dim 0", ops.moments5, on(3, 2, 8, 9), [1.0] * 6, [3, 3])
-    _raises("window must cover at least one axis", ops.moments5, on(2, 2, 8, 9), [], [])
+    _raises(r"stack \[a, b\] on dim 0", on.ops.moments5, on(3, 2, 8, 9), [1.0] * 6, [3, 3])
+    _raises("window must cover at least one axis", on.ops.moments5, on(2, 2, 8, 9), [], [])
     # dim 0 is the pair, never a window axis
     _raises(
         "a window of 3 axes needs at least 4 dimensions",
-        ops.moments5,
+        on.ops.moments5,
         on(2, 8, 9),
         [1.0] * 9,
         [3, 3, 3],
@@ -138,10 +161,10 @@ def test_refuses_bad_moments5_stacks(on):
 
 def test_refuses_mismatched_local_std_backward(on):
     x = on(1, 2, 8, 9)
-    out, s1, flat = ops.local_std_fwd(x, [3, 3], 0.0, True, 1e-14)
+    out, s1, flat = on.ops.local_std_fwd(x, [3, 3], 0.0, True, 1e-14)
     _raises(
         r"grad must have shape \[1, 2, 6, 7\], got \[1, 2, 6, 6\]",
-        ops.local_std_bwd,
+        on.ops.local_std_bwd,
         out[..., :6],
         out,
         s1,
@@ -150,10 +173,10 @@ def test_refuses_mismatched_local_std_backward(on):
         [3, 3],
         True,
     )
-    _raises("flat must be bool", ops.local_std_bwd, out, out, s1, out, x, [3, 3], True)
+    _raises("flat must be bool", on.ops.local_std_bwd, out, out, s1, out, x, [3, 3], True)
     _raises(
         "out is Float but x is Double",
-        ops.local_std_bwd,
+        on.ops.local_std_bwd,
         out,
         out.float(),
         s1,
@@ -168,7 +191,7 @@ def test_refuses_bad_splat_shapes(on):
     image, disp = on(2, 3, 4, 5), on(2, 2, 4, 5)
     _raises(
         r"image must be \(N, C, H, W\) or \(N, C, D, H, W\)",
-        ops.splat_fwd,
+        on.ops.splat_fwd,
         image[0],
         disp[0],
         True,
@@ -176,7 +199,7 @@ def test_refuses_bad_splat_shapes(on):
     )
     _raises(
         r"displacement must have shape \[2, 2, 4, 5\], got \[2, 3, 4, 5\]",
-        ops.splat_fwd,
+        on.ops.splat_fwd,
         image,
         on(2, 3, 4, 5),
         True,
@@ -184,7 +207,7 @@ def test_refuses_bad_splat_shapes(on):
     )
     _raises(
         r"displacement must have shape \[2, 2, 4, 5\], got \[1, 2, 4, 5\]",
-        ops.splat_fwd,
+        on.ops.splat_fwd,
         image,
         disp[:1],
         True,
@@ -192,19 +215,24 @@ def test_refuses_bad_splat_shapes(on):
     )
     _raises(
         r"displacement must have shape \[2, 2, 4, 5\], got \[2, 2, 4, 4\]",
-        ops.splat_fwd,
+        on.ops.splat_fwd,
         image,
         disp[..., :4],
         True,
         1e-6,
     )
     _raises(
-        "displacement is Float but image is Double", ops.splat_fwd, image, disp.float(), True, 1e-6
+        "displacement is Float but image is Double",
+        on.ops.splat_fwd,
+        image,
+        disp.float(),
+        True,
+        1e-6,
     )
-    out, den = ops.splat_fwd(image, disp, True, 1e-6)
+    out, den = on.ops.splat_fwd(image, disp, True, 1e-6)
     _raises(
         r"den must have shape \[2, 1, 4, 5\]",
-        ops.splat_bwd,
+        on.ops.splat_bwd,
         out,
         den,
         image,
@@ -216,7 +244,7 @@ def test_refuses_bad_splat_shapes(on):
     )
     _raises(
         r"v_den must have shape \[2, 1, 4, 5\]",
-        ops.splat_bwd,
+        on.ops.splat_bwd,
         out,
         out,
         image,
@@ -226,20 +254,22 @@ def test_refuses_bad_splat_shapes(on):
         True,
         1e-6,
     )
-    ops.splat_bwd(None, None, image, disp, out, den, True, 1e-6)  # no incoming gradient at all
+    on.ops.splat_bwd(None, None, image, disp, out, den, True, 1e-6)  # no incoming gradient at all
 
 
 def test_refuses_bad_local_std_2d_arguments():
     require_compiled()
     x = torch.zeros(1, 1, 5, 5)
-    _raises("padding must be", ops.local_std_2d_fwd, x, [3, 3], "wrap", 0.0, True, 1e-14)
-    _raises("window larger", ops.local_std_2d_fwd, x, [7, 3], "valid", 0.0, True, 1e-14)
-    ops.local_std_2d_fwd(x, [7, 3], "reflect", 0.0, True, 1e-14)  # padded: any size
-    _raises(r"window \(kh, kw\)", ops.local_std_2d_fwd, x, [3, 3, 3], "reflect", 0.0, True, 1e-14)
-    out, s1, flat = ops.local_std_2d_fwd(x, [3, 3], "reflect", 0.0, True, 1e-14)
+    _raises("padding must be", CPU_OPS.local_std_2d_fwd, x, [3, 3], "wrap", 0.0, True, 1e-14)
+    _raises("window larger", CPU_OPS.local_std_2d_fwd, x, [7, 3], "valid", 0.0, True, 1e-14)
+    CPU_OPS.local_std_2d_fwd(x, [7, 3], "reflect", 0.0, True, 1e-14)  # padded: any size
+    _raises(
+        r"window \(kh, kw\)", CPU_OPS.local_std_2d_fwd, x, [3, 3, 3], "reflect", 0.0, True, 1e-14
+    )
+    out, s1, flat = CPU_OPS.local_std_2d_fwd(x, [3, 3], "reflect", 0.0, True, 1e-14)
     _raises(
         r"grad must have shape \[1, 1, 5, 5\]",
-        ops.local_std_2d_bwd,
+        CPU_OPS.local_std_2d_bwd,
         out[..., :3, :3],
         out,
         s1,

@@ -1,10 +1,11 @@
 """The layout of csrc/ and the CUDA sources, checked on machines without a GPU.
 
-Every op of csrc/ops.cpp is registered once per dispatch key, in a file of its own named
+Every op of csrc/schemas.h is registered once per dispatch key, in a file of its own named
 after it (cpu/<name>.cpp, cuda/<name>.cpp, <name> the op's name less _fwd / _bwd), and
 both bindings run the same argument checks (checks.h). The .cu files include no torch
 header, compile with nvcc alone for sm_80 and sm_90, and every cuda/*.cpp binding parses
-against torch and the CUDA runtime headers (the CPU build never compiles it).
+against torch and the CUDA runtime headers (the CPU build never compiles it; the host-shim
+build compiles it against the shim, tests/csrc/test_host_shim.py).
 
 The compiler checks are skipped where nvcc is missing, unless SIMWARP_REQUIRE_NVCC=1 (CI
 sets it).
@@ -53,17 +54,25 @@ def _blocks(text: str, head: str) -> list[str]:
     return bodies
 
 
+#: the head of the registration blocks of each dispatch key (the CUDA bindings' macro is
+#: TORCH_LIBRARY_IMPL(simwarp, CUDA, m), or the host shim's library, cuda/binding.h)
+REGISTRATION = {
+    "CPU": "TORCH_LIBRARY_IMPL(simwarp, CPU, m)",
+    "CUDA": "SIMWARP_CUDA_LIBRARY_IMPL(m)",
+}
+
+
 def defined_ops() -> list[str]:
-    """The op names of ops.cpp's TORCH_LIBRARY(simwarp, m) block."""
-    (body,) = _blocks(_code(CSRC / "ops.cpp"), "TORCH_LIBRARY(simwarp, m)")
+    """The op names of schemas.h's define_ops(m)."""
+    (body,) = _blocks(_code(CSRC / "schemas.h"), "inline void define_ops(torch::Library& m)")
     return re.findall(r'm\.def\(\s*"(\w+)\(', body)
 
 
 def registrations(key: str, files: list[Path]) -> dict[str, list[str]]:
-    """op -> the files whose TORCH_LIBRARY_IMPL(simwarp, <key>, m) blocks implement it."""
+    """op -> the files whose registration blocks for ``key`` implement it."""
     found: dict[str, list[str]] = {}
     for path in files:
-        for body in _blocks(_code(path), f"TORCH_LIBRARY_IMPL(simwarp, {key}, m)"):
+        for body in _blocks(_code(path), REGISTRATION[key]):
             for op in re.findall(r'm\.impl\(\s*"(\w+)"', body):
                 found.setdefault(op, []).append(path.name)
     return found
@@ -73,10 +82,19 @@ def file_stem(op: str) -> str:
     return re.sub(r"_(fwd|bwd)$", "", op)
 
 
-def test_ops_cpp_defines_ops():
+def test_schemas_define_ops_once_for_both_libraries():
     ops = defined_ops()
-    assert ops and len(ops) == len(set(ops)) == _code(CSRC / "ops.cpp").count("m.def("), ops
-    assert set(CPU_ONLY) <= set(ops), "CPU_ONLY names an op that ops.cpp does not define"
+    assert ops and len(ops) == len(set(ops)) == _code(CSRC / "schemas.h").count("m.def("), ops
+    assert set(CPU_ONLY) <= set(ops), "CPU_ONLY names an op that schemas.h does not define"
+    for path, library in (
+        (CSRC / "ops.cpp", "simwarp"),
+        (CSRC / "host_shim" / "library.cpp", "simwarp_host_shim"),
+    ):
+        (body,) = _blocks(_code(path), f"TORCH_LIBRARY({library}, m)")
+        assert body.strip() == "simwarp::define_ops(m);", f"{path.name}: {body!r}"
+    binding = _code(CSRC / "cuda" / "binding.h")
+    assert "TORCH_LIBRARY_IMPL(simwarp, CUDA, m)" in binding
+    assert "TORCH_LIBRARY_IMPL(simwarp_host_shim, CPU, m)" in binding
 
 
 @pytest.mark.parametrize("key,folder", [("CPU", "cpu"), ("CUDA", "cuda")])
@@ -203,7 +221,7 @@ def test_cuda_binding_is_valid_cpp(source, tmp_path):
     (stub / "cuda_cmake_macros.h").write_text("#pragma once\n")
     cmd = [
         gxx,
-        "-std=c++17",
+        "-std=c++20",  # torch's headers need it
         "-fsyntax-only",
         f"-I{tmp_path}",
         *[f"-I{p}" for p in include_paths()],

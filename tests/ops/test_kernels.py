@@ -4,14 +4,17 @@ and a torch fallback, nothing built on import."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
 
 from napari_simwarp.ops import _kernels
+from tests.compiled import require_compiled
 
 
 def _run(code: str, **env) -> subprocess.CompletedProcess:
@@ -87,3 +90,161 @@ def test_auto_keeps_splat_on_torch_for_cpu(monkeypatch):
     # "compiled" must (where the kernels exist).
     monkeypatch.setenv("SIMWARP_BACKEND", "auto")
     assert not _kernels.use_compiled("splat", torch.zeros(1))
+
+
+# ---- the self-check: on CUDA, "auto" runs an op's kernels only after they passed it ------
+#
+# No GPU here: the CPU is made a self-checked device type, and the check itself is mocked,
+# so what is tested is the routing and the report, the same code CUDA tensors take.
+
+
+def _failing_check(failed_op: str, calls: list):
+    """A check_device that fails ``failed_op`` (as a launch error would) and counts calls."""
+    from napari_simwarp.ops._kernels import self_check
+
+    def check_device(device):
+        calls.append(str(device))
+        return {
+            op: self_check.Check(False, math.nan, 1e-4, f"{op} failed to run: RuntimeError: boom")
+            if op == failed_op
+            else self_check.Check(True, 1e-7, 1e-4)
+            for op in self_check.PRIMITIVES
+        }
+
+    return check_device
+
+
+@pytest.fixture
+def checked_cpu(monkeypatch):
+    """The CPU treated as a self-checked device type, with no check run yet."""
+    require_compiled()
+    monkeypatch.setattr(_kernels, "SELF_CHECKED_DEVICE_TYPES", {"cpu", "cuda"})
+    monkeypatch.setattr(_kernels, "_checks", {})
+    return monkeypatch
+
+
+def test_auto_sends_an_op_that_failed_its_self_check_to_torch(checked_cpu):
+    from napari_simwarp import backend_info, ops
+    from napari_simwarp.ops import _reference
+    from napari_simwarp.ops._kernels import calls
+
+    runs = []
+    checked_cpu.setattr(_kernels.self_check, "check_device", _failing_check("local_std", runs))
+    checked_cpu.setenv("SIMWARP_BACKEND", "auto")
+    x = torch.rand(1, 1, 24, 25, generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = ops.local_std(x, window=5)
+        again = ops.local_std(x, window=5)
+    assert runs == ["cpu"]  # once per device
+    (warning,) = [w for w in caught if "self-check" in str(w.message)]
+    assert "the compiled kernels of local_std failed their self-check on cpu" in str(
+        warning.message
+    )
+    assert "local_std failed to run: RuntimeError: boom" in str(warning.message)
+    assert _kernels.implementation("local_std", x) is _reference
+    assert _kernels.implementation("ssim", x) is calls  # the others passed
+    checked_cpu.setenv("SIMWARP_BACKEND", "torch")
+    torch_path = ops.local_std(x, window=5)
+    assert torch.equal(out, torch_path) and torch.equal(again, torch_path)
+    checked_cpu.setenv("SIMWARP_BACKEND", "auto")
+    info = backend_info()
+    assert info["ops"]["local_std"]["cpu"] == (
+        "torch",
+        "self-check failed on cpu: local_std failed to run: RuntimeError: boom",
+    )
+    backend, why = info["ops"]["ssim"]["cpu"]
+    assert backend == "compiled" and why.startswith("self-check passed on cpu")
+    assert info["self_check"]["cpu"]["local_std"]["passed"] is False
+    assert info["self_check"]["cpu"]["ssim"]["error"] == 1e-7
+
+
+def test_backend_info_without_build_runs_no_self_check(checked_cpu):
+    from napari_simwarp import backend_info
+
+    runs = []
+    checked_cpu.setattr(_kernels.self_check, "check_device", _failing_check("splat", runs))
+    checked_cpu.setenv("SIMWARP_BACKEND", "auto")
+    info = backend_info(build=False)
+    assert runs == [] and info["self_check"] == {}
+    assert info["ops"]["local_std"]["cpu"] == ("pending", "self-check on first use on cpu")
+
+
+def test_compiled_backend_runs_the_kernels_without_a_self_check(checked_cpu):
+    runs = []
+    checked_cpu.setattr(_kernels.self_check, "check_device", _failing_check("local_std", runs))
+    checked_cpu.setenv("SIMWARP_BACKEND", "compiled")
+    assert _kernels.use_compiled("local_std", torch.zeros(1))
+    assert runs == []
+
+
+def test_deterministic_algorithms_send_atomic_kernels_to_torch(monkeypatch):
+    # splat's CUDA kernel scatters with atomics; "auto" gives it to torch (whose scatter
+    # torch makes deterministic) under use_deterministic_algorithms, "compiled" runs it
+    # (and the kernel raises torch's alert: test_host_shim.py). The CPU stands in here.
+    require_compiled()
+    monkeypatch.setattr(_kernels, "NONDETERMINISTIC", {"local_std": {"cpu"}})
+    x = torch.zeros(1)
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        monkeypatch.setenv("SIMWARP_BACKEND", "auto")
+        assert not _kernels.use_compiled("local_std", x)
+        assert _kernels.report([])["ops"]["local_std"]["cpu"] == (
+            "torch",
+            "torch.use_deterministic_algorithms(True): the kernel uses atomic additions",
+        )
+        monkeypatch.setenv("SIMWARP_BACKEND", "compiled")
+        assert _kernels.use_compiled("local_std", x)
+    finally:
+        torch.use_deterministic_algorithms(before)
+    monkeypatch.setenv("SIMWARP_BACKEND", "auto")
+    assert _kernels.use_compiled("local_std", x)
+
+
+def test_splat_on_cuda_is_refused_under_deterministic_algorithms():
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert _kernels._deterministic_refusal("splat", {"cuda"}) is not None
+        assert _kernels._deterministic_refusal("splat", {"cpu"}) is None  # serial scatter
+        assert _kernels._deterministic_refusal("local_std", {"cuda"}) is None
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert _kernels._deterministic_refusal("splat", {"cuda"}) is None
+
+
+# ---- a CUDA build that fails never costs the CPU kernels -----------------------------------
+
+
+def test_a_failed_cuda_build_keeps_the_cpu_kernels(monkeypatch):
+    require_compiled()
+    from napari_simwarp.ops._kernels import _build
+
+    real_build = _build.build
+
+    def build(kind, verbose=False):
+        if kind == "cuda":
+            raise RuntimeError("Error building extension 'simwarp_ops_cuda'\nnvcc fatal: boom")
+        return real_build(kind, verbose)
+
+    monkeypatch.setattr(_build, "cuda_build_possible", lambda: (True, "faked"))
+    monkeypatch.setattr(_build, "build", build)
+    monkeypatch.setattr(_kernels, "_state", {**_kernels.state(), "tried": False, "cpu": False})
+    monkeypatch.setenv("SIMWARP_BACKEND", "auto")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert _kernels.ensure_loaded()
+    state = _kernels.state()
+    assert state["cpu"] and not state["cuda"] and state["error"] is None
+    assert state["cuda_error"] == "RuntimeError: nvcc fatal: boom"
+    (warning,) = caught
+    assert "the CUDA kernels failed to build (RuntimeError: nvcc fatal: boom)" in str(
+        warning.message
+    )
+    x = torch.rand(1, 1, 9, 9)
+    assert _kernels.use_compiled("local_std", x)  # the CPU kernels run
+    assert torch.ops.simwarp.box_sum(x, [3, 3]).shape == (1, 1, 7, 7)
+    info = _kernels.report(["local_std"])
+    assert info["ops"]["local_std"]["cuda"] == ("torch", "RuntimeError: nvcc fatal: boom")
+    assert info["ops"]["local_std"]["cpu"][0] == "compiled"

@@ -9,9 +9,18 @@ warning that says why. Importing this package builds nothing.
 An operator asks :func:`implementation` for the module to call: :mod:`.calls` (the
 kernels) or :mod:`.._reference` (pure torch); both define the same functions.
 
+On CUDA, "auto" runs an op's kernels only once they have passed a self-check on that
+device (:mod:`.self_check`: each primitive against its torch twin, values and gradients,
+at the first use on each device); an op that fails it takes the torch path there, after
+one warning, and :func:`report` says why. Under ``torch.use_deterministic_algorithms(True)``
+"auto" sends splat on CUDA (whose kernel scatters with atomics) to the torch path, which
+torch makes deterministic; "compiled" runs the kernel, which then raises torch's
+non-determinism error.
+
 Environment:
-    SIMWARP_BACKEND    "auto" (default: compiled where it builds, else torch),
-                       "torch" (never build), "compiled" (build or raise).
+    SIMWARP_BACKEND    "auto" (default: compiled where it builds and, on CUDA, passes its
+                       self-check; else torch), "torch" (never build), "compiled" (build
+                       or raise; no self-check).
     SIMWARP_CACHE_DIR  where builds are cached (default ~/.cache/napari-simwarp).
 """
 
@@ -26,7 +35,7 @@ from types import ModuleType
 import torch
 
 from .. import _reference
-from . import _build
+from . import _build, self_check
 
 ENV_BACKEND = "SIMWARP_BACKEND"
 ENV_CACHE = _build.ENV_CACHE
@@ -55,7 +64,17 @@ AUTO_DEVICE_TYPES = {
     "splat": {"cuda"},
 }
 
+#: device types on which "auto" runs a compiled op only after it passed the self-check
+#: there. The CPU kernels are held to the same twins by the test suite on every CI run.
+SELF_CHECKED_DEVICE_TYPES = {"cuda"}
+
+#: ops whose kernels are not deterministic on these device types (atomic additions).
+NONDETERMINISTIC = {"splat": {"cuda"}}
+
 _lock = threading.Lock()
+_check_lock = threading.Lock()
+#: str(device) -> {op: self_check.Check}, filled at the first use on each device
+_checks: dict[str, dict[str, self_check.Check]] = {}
 _state: dict = {
     "tried": False,
     "cpu": False,
@@ -153,6 +172,40 @@ def ensure_loaded(verbose: bool = False) -> bool:
         return _state["cpu"]
 
 
+def device_checks(device: torch.device) -> dict[str, self_check.Check]:
+    """The self-check's results on ``device``, running it first if it has not run there.
+
+    One warning names the ops that failed, which then take the torch path on ``device``.
+    """
+    key = str(device)
+    if key in _checks:
+        return _checks[key]
+    with _check_lock:
+        if key not in _checks:
+            results = self_check.check_device(device)
+            failed = {op: c for op, c in results.items() if not c.passed}
+            if failed:
+                reasons = "; ".join(sorted({c.reason for c in failed.values()}))
+                warnings.warn(
+                    f"napari-simwarp: the compiled kernels of {', '.join(sorted(failed))} "
+                    f"failed their self-check on {key} ({reasons}); these ops use the pure "
+                    f"torch operators on {key}.",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+            _checks[key] = results
+    return _checks[key]
+
+
+def _deterministic_refusal(op: str, device_types: set[str]) -> str | None:
+    """Why "auto" must not run ``op``'s kernels here under deterministic algorithms."""
+    if torch.are_deterministic_algorithms_enabled() and device_types & NONDETERMINISTIC.get(
+        op, set()
+    ):
+        return "torch.use_deterministic_algorithms(True): the kernel uses atomic additions"
+    return None
+
+
 def use_compiled(op: str, *tensors: torch.Tensor) -> bool:
     """Whether ``op`` should run its compiled implementation on these tensors' device."""
     backend = requested_backend()
@@ -165,7 +218,14 @@ def use_compiled(op: str, *tensors: torch.Tensor) -> bool:
         return False
     if not ensure_loaded():
         return False
-    return "cuda" not in device_types or _state["cuda"]
+    if "cuda" in device_types and not _state["cuda"]:
+        return False
+    if backend == "compiled":
+        return True
+    if _deterministic_refusal(op, device_types):
+        return False
+    checked = {t.device for t in tensors if t.device.type in SELF_CHECKED_DEVICE_TYPES}
+    return all(device_checks(device)[op].passed for device in checked)
 
 
 def implementation(op: str, *tensors: torch.Tensor) -> ModuleType:
@@ -190,16 +250,45 @@ def build_all(verbose: bool = False) -> dict:
     return {"cpu": _state["path"], "cuda": _state["cuda_path"] or _state["cuda_error"]}
 
 
+def _report_device(device_type: str) -> torch.device | None:
+    """The device whose self-check a report shows for a device type, if there is one."""
+    if device_type == "cuda":
+        if not (_state["cuda"] and torch.cuda.is_available()):
+            return None
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(device_type)
+
+
+def _checked_backend(op: str, device_type: str, build: bool) -> tuple[str, str]:
+    """``(backend, reason)`` of a built op on a self-checked device type under "auto"."""
+    device = _report_device(device_type)
+    if device is None:
+        return ("compiled", "built kernels")
+    checks = device_checks(device) if build else _checks.get(str(device))
+    if checks is None:
+        return ("pending", f"self-check on first use on {device}")
+    check = checks[op]
+    if not check.passed:
+        return ("torch", f"self-check failed on {device}: {check.reason}")
+    return (
+        "compiled",
+        f"self-check passed on {device} (largest relative difference from pure torch "
+        f"{check.error:.1e}, tolerance {check.tolerance:.0e})",
+    )
+
+
 def report(public_ops, build: bool = True) -> dict:
     """Which backend runs each op, per device type, and why (``backend_info``'s body).
 
     ``public_ops``: the names to report besides the compiled ones. ``build=False`` never
-    builds; ops whose kernels are not loaded yet are then ``"pending"``.
+    builds and never runs the self-check; ops whose kernels are not loaded yet (or not
+    checked yet on a device that needs it) are then ``"pending"``. ``"self_check"`` holds
+    the self-check's figures per device and op.
     """
     backend = requested_backend()
     pending = backend != "torch" and not build and not _state["tried"]
     loaded = backend != "torch" and (_state["cpu"] if not build else ensure_loaded())
-    cuda_ok, cuda_reason = _build.cuda_build_possible()
+    cuda_ok = _build.cuda_build_possible()[0]
     ops = {}
     for op in sorted(set(public_ops) | set(COMPILED_OPS)):
         if op not in COMPILED_OPS:
@@ -212,17 +301,10 @@ def report(public_ops, build: bool = True) -> dict:
         elif not loaded:
             ops[op] = dict.fromkeys(("cpu", "cuda"), ("torch", f"build failed: {_state['error']}"))
         else:
-            auto_devices = AUTO_DEVICE_TYPES.get(op, {"cpu", "cuda"})
-            slower = "pure torch measured faster on this device type"
-            cpu = ("compiled", "built kernels")
-            if backend == "auto" and "cpu" not in auto_devices:
-                cpu = ("torch", slower)
-            cuda = (
-                ("compiled", "built kernels")
-                if _state["cuda"]
-                else ("torch", _state["cuda_error"] or cuda_reason)
-            )
-            ops[op] = {"cpu": cpu, "cuda": cuda}
+            ops[op] = {
+                device_type: _device_backend(op, device_type, backend, build)
+                for device_type in ("cpu", "cuda")
+            }
     return {
         "requested": backend,
         "build": {
@@ -234,5 +316,25 @@ def report(public_ops, build: bool = True) -> dict:
             "error": _state["error"],
             "cuda_error": _state["cuda_error"],
         },
+        "self_check": {
+            device: {op: check.as_dict() for op, check in checks.items()}
+            for device, checks in _checks.items()
+        },
         "ops": ops,
     }
+
+
+def _device_backend(op: str, device_type: str, backend: str, build: bool) -> tuple[str, str]:
+    """``(backend, reason)`` of an op whose kernels are loaded, on one device type."""
+    if device_type == "cuda" and not _state["cuda"]:
+        return ("torch", _state["cuda_error"] or _build.cuda_build_possible()[1])
+    if backend == "compiled":
+        return ("compiled", "built kernels (SIMWARP_BACKEND=compiled: no self-check)")
+    if device_type not in AUTO_DEVICE_TYPES.get(op, {"cpu", "cuda"}):
+        return ("torch", "pure torch measured faster on this device type")
+    refusal = _deterministic_refusal(op, {device_type})
+    if refusal:
+        return ("torch", refusal)
+    if device_type in SELF_CHECKED_DEVICE_TYPES:
+        return _checked_backend(op, device_type, build)
+    return ("compiled", "built kernels")

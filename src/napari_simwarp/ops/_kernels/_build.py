@@ -6,6 +6,11 @@ torch has CUDA and a matching ``nvcc`` is found, ``cuda`` (``csrc/cuda/*.cu`` ke
 ``csrc/cuda/*.cpp`` registrations), loaded after the first. Each is built once with
 ``torch.utils.cpp_extension`` into a cache directory keyed by everything that makes a
 build differ (sources, torch, flags, CPU; for CUDA also the compiler and architectures).
+
+A third, ``host_shim``, is for tests: the CUDA sources compiled as host C++ against the
+shim in ``csrc/host_shim/`` (every block and thread run in turn), registered as the CPU
+implementation of the ``simwarp_host_shim`` library, so that the CUDA kernels' logic is
+compared with the CPU kernels on machines without a GPU (``tests/csrc/test_host_shim.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +25,11 @@ import subprocess
 import torch
 
 ENV_CACHE = "SIMWARP_CACHE_DIR"
-KINDS = ("cpu", "cuda")
+KINDS = ("cpu", "cuda", "host_shim")
+#: the flags that make the CUDA sources host code (csrc/host_shim/cuda_runtime.h); hidden
+#: symbols, so that the shim's simwarp::cuda functions never stand in for a real CUDA
+#: build's in the same process.
+HOST_SHIM_FLAGS = ["-DSIMWARP_HOST_SHIM", "-fvisibility=hidden"]
 
 
 def csrc_root() -> pathlib.Path:
@@ -36,11 +45,25 @@ def csrc_root() -> pathlib.Path:
 
 
 def sources(kind: str) -> list[pathlib.Path]:
-    """The source files of one extension (``"cpu"`` or ``"cuda"``)."""
+    """The source files of one extension (one of :data:`KINDS`)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     root = csrc_root()
     if kind == "cpu":
         return [root / "ops.cpp", *sorted((root / "cpu").glob("*.cpp"))]
-    return sorted((root / "cuda").glob("*.cu")) + sorted((root / "cuda").glob("*.cpp"))
+    cuda = sorted((root / "cuda").glob("*.cu")) + sorted((root / "cuda").glob("*.cpp"))
+    return cuda if kind == "cuda" else [root / "host_shim" / "library.cpp", *cuda]
+
+
+def _host_source(directory: pathlib.Path, source: pathlib.Path) -> pathlib.Path:
+    """A ``.cpp`` in ``directory`` that includes the ``.cu`` ``source``, so the host compiler
+    builds it (cpp_extension hands every ``.cu`` to nvcc). Rewritten only when it changes,
+    so ninja's timestamps stay meaningful."""
+    wrapper = directory / f"{source.stem}_cu.cpp"
+    text = f'// The host-shim build of {source.name} (generated).\n#include "{source}"\n'
+    if not wrapper.is_file() or wrapper.read_text() != text:
+        wrapper.write_text(text)
+    return wrapper
 
 
 def headers() -> list[pathlib.Path]:
@@ -173,13 +196,18 @@ def build(kind: str, verbose: bool = False) -> pathlib.Path:
     from torch.utils import cpp_extension
 
     files = sources(kind)
-    cflags = host_cflags()
+    cflags = host_cflags() + (HOST_SHIM_FLAGS if kind == "host_shim" else [])
     directory = build_directory(kind, files, cflags)
     root = csrc_root()
+    includes = [root / "include", root]
+    if kind == "host_shim":
+        # The shim's cuda_runtime.h first; the bindings' local headers beside the wrappers.
+        includes = [root / "host_shim", *includes, root / "cuda"]
+        files = [_host_source(directory, f) if f.suffix == ".cu" else f for f in files]
     cpp_extension.load(
         name=f"simwarp_ops_{kind}",
         sources=[str(f) for f in files],
-        extra_include_paths=[str(root / "include"), str(root)],
+        extra_include_paths=[str(p) for p in includes],
         extra_cflags=cflags,
         extra_cuda_cflags=["-O3"],
         extra_ldflags=["-fopenmp"],

@@ -11,10 +11,22 @@ from collections.abc import Sequence
 
 import torch
 
-from .._numerics import flat_threshold_factor
+from .._numerics import FLAT_TOLERANCE, flat_threshold_factor
 
-#: the flat rule of the kernels, whose window sums always run in float64.
+#: the flat rule of the CPU kernels, whose window sums run in float64.
 KERNEL_FLAT_FACTOR = flat_threshold_factor(torch.float64)
+#: the flat rule of the CUDA kernels on float32 data, whose sums are compensated float32
+#: (a rounded sum and its error: about 48 significant bits, csrc/include/simwarp/
+#: compensated.h). On float64 data they carry more than float64's bits, and the CPU's
+#: rule holds.
+COMPENSATED_FLOAT32_FLAT_FACTOR = FLAT_TOLERANCE * 2.0**-48
+
+
+def kernel_flat_factor(x: torch.Tensor) -> float:
+    """The flat rule's factor of the kernels that will run on ``x``."""
+    if x.device.type == "cuda" and x.dtype == torch.float32:
+        return COMPENSATED_FLOAT32_FLAT_FACTOR
+    return KERNEL_FLAT_FACTOR
 
 
 def _flat_list(taps: Sequence[Sequence[float]]) -> tuple[list[float], list[int]]:
@@ -70,11 +82,12 @@ def local_std_valid(
 ) -> torch.Tensor:
     """Fused local std of a padded, centered ``xp (..., *P)``, valid mode ``(..., *(P - k + 1))``.
 
-    The window sums and ``V = S2 - S1²/N`` are formed in float64 whatever ``xp``'s dtype;
-    ``V <= flat_factor · S2`` counts as flat (0, zero gradient). Differentiable with
-    respect to ``xp``.
+    The window sums and ``V = S2 - S1²/N`` are formed in float64 on CPU and as compensated
+    sums in ``xp``'s dtype on CUDA (float32 at about 48 bits); ``V <= flat_factor · S2``
+    counts as flat (0, zero gradient), by default relative to that precision
+    (:func:`kernel_flat_factor`). Differentiable with respect to ``xp``.
     """
-    factor = KERNEL_FLAT_FACTOR if flat_factor is None else float(flat_factor)
+    factor = kernel_flat_factor(xp) if flat_factor is None else float(flat_factor)
     out, _, _ = torch.ops.simwarp.local_std_fwd(
         xp, list(window), float(eps), bool(normalize), factor
     )
