@@ -152,13 +152,15 @@ def test_dense_models_start_from_landmarks_and_keep_them(far_pair, model):
     assert error[16:-16, 16:-16].mean() < 0.3
 
 
+@pytest.mark.parametrize("d", [2, 3])
 @pytest.mark.parametrize("kind", ["linear", "dense"])
-def test_penalty_value_and_gradient(rng, kind):
-    """The term against NumPy at the full-resolution pixels, and its gradient by torch's
-    gradcheck (float64)."""
-    shape = (20, 24)
-    fg, mg = Grid.make(2, (0.5, 0.8), (1.0, -2.0)), Grid.make(2, (0.7, 0.6), (0.0, 3.0))
-    x = rng.uniform([2.0, -1.0], [10.0, 15.0], (5, 2))
+def test_penalty_value_and_gradient(rng, kind, d):
+    """The term against NumPy (SciPy's order-1 sampling for the dense field, at the full
+    and at a coarser level), and its gradient by torch's gradcheck (float64)."""
+    shape, level = (20, 24, 12)[:d], (10, 12, 6)[:d]
+    fg = Grid.make(d, (0.5, 0.8, 0.6)[:d], (1.0, -2.0, 0.5)[:d])
+    mg = Grid.make(d, (0.7, 0.6, 0.9)[:d], (0.0, 3.0, -1.0)[:d])
+    x = rng.uniform([2.0, -1.0, 1.0][:d], [10.0, 15.0, 7.0][:d], (5, d))
     y = x + rng.normal(0, 2, x.shape)
     if kind == "linear":
         mdl = LinearModel(
@@ -168,28 +170,33 @@ def test_penalty_value_and_gradient(rng, kind):
             mdl.shift.normal_()
             mdl.linear.normal_()
         pixel = mdl.matrix()[0].detach().numpy()
-        mapped = _mapped(mg.to_physical() @ pixel @ fg.to_pixels(), x)
+        mapped = {s: _mapped(mg.to_physical() @ pixel @ fg.to_pixels(), x) for s in (shape, level)}
     else:
-        fg = Grid.make(2, (0.5, 0.8), (1.0, -2.0))
         mdl = DenseModel("deformable", shape, 1, dtype=torch.float64, spacing=fg.spacing)
         mdl.set_level(shape)
         with torch.no_grad():
             mdl.field.normal_()
-        field = mdl.displacement(shape)[0].detach().numpy()
         q = _mapped(fg.to_pixels(), x)
-        # scipy's order-1 sampling, edges repeated as the model's resize does
-        at = np.stack([ndi.map_coordinates(c, q.T, order=1, mode="nearest") for c in field], -1)
-        mapped = _mapped(fg.to_physical(), q + at)
+        mapped = {}
+        for s in (shape, level):
+            ratio = np.array(s, float) / np.array(shape, float)
+            field = mdl.displacement(s)[0].detach().numpy() / ratio.reshape(-1, *[1] * d)
+            where = (q + 0.5) * ratio - 0.5  # full pixel q on the level (align_corners=False)
+            at = np.stack(
+                [ndi.map_coordinates(c, where.T, order=1, mode="nearest") for c in field], -1
+            )
+            mapped[s] = _mapped(fg.to_physical(), q + at)
     term = penalty(mdl, x, y, 0.3, fg, mg, shape)
-    expected = 0.3 * ((mapped - y) ** 2).sum(1).mean() / 0.5**2
-    np.testing.assert_allclose(float(term(shape)[0].detach()), expected, rtol=1e-5)
+    for s in (shape, level):
+        expected = 0.3 * ((mapped[s] - y) ** 2).sum(1).mean() / 0.5**2
+        np.testing.assert_allclose(float(term(s)[0].detach()), expected, rtol=1e-6)
 
     names = ["shift", "linear"] if kind == "linear" else ["field"]
 
     def as_function(*values):
         for name, value in zip(names, values):
             setattr(mdl, name, value)
-        return term(shape)
+        return term(level)
 
     inputs = [getattr(mdl, name).detach().clone().requires_grad_(True) for name in names]
     assert torch.autograd.gradcheck(as_function, inputs)
