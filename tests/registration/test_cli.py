@@ -94,3 +94,56 @@ def test_cli_spacing_of_the_wrong_length_is_a_clear_error(tmp_path, capsys):
         _cli.main([*argv, str(tmp_path / "o.npy"), "--moving-spacing", "0.2;0.2"])
     assert stop.value.code == 2
     assert "expected a number or comma-separated numbers" in capsys.readouterr().err
+
+
+def test_cli_landmarks_from_a_bigwarp_file(tmp_path):
+    # A 70° rotation and a large shift, beyond the pyramid: the BigWarp landmarks (its
+    # "target" columns are FIXED's points, "moving" MOVING's, x,y order, physical units)
+    # place it. The file is written by hand, as BigWarp writes it.
+    from scipy import ndimage as ndi
+
+    from tests.registration.cases import textured
+
+    shape = (96, 96)
+    t = np.deg2rad(70)
+    m = centered_affine(
+        np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]]), [9, -12], shape
+    )
+    fixed = textured(np.random.default_rng(5), shape).astype(np.float32)
+    moving = ndi.affine_transform(fixed, np.linalg.inv(m), order=3, mode="nearest")
+    np.save(tmp_path / "fixed.npy", fixed)
+    np.save(tmp_path / "moving.npy", moving)
+    spacing = 0.5  # both images: the file holds physical coordinates
+    rows = []
+    for i, p in enumerate([[15.0, 20.0], [25.0, 80.0], [80.0, 30.0], [70.0, 75.0]]):
+        q = m[:2, :2] @ p + m[:2, 2]
+        moving_xy = [q[1] * spacing, q[0] * spacing]
+        target_xy = [p[1] * spacing, p[0] * spacing]
+        rows.append(",".join(f'"{v}"' for v in [f"Pt-{i}", "true", *moving_xy, *target_xy]))
+    (tmp_path / "landmarks.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "warped.npy"
+    argv = ["register", str(tmp_path / "fixed.npy"), str(tmp_path / "moving.npy"), "-o", str(out)]
+    code = _cli.main(
+        [
+            *argv, "--model", "rigid", "--fixed-spacing", "0.5", "--moving-spacing", "0.5",
+            "--landmarks", str(tmp_path / "landmarks.csv"), "--landmark-weight", "0.01",
+            "--quiet",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    t = load_transform(tmp_path / "warped.npy.transform.npz")
+    assert corner_error(t.matrix, m, shape) < 0.2
+
+
+def test_cli_bad_landmarks_file_is_a_clear_error(tmp_path, capsys):
+    np.save(tmp_path / "a.npy", np.random.rand(32, 32))
+    (tmp_path / "l.csv").write_text('"Pt-0","true","1.0"\n')
+    argv = ["register", str(tmp_path / "a.npy"), str(tmp_path / "a.npy"), "-o"]
+    code = _cli.main([*argv, str(tmp_path / "o.npy"), "--landmarks", str(tmp_path / "l.csv")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--landmarks:" in err and "BigWarp landmark CSV" in err
+    code = _cli.main([*argv, str(tmp_path / "o.npy"), "--landmark-weight", "1"])
+    assert code == 2
+    assert "landmark_weight > 0 needs landmarks" in capsys.readouterr().err
+    assert not (tmp_path / "o.npy").exists()

@@ -167,6 +167,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="deformable: smoothness weight (default 0.05)",
     )
     p.add_argument("--mask", default=None, help="mask file for the fixed image (non-zero = use)")
+    p.add_argument(
+        "--landmarks",
+        default=None,
+        metavar="CSV",
+        help="BigWarp landmark CSV (File > Export landmarks): its 'moving' columns are "
+        "MOVING's points, its 'target' columns FIXED's, x,y[,z] in the physical units of "
+        "the spacings (pixels by default); inactive rows are skipped. The run starts from "
+        "their least-squares fit of --model (dense models: affine)",
+    )
+    p.add_argument(
+        "--landmark-weight",
+        type=float,
+        default=0.0,
+        help="keep the landmarks as a soft constraint of this weight (default 0: they only "
+        "start the run)",
+    )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.set_defaults(func=run)
@@ -176,6 +192,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _one_per_axis(values):
     """A single value applies to every axis."""
     return values[0] if values is not None and len(values) == 1 else values
+
+
+def _read_landmarks(path):
+    """``(fixed_points, moving_points)`` from a BigWarp CSV (array order), or None."""
+    if path is None:
+        return None
+    from ..io.transform_files.bigwarp import read_bigwarp_landmarks
+
+    try:
+        return read_bigwarp_landmarks(path)
+    except ValueError as exc:  # not a BigWarp table: say which option it came from
+        raise ValueError(f"--landmarks: {exc}") from None
 
 
 def run(args) -> int:
@@ -191,8 +219,14 @@ def run(args) -> int:
     fixed = read_image(args.fixed, what="fixed", notes=notes)
     moving = read_image(args.moving, what="moving", notes=notes)
     mask = read_image(args.mask, what="--mask", notes=notes) if args.mask else None
+    landmarks = _read_landmarks(args.landmarks)
     dtype = moving.dtype if args.dtype == "same" else np.dtype(args.dtype)
-    inputs = {"fixed": args.fixed, "moving": args.moving, "--mask": args.mask}
+    inputs = {
+        "fixed": args.fixed,
+        "moving": args.moving,
+        "--mask": args.mask,
+        "--landmarks": args.landmarks,
+    }
     out = check_output_path(
         args.out, what="-o", inputs=inputs, overwrite=args.overwrite, dtype=dtype
     )
@@ -219,6 +253,8 @@ def run(args) -> int:
             window=args.window,
             grid_spacing=args.grid_spacing,
             regularization=args.regularization,
+            landmarks=landmarks,
+            landmark_weight=args.landmark_weight,
             device=args.device,
             callback=progress,
         )
