@@ -298,8 +298,11 @@ def _budgets(memory_budget, device) -> tuple[_budget.Budget, _budget.Budget]:
 
 
 #: float32 maps per pixel that the translation route holds per frame of a batch (frame,
-#: clipped copy, half-resolution copies, FFT spectra, Gauss–Newton images and gradients);
-#: measured with the peak RSS of ``benchmarks/bench_large.py`` and rounded up
+#: clipped copy, half-resolution copies, FFT spectra, Gauss–Newton images and gradients).
+#: Measured (``OMP_NUM_THREADS=1 python benchmarks/maps_per_pixel.py``, 2026-11-23: the
+#: peak resident set of a batch of 16 (64) frames minus that of a batch of 4, per extra
+#: frame, less the frame as read): 15.3 for 512² frames (solved at half resolution) and
+#: 20.9 for 192² frames (solved at full resolution), rounded up with a margin.
 TRANSLATION_MAPS_PER_PIXEL = 24
 #: the work of an automatic batch on the CPU may reach this, or a quarter of the stack
 CPU_BATCH_BYTES = 64 * 2**20
