@@ -53,3 +53,16 @@ def test_displayed_displacement_is_the_physical_motion_in_fixed_pixels():
     same = AffineTransform(np.eye(3), "translation")
     d = np.ones((2, 6, 5), np.float32)
     assert physical_displacement(same, d) is d
+
+
+def test_stack_mode_registers_on_the_stack_layers_grid():
+    from napari_simwarp.registration.grid import Grid
+
+    stack, shifts = data.drifting_timelapse(frames=3, size=64)
+    grid = Grid.make(2, (0.5, 0.25), (1.0, 2.0))
+    settings = RunSettings(mode="stack", model="translation")
+    run = RegistrationRun(None, stack, settings, moving_grid=grid)
+    assert run._engine_kwargs()["spacing"] == grid.spacing
+    list(run.snapshots())
+    np.testing.assert_allclose(run.result.shifts, shifts, atol=0.3)  # pixel shifts as before
+    assert all(t.fixed_grid == grid and t.moving_grid == grid for t in run.result.transforms)

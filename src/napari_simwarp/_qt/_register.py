@@ -170,6 +170,8 @@ class RegisterWidget(WorkerWidget):
                 # Layers aligned on screen must stay aligned: register in their world space.
                 fixed_grid = layer_grid(self._fixed.value, "fixed")
                 moving_grid = layer_grid(moving, "moving")
+            elif moving is not None:  # the frames' grid: the stack layer's, time left out
+                moving_grid = layer_grid(moving, "moving", skip=1)
             run = RegistrationRun(
                 fixed_data,
                 layer_image(moving, "moving"),

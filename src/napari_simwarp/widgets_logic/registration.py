@@ -86,8 +86,10 @@ class RegistrationRun:
     """One registration, driven by :meth:`snapshots`; ``result`` once it has finished.
 
     ``fixed_grid`` and ``moving_grid`` (:class:`~napari_simwarp.registration.grid.Grid`,
-    from the layers' scale and translate; None: unit) place the two images in space
-    (pairs only); the displayed displacement is then physical, in fixed pixels.
+    from the layers' scale and translate; None: unit) place the two images in space; the
+    displayed displacement is then physical, in fixed pixels. In stack mode
+    ``moving_grid`` (the stack layer's, time axis left out) is the frames' grid, passed
+    to ``register_stack`` as ``spacing`` and ``origin``.
     """
 
     def __init__(
@@ -192,6 +194,8 @@ class RegistrationRun:
             for role, grid in (("fixed", self.fixed_grid), ("moving", self.moving_grid)):
                 if grid is not None:
                     kw[f"{role}_spacing"], kw[f"{role}_origin"] = grid.spacing, grid.origin
+        elif self.moving_grid is not None:
+            kw["spacing"], kw["origin"] = self.moving_grid.spacing, self.moving_grid.origin
         return kw
 
     # -- snapshots -------------------------------------------------------------------------
