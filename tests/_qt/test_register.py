@@ -95,6 +95,16 @@ def test_drift_stack(viewer, qtbot):
     np.testing.assert_array_equal(m.data, stack)
 
 
+def test_drift_stack_on_the_layers_grid(viewer, qtbot):
+    stack, shifts = data.drifting_timelapse(frames=3, size=64)
+    w, _, m = _setup(viewer, None, stack, mode="time-lapse (drift)")
+    m.scale, m.translate = (1.0, 0.5, 0.25), (0.0, 3.0, -1.0)
+    _run(qtbot, w)
+    np.testing.assert_allclose(w.result.shifts, shifts, atol=0.25)
+    grid = w.result.transforms[1].fixed_grid
+    assert grid.spacing == (0.5, 0.25) and grid.origin == (3.0, -1.0)
+
+
 def test_cancel_stops_the_run(viewer, qtbot):
     fixed, moving, _ = data.deformed_pair()
     w, _, _ = _setup(viewer, fixed, moving, model="deformable", iterations=500)

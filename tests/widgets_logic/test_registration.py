@@ -81,3 +81,16 @@ def test_points_layers_give_world_coordinates_and_must_pair_up():
     moving.rotate = np.array([[0.0, -1.0], [1.0, 0.0]])
     with pytest.raises(ValueError, match="rotation"):
         landmarks_from_layers(fixed, moving)
+
+
+def test_stack_mode_registers_on_the_stack_layers_grid():
+    from napari_simwarp.registration.grid import Grid
+
+    stack, shifts = data.drifting_timelapse(frames=3, size=64)
+    grid = Grid.make(2, (0.5, 0.25), (1.0, 2.0))
+    settings = RunSettings(mode="stack", model="translation")
+    run = RegistrationRun(None, stack, settings, moving_grid=grid)
+    assert run._engine_kwargs()["spacing"] == grid.spacing
+    list(run.snapshots())
+    np.testing.assert_allclose(run.result.shifts, shifts, atol=0.3)  # pixel shifts as before
+    assert all(t.fixed_grid == grid and t.moving_grid == grid for t in run.result.transforms)

@@ -207,6 +207,8 @@ class RegisterWidget(WorkerWidget):
                 fixed_grid = layer_grid(self._fixed.value, "fixed")
                 moving_grid = layer_grid(moving, "moving")
                 landmarks = self.landmarks()
+            elif moving is not None:  # the frames' grid: the stack layer's, time left out
+                moving_grid = layer_grid(moving, "moving", skip=1)
             run = RegistrationRun(
                 fixed_data,
                 layer_image(moving, "moving"),

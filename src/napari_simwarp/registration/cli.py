@@ -304,6 +304,22 @@ def add_stack_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--reference", default="first", help="first, previous, mean or a frame index")
     p.add_argument("--model", default="translation", choices=MODELS)
     p.add_argument("--metric", default="lncc", choices=METRICS)
+    p.add_argument(
+        "--spacing",
+        type=per_axis_option,
+        default=None,
+        metavar="S[,S...]",
+        help="pixel size of the frames, one value or one per spatial axis in array order "
+        "(z,y,x); default: the OME-Zarr input's pixel size, else 1. Rigid and similarity "
+        "then stay rigid in these physical units, however anisotropic the voxels",
+    )
+    p.add_argument(
+        "--origin",
+        type=per_axis_option,
+        default=None,
+        metavar="O[,O...]",
+        help="physical position of the frames' first pixel (default 0)",
+    )
     p.add_argument("--batch-size", default="auto", help="frames per batch (default: auto)")
     p.add_argument("--memory-budget", default=None, help="e.g. 2GiB (default: half the free RAM)")
     p.add_argument(
@@ -419,10 +435,18 @@ def run_stack(args) -> int:
     from ..io import budget as _budget
     from ..io import check_target
     from ..io.omezarr import check_store, write_key, write_ome_zarr
+    from .grid import Grid
     from .stack import lazy_warped, register_stack
     from .transforms import load_transform
 
     data, axes, pixel_size = open_stack(args.input)
+    # The pixel size: --spacing, else the OME-Zarr input's own (None for TIFF and Zarr).
+    from_metadata = args.spacing is None and pixel_size is not None
+    spacing = _one_per_axis(args.spacing) if args.spacing is not None else pixel_size
+    origin = _one_per_axis(args.origin)
+    grid = Grid.make(len(data.shape) - 1, spacing, origin)  # checked before any work
+    if args.spacing is not None:  # the output store carries the pixel size given
+        pixel_size = list(grid.spacing)
     reference = _reference_option(args.reference)
     batch = args.batch_size if args.batch_size == "auto" else int(args.batch_size)
     if args.memory_budget is not None:
@@ -437,6 +461,8 @@ def run_stack(args) -> int:
         model=args.model,
         metric=args.metric,
         input=str(pathlib.Path(args.input).resolve()),
+        spacing=spacing,
+        origin=origin,
     )
     key = write_key(
         shape,
@@ -468,6 +494,11 @@ def run_stack(args) -> int:
 
         client = Client(args.scheduler)
     on_frames, on_blocks = _stack_progress()
+    if from_metadata and not args.quiet:
+        print(
+            f"pixel size {tuple(pixel_size)} (array order) read from the OME-Zarr metadata "
+            f"of {args.input}; --spacing overrides it"
+        )
     try:
         if resume:
             files = sorted(folder.glob("frame_*.transform.npz"))
@@ -483,6 +514,8 @@ def run_stack(args) -> int:
                 reference=reference,
                 model=args.model,
                 metric=args.metric,
+                spacing=spacing,
+                origin=origin,
                 batch_size=batch,
                 device=args.device,
                 memory_budget=args.memory_budget,

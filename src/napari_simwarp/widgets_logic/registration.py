@@ -88,8 +88,10 @@ class RegistrationRun:
     """One registration, driven by :meth:`snapshots`; ``result`` once it has finished.
 
     ``fixed_grid`` and ``moving_grid`` (:class:`~napari_simwarp.registration.grid.Grid`,
-    from the layers' scale and translate; None: unit) place the two images in space
-    (pairs only); the displayed displacement is then physical, in fixed pixels.
+    from the layers' scale and translate; None: unit) place the two images in space; the
+    displayed displacement is then physical, in fixed pixels. In stack mode
+    ``moving_grid`` (the stack layer's, time axis left out) is the frames' grid, passed
+    to ``register_stack`` as ``spacing`` and ``origin``.
     ``landmarks`` (pairs only): ``(fixed_points, moving_points)`` in world (physical)
     coordinates, :func:`points_to_world`; they start the run (and constrain it with
     ``settings.landmark_weight > 0``).
@@ -205,6 +207,8 @@ class RegistrationRun:
             if self.landmarks is not None:
                 kw["landmarks"] = self.landmarks
                 kw["landmark_weight"] = float(s.landmark_weight)
+        elif self.moving_grid is not None:
+            kw["spacing"], kw["origin"] = self.moving_grid.spacing, self.moving_grid.origin
         return kw
 
     # -- snapshots -------------------------------------------------------------------------
