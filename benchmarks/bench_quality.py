@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -103,7 +104,10 @@ def _elastix_positions(fixed, moving, kind, metric=None, want_field=False):
     _, tparams = itk.elastix_registration_method(
         f, mv, parameter_object=params, log_to_console=False, number_of_threads=ELASTIX_THREADS
     )
-    field = np.asarray(itk.transformix_deformation_field(mv, tparams), dtype=np.float64)
+    # transformix writes deformationField.nii: into a scratch folder, not the cwd.
+    with tempfile.TemporaryDirectory() as scratch:
+        field = itk.transformix_deformation_field(mv, tparams, output_directory=scratch)
+        field = np.asarray(field, dtype=np.float64)
     return np.ascontiguousarray(np.moveaxis(field[..., ::-1], -1, 0))  # (D, *S), array order
 
 

@@ -88,11 +88,11 @@ def rotation_candidates(prep, start: torch.Tensor, level: int) -> torch.Tensor:
         # The rigid skew is q / radius; q = angle · radius gives the angle itself.
         mdl.linear.copy_(torch.as_tensor(vectors * mdl.radius, dtype=mdl.linear.dtype))
         warped, _ = mdl.warp(m, shape)
-        s = phase_correlation(f, warped).double().cpu()  # f(x) ≈ warped(x − s)
+        s = phase_correlation(f, warped).cpu().double()  # f(x) ≈ warped(x − s)
         full = torch.tensor([n / k for n, k in zip(prep["shape"], shape)], dtype=torch.float64)
         step = torch.eye(d + 1, dtype=torch.float64).repeat(k, 1, 1)
         step[:, :d, d] = -s * full  # fixed(p) ≈ moving(M (p − s)), in full-resolution pixels
-        return mdl.matrix().double().cpu() @ step
+        return mdl.matrix().cpu().double() @ step
 
 
 def score(prep, schedule, matrices: torch.Tensor, level: int) -> torch.Tensor:
@@ -108,7 +108,7 @@ def score(prep, schedule, matrices: torch.Tensor, level: int) -> torch.Tensor:
         w = valid if weight is None else valid * weight
         # Candidates that leave little overlap could score well on a sliver: they pay
         # for the part of the fixed image they leave uncovered.
-        losses = loss_fn(f, warped, w).double().cpu()
+        losses = loss_fn(f, warped, w).cpu().double()
         covered = (w.flatten(1).mean(1) / (1.0 if weight is None else weight.mean())).cpu()
     return torch.where(covered > 0.3, losses, torch.full_like(losses, math.inf))
 
@@ -120,7 +120,7 @@ def initial_guess(prep, start, schedule, kind: str, shift_guess=None):
     ``shift_guess``: an extra candidate (the phase-correlation shift of the whole images).
     """
     level = search_level(prep)
-    candidates = [start[None].double().cpu()]
+    candidates = [start[None].cpu().double()]
     if shift_guess is not None:
         candidates.append(torch.as_tensor(shift_guess, dtype=torch.float64)[None])
     if kind != "translation":
