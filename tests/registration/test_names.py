@@ -41,3 +41,33 @@ def test_mutual_information_aligns_a_non_monotonic_remap(remapped_pair, metric, 
         assert error < 0.25
     else:
         assert error > 2.0
+
+
+def test_default_metric_is_ncc_for_linear_models_and_lncc_for_dense_ones():
+    """The documented defaults (register's docstring, README, CLI help): metric=None runs
+    "ncc" for the linear models, "lncc" for the dense ones; an explicit metric is kept."""
+    import inspect
+
+    from napari_simwarp.registration import register_iter
+    from napari_simwarp.registration._names import DEFAULT_METRICS, default_metric
+
+    assert DEFAULT_METRICS == {
+        "translation": "ncc",
+        "rigid": "ncc",
+        "similarity": "ncc",
+        "affine": "ncc",
+        "deformable": "lncc",
+        "diffeomorphic": "lncc",
+    }
+    for fn in (register, register_iter):
+        assert inspect.signature(fn).parameters["metric"].default is None
+    assert '"ncc" (global normalized cross-correlation) for the linear models' in " ".join(
+        register.__doc__.split()
+    )
+    assert default_metric("rigid", "mse") == "mse"
+    rng = np.random.default_rng(2)
+    fixed, moving = affine_pair(rng, (32, 32), centered_affine(np.eye(2), [1.0, 0.0], (32, 32)))
+    for model, expected in (("rigid", "ncc"), ("deformable", "lncc")):
+        result = register(fixed, moving, model=model, iterations=2, device="cpu")
+        assert result.metric == expected
+    assert register(fixed, moving, model="rigid", metric="mse", iterations=2).metric == "mse"

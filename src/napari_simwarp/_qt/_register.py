@@ -80,7 +80,9 @@ class RegisterWidget(WorkerWidget):
             name="reference", choices=list(REFERENCES), value="first", label="reference"
         )
         self._model = ComboBox(name="model", choices=list(MODELS), value="affine", label="model")
-        self._metric = ComboBox(name="metric", choices=list(METRICS), value="lncc", label="metric")
+        self._metric = ComboBox(
+            name="metric", choices=["auto", *METRICS], value="auto", label="metric"
+        )
         self._levels = SpinBox(
             name="levels", value=0, min=0, max=8, label="pyramid levels (0: auto)"
         )

@@ -123,7 +123,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "and clipped, never rescaled)",
     )
     p.add_argument("--model", default="affine", choices=MODELS)
-    p.add_argument("--metric", default="lncc", choices=METRICS)
+    p.add_argument(
+        "--metric",
+        default=None,
+        choices=METRICS,
+        help="similarity (default: ncc for linear models, lncc for dense ones)",
+    )
     p.add_argument(
         "--levels",
         default="auto",
@@ -265,7 +270,7 @@ def run(args) -> int:
     result.transform.save(transform_out)
     if not args.quiet:
         print(
-            f"{args.model}/{args.metric}: final loss {result.loss_history[-1]:.5f} after "
+            f"{args.model}/{result.metric}: final loss {result.loss_history[-1]:.5f} after "
             f"{len(result.loss_history)} evaluations in {result.seconds:.2f} s on "
             f"{result.device}"
         )

@@ -1,6 +1,6 @@
 """``register``: align one moving image to one fixed image (docs/maths.md §6).
 
-    result = register(fixed, moving, model="affine", metric="lncc")
+    result = register(fixed, moving, model="affine")   # metric: "ncc" (the default)
     result.transform.matrix     # fixed → moving, what scipy.ndimage.affine_transform takes
     result.warped               # moving resampled onto the fixed grid (NumPy)
 
@@ -23,14 +23,14 @@ from .._devices import resolve_device
 from ..ops import affine_to_displacement, warp_affine
 from ..ops._sampling import affine_grid, grid_inside, grid_sample, level_matrix, sample_displaced
 from ..ops._validation import check_choice
-from . import _inputs, _landmark_term, _options
+from . import _inputs, _landmark_term, _options, search
 from ._driver import drive
-from ._names import LINEAR_MODELS, METRICS, MODELS
+from ._names import LINEAR_MODELS, METRICS, MODELS, default_metric
 from .drift import phase_correlation
 from .grid import Grid
 from .models import DenseModel, LinearModel
-from .optimize import RunResult, level_iterations, level_loss, make_schedule, optimize
-from .pyramid import auto_levels, build_pyramid, gaussian_blur, level_anisotropy, level_shapes
+from .optimize import RunResult, level_iterations, make_schedule, optimize
+from .pyramid import auto_levels, build_pyramid, gaussian_blur, level_shapes
 from .quality import assess, masked_nmi, masked_zncc, measure_for
 from .transforms import AffineTransform, Transform
 
@@ -217,10 +217,18 @@ def initial_shift_matrix(prep, mdl, schedule):
 
     Gradient descent from the identity can lock onto a wrong local minimum when the shift
     is a sizeable part of the image; the phase-correlation peak finds large shifts
-    outright, also between images of different extents (a crop and its whole). Computed on
-    the finest pyramid level at most 256 pixels a side (cheap), with the moving level
-    resampled to the fixed level's pixel size over its own extent, and checked against the
-    identity on the coarsest level with the run's own metric. Returns a pixel matrix or None.
+    outright, also between images of different extents (a crop and its whole). Checked
+    against the identity with the run's own metric (:func:`~.search.initial_guess`, which
+    for rigid and richer models also tries rotations). Returns a pixel matrix or None.
+    """
+    return search.initial_guess(prep, mdl.init[0], schedule, "translation", shift_guess(prep, mdl))
+
+
+def shift_guess(prep, mdl) -> np.ndarray:
+    """The phase-correlation translation guess, a full-resolution pixel matrix.
+
+    Computed on the finest pyramid level at most 256 pixels a side (cheap), with the
+    moving level resampled to the fixed level's pixel size over its own extent.
     """
     level = next(
         i
@@ -246,31 +254,7 @@ def initial_shift_matrix(prep, mdl, schedule):
     scale = torch.tensor([n / k for n, k in zip(prep["shape"], f_shape)], dtype=torch.float64)
     step = torch.eye(d + 1, dtype=torch.float64)
     step[:d, d] = delta.cpu() * scale
-    guess = start[0].cpu() @ step
-    coarse_f, coarse_m = prep["fixed"][0], prep["moving"][0]
-    coarse_shape = tuple(coarse_f.shape[2:])
-    loss_fn = level_loss(
-        schedule,
-        coarse_shape,
-        level_anisotropy(prep["fixed_grid"].spacing, prep["shape"], coarse_shape),
-    )
-    losses = []
-    for mat in (None, guess):
-        trial = LinearModel(
-            mdl.kind,
-            prep["shape"],
-            prep["moving_shape"],
-            1,
-            init=mat,
-            device=prep["device"],
-            fixed_grid=prep["fixed_grid"],
-            moving_grid=prep["moving_grid"],
-        )
-        with torch.no_grad():
-            warped, valid = trial.warp(coarse_m, coarse_shape)
-            w = valid if prep["weights"][0] is None else valid * prep["weights"][0]
-            losses.append(float(loss_fn(coarse_f, warped, w)))
-    return guess.numpy() if losses[1] < losses[0] else None
+    return (start[0].cpu() @ step).numpy()
 
 
 def warp_moving(model, moving_raw: torch.Tensor, shape) -> torch.Tensor:
@@ -291,7 +275,7 @@ def register_iter(
     moving,
     *,
     model="affine",
-    metric="lncc",
+    metric=None,
     mask=None,
     fixed_spacing=None,
     fixed_origin=None,
@@ -321,6 +305,8 @@ def register_iter(
     ``transform`` is then the best so far.
     """
     start = time.perf_counter()
+    check_choice(model, "model", MODELS)
+    metric = default_metric(model, metric)
     levels = _options.levels(levels)
     grid_spacing = _options.optional_positive(grid_spacing, "grid_spacing")
     steps = _options.steps(steps)
@@ -341,7 +327,8 @@ def register_iter(
         )
     mdl = make_model(prep, model, 1, start_from, grid_spacing, steps)
     if init is None and pairs is None and model in LINEAR_MODELS:
-        guess = initial_shift_matrix(prep, mdl, schedule)
+        # Rotations up to 30° and shifts up to a quarter of the image: see search.py.
+        guess = search.initial_guess(prep, mdl.init[0], schedule, model, shift_guess(prep, mdl))
         if guess is not None:
             mdl = make_model(prep, model, 1, guess, grid_spacing, steps)
     penalty = None
@@ -411,7 +398,7 @@ def register(
     moving,
     *,
     model="affine",
-    metric="lncc",
+    metric=None,
     mask=None,
     fixed_spacing=None,
     fixed_origin=None,
@@ -442,7 +429,9 @@ def register(
         Any numeric dtype and range (each is rescaled to its 0.5–99.5 percentiles).
         They may differ in shape, pixel size and origin.
     model : {"translation", "rigid", "similarity", "affine", "deformable", "diffeomorphic"}
-    metric : {"lncc", "ncc", "ssim", "mse"}
+    metric : {"ncc", "lncc", "ssim", "mse", "mi"}, optional
+        Default (None): "ncc" (global normalized cross-correlation) for the linear models,
+        "lncc" (local NCC) for the dense ones; ``result.metric`` says which ran.
     mask : array, shape of ``fixed``, optional
         Non-zero where the fixed image should be matched.
     fixed_spacing, moving_spacing : float or sequence of float, optional

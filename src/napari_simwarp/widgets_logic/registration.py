@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..registration._driver import relay
+from ..registration._names import default_metric
 from ._arrays import as_float_array
 from .vectors import auto_spacing, field_to_vectors, normalized_scale
 
@@ -37,6 +38,8 @@ class RunSettings:
 
     mode : "pair" (fixed + moving, 2-D or 3-D) or "stack" (a ``(T, *S)`` moving stack
         aligned to a reference frame; the fixed layer is not used)
+    metric : "auto" (the engine's default for the model: "ncc" for linear models, "lncc"
+        for dense ones) or a name of ``registration.METRICS``
     levels : 0 or "auto" for automatic, else the number of pyramid levels
     iterations : per level; None for the engine's default
     vector_spacing : pixels between displayed arrows; None: about 32 per axis
@@ -48,7 +51,7 @@ class RunSettings:
 
     mode: str = "pair"
     model: str = "affine"
-    metric: str = "lncc"
+    metric: str = "auto"
     levels: int | str = "auto"
     iterations: int | None = None
     device: str = "auto"
@@ -114,8 +117,10 @@ class RegistrationRun:
             raise ValueError(f"mode must be one of {MODES}, got {s.mode!r}")
         if s.model not in MODELS:
             raise ValueError(f"model must be one of {', '.join(MODELS)}, got {s.model!r}")
-        if s.metric not in METRICS:
-            raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {s.metric!r}")
+        if s.metric != "auto" and s.metric not in METRICS:
+            raise ValueError(
+                f"metric must be 'auto' or one of {', '.join(METRICS)}, got {s.metric!r}"
+            )
         self.moving = np.asarray(moving)
         if s.mode == "pair":
             if fixed is None:
@@ -193,11 +198,12 @@ class RegistrationRun:
         s = self.settings
         kw = dict(
             model=s.model,
-            metric=s.metric,
             levels=self.levels,
             device=s.device,
             report_every=max(1, int(s.report_every)),
         )
+        if s.metric != "auto":  # "auto": the engine's default for the model
+            kw["metric"] = s.metric
         if s.iterations is not None:
             kw["iterations"] = int(s.iterations)
         if s.mode == "pair":
@@ -311,7 +317,10 @@ class RegistrationRun:
             )
         f, m = self._normalized
         d = torch.from_numpy(np.ascontiguousarray(disp))[None].to(dev)
-        g = similarity_gradient(f, m, d, metric=self.settings.metric)[0].cpu().numpy()
+        metric = self.settings.metric
+        if metric == "auto":
+            metric = default_metric(self.settings.model)
+        g = similarity_gradient(f, m, d, metric=metric)[0].cpu().numpy()
         # The gradient's units are loss per pixel; scale it so the longest arrow spans
         # 80 % of the grid spacing (its direction and relative size are what matter).
         sub = g[(slice(None),) + tuple(slice(None, None, self.spacing) for _ in self.shape)]

@@ -1,0 +1,394 @@
+"""Registration quality against known ground truth, side by side with the peers (issue 16).
+
+Every case builds a pair from a known transform and runs our ``register`` and the peers
+on the same data in the same run: itk-elastix with its default parameter maps
+(translation, rigid, affine, bspline; as many threads as torch), pystackreg (2-D linear) and
+scikit-image's ``optical_flow_ilk`` / ``optical_flow_tvl1`` (2-D deformable). Accuracy:
+the mean displacement error at the image corners for linear models (elastix's result is
+read back through transformix's deformation field, so every transform type is compared
+alike), the end-point error (EPE) over the image minus a border and the lowest Jacobian
+determinant for dense ones. Each row is one call, timed and measured for peak memory at
+once (the suite stays at a few minutes on a shared machine); a warm-up call precedes it.
+
+    python benchmarks/bench_quality.py [--quick] [--out FILE]     # a table alone
+    python benchmarks/run.py quality                               # into docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+from scipy import ndimage as ndi
+from scipy.spatial.transform import Rotation
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _harness import Report, Row, peak_memory_mb
+from bench_register import (
+    centered_affine,
+    corner_error,
+    noisy,
+    scene,
+    smooth_deformation,
+)
+
+SECTION = "Registration quality and capture range (issue 16)"
+#: set by ``--quick`` (or SIMWARP_BENCH_QUICK=1): the cases marked quick only
+QUICK = os.environ.get("SIMWARP_BENCH_QUICK") == "1"
+#: elastix runs on as many threads as torch (run with OMP_NUM_THREADS=1 on a shared machine)
+ELASTIX_THREADS = int(os.environ.get("OMP_NUM_THREADS", "2"))
+
+
+def once(report, group, impl, fn, accuracy, *, ours=False):
+    """Run ``fn`` once, timed and under the peak-memory probe; ``accuracy(result)`` → note."""
+    out = {}
+
+    def call():
+        t0 = time.perf_counter()
+        out["result"] = fn()
+        out["seconds"] = time.perf_counter() - t0
+        return None
+
+    try:
+        peak = peak_memory_mb(call)
+        note = accuracy(out["result"])
+    except Exception as exc:  # a peer that fails on a case is a result too
+        peak, note = None, f"failed: {type(exc).__name__}: {str(exc)[:60]}"
+        out.setdefault("seconds", float("nan"))
+    report.rows.append(Row(group, impl, "register", out["seconds"], peak, ours, note))
+    print(f"  {group:38s} {impl:36s} {out['seconds'] * 1e3:9.0f} ms  {note}", flush=True)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def rotation(ndim, degrees, axis=0):
+    th = np.deg2rad(degrees)
+    if ndim == 2:
+        return np.array([[np.cos(th), -np.sin(th)], [np.sin(th), np.cos(th)]])
+    v = np.zeros(3)
+    v[axis] = th
+    return Rotation.from_rotvec(v).as_matrix()
+
+
+def linear_pair(rng, shape, matrix, noise=10.0, remap=False):
+    """``(fixed, moving)`` with ``fixed(x) = moving(matrix · x)`` (plus noise)."""
+    fixed_f = scene(rng, shape)
+    moving = ndi.affine_transform(fixed_f, np.linalg.inv(matrix), order=3, mode="nearest")
+    if remap:  # non-monotonic intensity map: a multimodal pair
+        lo, hi = np.percentile(moving, [0.5, 99.5])
+        moving = 1000 + 800 * np.sin(3 * np.pi * np.clip((moving - lo) / (hi - lo), 0, 1))
+    return noisy(rng, fixed_f, noise), noisy(rng, moving, noise)
+
+
+# ----------------------------------------------------------------------------- peers
+
+
+def _elastix_positions(fixed, moving, kind, metric=None, want_field=False):
+    """Run elastix with its default map ``kind``; returns the fixed → moving positions
+    (array order, pixels) as a function of points, or the displacement field."""
+    import itk
+
+    f = itk.image_view_from_array(np.ascontiguousarray(fixed, dtype=np.float32))
+    mv = itk.image_view_from_array(np.ascontiguousarray(moving, dtype=np.float32))
+    params = itk.ParameterObject.New()
+    pmap = params.GetDefaultParameterMap(kind)
+    if metric is not None:
+        pmap["Metric"] = [metric]
+    params.AddParameterMap(pmap)
+    _, tparams = itk.elastix_registration_method(
+        f, mv, parameter_object=params, log_to_console=False, number_of_threads=ELASTIX_THREADS
+    )
+    # transformix writes deformationField.nii: into a scratch folder, not the cwd.
+    with tempfile.TemporaryDirectory() as scratch:
+        field = itk.transformix_deformation_field(mv, tparams, output_directory=scratch)
+        field = np.asarray(field, dtype=np.float64)
+    return np.ascontiguousarray(np.moveaxis(field[..., ::-1], -1, 0))  # (D, *S), array order
+
+
+def elastix(fixed, moving, kind, metric=None):
+    return lambda: _elastix_positions(fixed, moving, kind, metric)
+
+
+def pystackreg(fixed, moving, kind):
+    from pystackreg import StackReg
+
+    def run():
+        t = StackReg(getattr(StackReg, kind)).register(fixed, moving)
+        swap = np.array([[0, 1, 0], [1, 0, 0], [0, 0, 1]], float)
+        return swap @ t @ swap  # (x, y) → array order, fixed → moving
+
+    return run
+
+
+# ----------------------------------------------------------------------------- accuracy
+
+
+def corners(shape):
+    d = len(shape)
+    return np.array(np.meshgrid(*[[0, n - 1] for n in shape], indexing="ij")).reshape(d, -1)
+
+
+def linear_accuracy(truth, shape):
+    def acc(result):
+        if hasattr(result, "transform"):  # ours
+            return f"corner error {corner_error(result.transform.matrix, truth, shape):.3f} px"
+        if result.ndim == 2:  # a matrix
+            return f"corner error {corner_error(result, truth, shape):.3f} px"
+        c = corners(shape)  # a displacement field: read at the corners
+        est = c + result[(slice(None), *c)]
+        ref = (truth @ np.vstack([c, np.ones(c.shape[1])]))[: len(shape)]
+        return f"corner error {np.linalg.norm(est - ref, axis=0).mean():.3f} px"
+
+    return acc
+
+
+def dense_accuracy(truth, border):
+    import torch
+
+    from napari_simwarp.ops import jacobian_determinant
+
+    inner = (slice(None),) + tuple(slice(border, -border) for _ in truth.shape[1:])
+
+    def acc(result):
+        if hasattr(result, "transform"):
+            result = result.transform.to_displacement(truth.shape[1:])
+        est = np.asarray(result, dtype=np.float64)
+        epe = float(np.linalg.norm(est - truth, axis=0)[inner[1:]].mean())
+        jac = float(jacobian_determinant(torch.from_numpy(est)[None]).min())
+        return f"EPE {epe:.3f} px, min Jacobian det {jac:.3f}"
+
+    return acc
+
+
+# ----------------------------------------------------------------------------- cases
+
+
+def ours(fixed, moving, model, metric=None, **kw):
+    from napari_simwarp.registration import register
+
+    def run():
+        if metric is None:
+            return register(fixed, moving, model=model, **kw)
+        return register(fixed, moving, model=model, metric=metric, **kw)
+
+    return run
+
+
+def linear_case(report, rng, group, shape, matrix, model, *, elastix_kind, stackreg=None, **kw):
+    fixed, moving = linear_pair(rng, shape, matrix, **kw)
+    acc = linear_accuracy(matrix, shape)
+    if kw.get("remap"):  # no default metric is meant for a multimodal pair: "mi" is ours
+        once(report, group, f"simwarp {model}/mi", ours(fixed, moving, model, "mi"), acc, ours=True)
+    else:
+        name = f"simwarp {model} (default metric)"
+        once(report, group, name, ours(fixed, moving, model), acc, ours=True)
+        for metric in ("ncc", "lncc"):
+            once(
+                report, group, f"simwarp {model}/{metric}", ours(fixed, moving, model, metric), acc
+            )
+    metric = "AdvancedMattesMutualInformation" if kw.get("remap") else None
+    once(
+        report,
+        group,
+        f"itk-elastix {elastix_kind}",
+        elastix(fixed, moving, elastix_kind, metric),
+        acc,
+    )
+    if stackreg and len(shape) == 2:
+        once(report, group, f"pystackreg {stackreg}", pystackreg(fixed, moving, stackreg), acc)
+
+
+def affine_matrix(rng, shape, degrees, scale=(1.0, 1.0), shear=0.0, shift=(0, 0)):
+    d = len(shape)
+    lin = rotation(d, degrees) @ np.diag(scale)
+    if d == 2:
+        lin = lin @ np.array([[1, shear], [0, 1]])
+    return centered_affine(lin, shift, shape)
+
+
+def cases_2d(report, quick):
+    rng = np.random.default_rng(16)
+    s = (256, 256)
+    q = s[0] / 4
+    linear = [
+        (
+            "2-D rigid 5°, 256²",
+            s,
+            affine_matrix(rng, s, 5, shift=(3, -2)),
+            "rigid",
+            "rigid",
+            "RIGID_BODY",
+            {},
+        ),
+        (
+            "2-D rigid 10°, 384×303",
+            (384, 303),
+            affine_matrix(rng, (384, 303), 10, shift=(4, 6)),
+            "rigid",
+            "rigid",
+            "RIGID_BODY",
+            {},
+        ),
+        (
+            "2-D rigid 25°, 256²",
+            s,
+            affine_matrix(rng, s, 25, shift=(5, -4)),
+            "rigid",
+            "rigid",
+            "RIGID_BODY",
+            {},
+        ),
+        (
+            "2-D rigid 30° + quarter shift, 256²",
+            s,
+            affine_matrix(rng, s, -30, shift=(q, -q / 2)),
+            "rigid",
+            "rigid",
+            "RIGID_BODY",
+            {},
+        ),
+        (
+            "2-D translation, quarter shift, 256²",
+            s,
+            affine_matrix(rng, s, 0, shift=(q, q)),
+            "translation",
+            "translation",
+            "TRANSLATION",
+            {},
+        ),
+        (
+            "2-D affine −6°, scale, shear, 256²",
+            s,
+            affine_matrix(rng, s, -6, (1.08, 0.93), 0.06, (5, -7)),
+            "affine",
+            "affine",
+            "AFFINE",
+            {},
+        ),
+        (
+            "2-D affine, anisotropic scale + shear 20°, 256²",
+            s,
+            affine_matrix(rng, s, 20, (1.15, 0.88), 0.1, (8, 3)),
+            "affine",
+            "affine",
+            "AFFINE",
+            {},
+        ),
+        (
+            "2-D affine, low SNR (noise σ 150), 256²",
+            s,
+            affine_matrix(rng, s, 8, (1.05, 0.97), 0.03, (4, 4)),
+            "affine",
+            "affine",
+            "AFFINE",
+            {"noise": 150.0},
+        ),
+        (
+            "2-D affine, multimodal (sin remap), 256²",
+            s,
+            affine_matrix(rng, s, 7, (1.03, 0.98), 0.0, (3, -3)),
+            "affine",
+            "affine",
+            None,
+            {"remap": True},
+        ),
+    ]
+    keep = {0, 2, 3, 5} if quick else set(range(len(linear)))
+    for i, (group, shape, m, model, kind, sr, kw) in enumerate(linear):
+        if i in keep:
+            linear_case(report, rng, group, shape, m, model, elastix_kind=kind, stackreg=sr, **kw)
+    if quick:
+        return
+    group = "2-D smooth deformation ~4 px, 256²"
+    d, grid, u = smooth_deformation(rng, s, 4.0)
+    fixed_f = scene(rng, s)
+    moving = noisy(rng, ndi.map_coordinates(fixed_f, grid + u, order=3, mode="nearest"))
+    fixed = noisy(rng, fixed_f)
+    acc = dense_accuracy(d, 16)
+    once(
+        report,
+        group,
+        "simwarp deformable (default metric)",
+        ours(fixed, moving, "deformable"),
+        acc,
+        ours=True,
+    )
+    once(report, group, "simwarp diffeomorphic", ours(fixed, moving, "diffeomorphic"), acc)
+    once(report, group, "itk-elastix bspline", elastix(fixed, moving, "bspline"), acc)
+    from skimage.registration import optical_flow_ilk, optical_flow_tvl1
+
+    # scikit-image's flows expect intensities of order 1 (tvl1's attachment weight is
+    # absolute): both scaled by the fixed image's range, as our run normalizes its own.
+    lo, hi = np.percentile(fixed, [0.5, 99.5])
+    f64, m64 = ((x.astype(np.float64) - lo) / (hi - lo) for x in (fixed, moving))
+    once(report, group, "skimage optical_flow_ilk", lambda: optical_flow_ilk(f64, m64), acc)
+    once(report, group, "skimage optical_flow_tvl1", lambda: optical_flow_tvl1(f64, m64), acc)
+
+
+def cases_3d(report, quick):
+    rng = np.random.default_rng(163)
+    s = (64, 72, 80)
+    lin = rotation(3, 6, axis=1) @ np.diag([1.04, 0.97, 1.0])
+    m = centered_affine(lin, [2.5, -3.0, 1.5], s)
+    linear_case(report, rng, "3-D affine 6°, 64×72×80", s, m, "affine", elastix_kind="affine")
+    if quick:
+        return
+    s = (48, 48, 48)
+    m = centered_affine(rotation(3, 25, axis=0), [3.0, -2.0, 4.0], s)
+    linear_case(report, rng, "3-D rigid 25°, 48³", s, m, "rigid", elastix_kind="rigid")
+
+
+def run(report) -> None:
+    # Threads and kernels start on a first call; keep that out of the first row.
+    from napari_simwarp.registration import register
+
+    warm = scene(np.random.default_rng(0), (64, 64))
+    register(warm, warm, model="rigid")
+    # ITK loads its modules (and each dimension's templates) on first use: seconds.
+    for shape in ((48, 48), (24, 24, 24)):
+        warm = scene(np.random.default_rng(0), shape)
+        try:
+            _elastix_positions(warm, warm, "translation")
+        except ImportError:
+            report.note(SECTION, "itk-elastix is not installed: its rows are missing.")
+            break
+    report.note(
+        SECTION,
+        "One call per row (time and peak memory of that call). Corner error: mean "
+        "displacement error at the image corners; elastix's transform is read back through "
+        "transformix's deformation field. Elastix: default parameter maps, "
+        f"{ELASTIX_THREADS} threads; multimodal row: its default affine map with "
+        "AdvancedMattesMutualInformation. 'default metric' rows call register without "
+        "metric=. Quick mode (--quick): " + ("yes" if QUICK else "no") + ".",
+    )
+    start = time.perf_counter()
+    cases_2d(report, QUICK)
+    cases_3d(report, QUICK)
+    print(f"  (quality suite: {time.perf_counter() - start:.0f} s)", flush=True)
+
+
+def main(argv=None) -> int:
+    global QUICK
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a few cases (about a minute)")
+    parser.add_argument("--out", help="write the markdown table to this file")
+    args = parser.parse_args(argv)
+    QUICK = QUICK or args.quick
+    report = Report()
+    run(report)
+    text = report.markdown(SECTION)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
