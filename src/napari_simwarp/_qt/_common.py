@@ -34,7 +34,8 @@ def put_layer(viewer, kind: str, name: str, data, like=None, **props):
     """
     layer = layer_by_name(viewer, name)
     ndim = _ndim(kind, data)
-    if layer is not None and (layer._type_string != kind or layer.ndim != ndim):
+    # The class name, not napari's private ``_type_string`` (a FutureWarning on each use).
+    if layer is not None and (type(layer).__name__.lower() != kind or layer.ndim != ndim):
         viewer.layers.remove(layer)
         layer = None
     geometry = {}
@@ -164,11 +165,14 @@ class WorkerWidget(Container):
             name="device", choices=device_choices(), value="auto", label="device"
         )
         self._status = Label(value="")
+        self._status.native.setWordWrap(True)  # whole error messages, not cut at the edge
         self._backend = BackendLabel(lambda: self._device.value)
         self._device.changed.connect(self._backend.refresh)
 
     def _on_error(self, exc):
-        self._status.value = "error (see notification)"
+        """The whole message in the status label (a toast cuts long ones) and a toast."""
+        msg = str(exc).strip() or type(exc).__name__
+        self._status.value = f"error: {msg}"
         notify_error(self.task, exc)
 
     def _on_finished(self):
