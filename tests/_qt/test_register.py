@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from napari_simwarp import data
@@ -215,3 +217,49 @@ def test_a_rotated_layer_is_refused_with_a_notification(viewer, qtbot, camera_cr
     w.run()
     assert errors and "rotation" in errors[0] and "scale and translate" in errors[0]
     assert not w.busy and w.result is None
+
+
+def test_result_layers_styled_once_then_only_data(viewer, qtbot, small_pair, monkeypatch):
+    # Each snapshot re-set scale, translate, edge width, length and colour on every result
+    # layer (each a redraw): the live display cost 7-27x the registration itself.
+    from napari_simwarp._qt import _register
+
+    fixed, moving, _ = small_pair
+    calls: list[str] = []
+    real = _register.put_layer
+    monkeypatch.setattr(
+        _register,
+        "put_layer",
+        lambda v, k, name, *a, **kw: calls.append(name) or real(v, k, name, *a, **kw),
+    )
+    w, f, m = _setup(viewer, fixed, moving, model="deformable", iterations=40)
+    settings = w.settings
+    w.settings = lambda: dataclasses.replace(settings(), min_interval=0.0)  # every snapshot
+    _run(qtbot, w)
+    assert w.snapshots_shown > 3
+    for name in ("moving registered", "displacement", "similarity gradient"):
+        assert calls.count(name) == 1, (name, calls.count(name))
+    # On screen: the registered layer in a colour other than the fixed one's, the
+    # moving layer hidden, the results above the inputs.
+    out = viewer.layers["moving registered"]
+    assert out.colormap.name == "magenta" and f.colormap.name == "gray"
+    assert not m.visible and f.visible
+    names = [layer.name for layer in viewer.layers]
+    assert names.index("moving registered") > names.index("moving")
+
+
+def test_fixed_equal_to_moving_is_refused_in_the_status_line(viewer, qtbot, camera_crop, errors):
+    w, f, _ = _setup(viewer, camera_crop, camera_crop)
+    w._moving.value = f
+    w.run()
+    assert not w.busy and "same layer" in w._status.value and any("same layer" in e for e in errors)
+
+
+def test_apply_to_lists_only_image_and_labels_layers(viewer, qtbot, camera_crop):
+    w, f, m = _setup(viewer, camera_crop, camera_crop)
+    labels = viewer.add_labels(np.zeros((128, 128), np.int32), name="labels")
+    viewer.add_points(np.zeros((1, 2)), name="points")
+    viewer.add_vectors(np.zeros((1, 2, 2)), name="vectors")
+    w.reset_choices()
+    offered = [c for c in w._apply_to.choices if c is not None]
+    assert offered == [f, m, labels]

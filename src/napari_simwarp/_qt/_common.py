@@ -34,8 +34,7 @@ def put_layer(viewer, kind: str, name: str, data, like=None, **props):
     """
     layer = layer_by_name(viewer, name)
     ndim = _ndim(kind, data)
-    # The class name, not napari's private ``_type_string`` (a FutureWarning on each use).
-    if layer is not None and (type(layer).__name__.lower() != kind or layer.ndim != ndim):
+    if layer is not None and not same_kind(layer, kind, data):
         viewer.layers.remove(layer)
         layer = None
     geometry = {}
@@ -54,6 +53,17 @@ def put_layer(viewer, kind: str, name: str, data, like=None, **props):
     for key, value in {**geometry, **props}.items():
         setattr(layer, key, value)
     return layer
+
+
+def same_kind(layer, kind: str, data) -> bool:
+    """Whether ``layer`` is a ``kind`` layer ("image", "vectors"...) that can take ``data``
+    (same dimensionality)."""
+    # The class name, not napari's private ``_type_string`` (a FutureWarning on each use).
+    return (
+        layer is not None
+        and type(layer).__name__.lower() == kind
+        and layer.ndim == _ndim(kind, data)
+    )
 
 
 def remove_layer(viewer, name: str) -> None:

@@ -32,6 +32,7 @@ from ..widgets_logic.registration import (
 )
 from ._common import (
     WorkerWidget,
+    layer_by_name,
     layer_image,
     notify_error,
     notify_info,
@@ -39,6 +40,7 @@ from ._common import (
     on_destroyed,
     put_layer,
     remove_layer,
+    same_kind,
 )
 from ._plot import LossPlot
 
@@ -89,11 +91,9 @@ class RegisterWidget(WorkerWidget):
         self._run_btn = PushButton(text="Register")
         self._cancel_btn = PushButton(text="Cancel", enabled=False)
         self._save_btn = PushButton(text="Save transform…", enabled=False)
-        self._apply_to = create_widget(
-            name="apply_to",
-            annotation=napari.layers.Layer,
-            label="apply to",
-            options={"nullable": True},
+        # Only layers a transform can resample: images and labels (not points, vectors...).
+        self._apply_to = ComboBox(
+            name="apply_to", choices=self._resamplable, label="apply to", nullable=True
         )
         self._apply_btn = PushButton(text="Apply transform to layer", enabled=False)
         self._affine_btn = PushButton(text="Show on moving layer's affine", enabled=False)
@@ -128,9 +128,17 @@ class RegisterWidget(WorkerWidget):
         self._run = None
         self._moving_layer = self._fixed_layer = None
         self.snapshots_shown = 0
+        self._styled: set[str] = set()
         self.native.destroyed.connect(on_destroyed(self, _stop_run))
         self._update_visibility()
         self._backend.refresh()
+
+    def _resamplable(self, *_) -> list:
+        return [
+            (layer.name, layer)
+            for layer in self._viewer.layers
+            if isinstance(layer, (napari.layers.Image, napari.layers.Labels))
+        ]
 
     # -- settings -----------------------------------------------------------------------
     @property
@@ -165,6 +173,11 @@ class RegisterWidget(WorkerWidget):
         moving = self._moving.value
         try:
             fixed_data = fixed_grid = moving_grid = None
+            if self.mode == "pair" and moving is not None and moving is self._fixed.value:
+                raise ValueError(
+                    f"fixed and moving are the same layer ({moving.name!r}): choose two "
+                    "layers, or the time-lapse mode to align the frames of one"
+                )
             if self.mode == "pair":
                 fixed_data = layer_image(self._fixed.value, "fixed")
                 # Layers aligned on screen must stay aligned: register in their world space.
@@ -178,7 +191,7 @@ class RegisterWidget(WorkerWidget):
                 moving_grid=moving_grid,
             )
         except (ValueError, TypeError) as exc:
-            notify_error("registration", exc)
+            self._on_error(exc)  # the status line says why, not a stale message
             return
         self._run, self._moving_layer = run, moving
         self._fixed_layer = self._fixed.value if self.mode == "pair" else moving
@@ -186,6 +199,7 @@ class RegisterWidget(WorkerWidget):
             # This run draws no gradient field: drop an earlier run's, which would look current.
             remove_layer(self._viewer, GRADIENT_LAYER)
         self.snapshots_shown = 0
+        self._styled = set()  # result layers whose properties this run has set
         self._plot.set_values([])
         worker = create_worker(
             run.snapshots,
@@ -217,6 +231,23 @@ class RegisterWidget(WorkerWidget):
         )
         self._affine_btn.enabled = linear
 
+    def _put(self, kind: str, name: str, data, **props):
+        """Show ``data`` in the result layer ``name``: its properties (geometry, colours,
+        widths) are set on the run's first snapshot only; later snapshots assign only the
+        data (re-setting scale, edge width... redrew the layer each time, the main cost of
+        the live display)."""
+        layer = layer_by_name(self._viewer, name)
+        if name in self._styled and same_kind(layer, kind, data):
+            layer.data = data
+            return layer
+        self._styled.add(name)
+        if kind == "vectors" and data.shape[-1] == 3:
+            props.setdefault("visible", False)  # 3-D arrows hide the volume: opt in
+        layer = put_layer(self._viewer, kind, name, data, **props)
+        layers = self._viewer.layers
+        layers.move(layers.index(layer), len(layers))  # results stay on top
+        return layer
+
     def _show(self, snap):
         if self._closed or self._run is None:
             return
@@ -225,18 +256,21 @@ class RegisterWidget(WorkerWidget):
         name = WARPED_LAYER.format(moving=moving.name if moving is not None else "moving")
         if snap.warped is not None:
             limits = tuple(moving.contrast_limits) if moving is not None else None
-            put_layer(
-                self._viewer,
+            first = name not in self._styled
+            self._put(
                 "image",
                 name,
                 snap.warped,
                 like=fixed,
-                colormap="magenta",
+                colormap=_contrasting(fixed),
                 blending="additive",
                 **({"contrast_limits": limits} if limits else {}),
             )
+            if first and moving is not None and moving is not fixed:
+                moving.visible = False  # the registered layer replaces it on screen
         if snap.displacement is not None:
-            # Display length: the longest arrow spans about one grid cell (data unscaled).
+            # Display length: the longest arrow spans about one grid cell (data unscaled);
+            # re-set only when it changes by more than half (a property set redraws).
             norms = (
                 np.linalg.norm(snap.displacement[:, 1], axis=1)
                 if len(snap.displacement)
@@ -244,8 +278,7 @@ class RegisterWidget(WorkerWidget):
             )
             top = float(norms.max()) if norms.size else 0.0
             length = min(max(0.9 * self._run.spacing / top, 1.0), 20.0) if top > 0 else 1.0
-            put_layer(
-                self._viewer,
+            layer = self._put(
                 "vectors",
                 DISPLACEMENT_LAYER,
                 snap.displacement,
@@ -254,9 +287,10 @@ class RegisterWidget(WorkerWidget):
                 edge_width=1.5,
                 length=length,
             )
+            if layer is not None and not 2 / 3 <= layer.length / length <= 1.5:
+                layer.length = length
         if snap.gradient is not None:
-            put_layer(
-                self._viewer,
+            self._put(
                 "vectors",
                 GRADIENT_LAYER,
                 snap.gradient,
@@ -365,6 +399,13 @@ class RegisterWidget(WorkerWidget):
             )
         except ValueError as exc:
             notify_error("showing the affine", exc)
+
+
+def _contrasting(fixed) -> str:
+    """The registered layer's colormap: magenta over a gray or green fixed layer, green
+    over a magenta or red one (two layers in one colour cannot be told apart)."""
+    name = getattr(getattr(fixed, "colormap", None), "name", "gray")
+    return "green" if name in ("magenta", "red", "bop orange") else "magenta"
 
 
 def _stop_run(widget) -> None:

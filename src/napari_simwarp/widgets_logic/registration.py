@@ -135,6 +135,8 @@ class RegistrationRun:
         self.losses: list[float] = []
         self._stop = threading.Event()
         self._normalized = None
+        self._warped = None  # drift correction: the stack as warped so far
+        self._warped_by: dict = {}  # frame -> the transform that warped it
         self._current: dict = {}
         self._step = 0
         self._last_heavy = -np.inf
@@ -301,10 +303,16 @@ class RegistrationRun:
         return field_to_vectors(g, self.spacing, normalized_scale(sub, 0.8 * self.spacing))
 
     def _fill_stack(self, snap: Snapshot, current: dict) -> None:
-        warped = np.array(self.moving, dtype=np.float32, copy=True)
+        # Only frames whose transform changed since the last snapshot are warped again
+        # (warping every frame at each snapshot cost O(T) per snapshot, O(T²) a run).
+        if self._warped is None:
+            self._warped = np.array(self.moving, dtype=np.float32, copy=True)
         for t, tr in current.items():
-            warped[t] = tr.apply(self.moving[t], order=1)
-        snap.warped = warped
+            if self._warped_by.get(t) is not tr:
+                self._warped[t] = tr.apply(self.moving[t], order=1)
+                self._warped_by[t] = tr
+        # A copy: the viewer keeps showing this one while the next frames are written.
+        snap.warped = self._warped.copy()
         snap.displacement = self._stack_vectors(current)
 
     def _stack_vectors(self, transforms: dict) -> np.ndarray:
