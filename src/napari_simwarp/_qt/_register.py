@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import napari.layers
@@ -14,6 +17,7 @@ from magicgui.widgets import (
     create_widget,
 )
 from napari.qt.threading import create_worker
+from qtpy.QtCore import QTimer
 
 from ..registration.quality import MEASURES
 from ..widgets_logic.geometry import (
@@ -48,6 +52,12 @@ if TYPE_CHECKING:
     import napari
 
 MODES = {"pair (2D / 3D)": "pair", "time-lapse (drift)": "stack"}
+#: least time between two displays of snapshots (snapshots in between are merged: the
+#: screen cannot show more, and a display that fell behind starved the GUI thread)
+DISPLAY_MS = 100
+#: least time between two updates of the Vectors layers (napari redraws their thumbnail,
+#: one Python loop per arrow, at each data change: ~85 ms for 1000 arrows)
+VECTORS_MS = 1000
 
 
 class RegisterWidget(WorkerWidget):
@@ -127,8 +137,15 @@ class RegisterWidget(WorkerWidget):
         self._affine_btn.changed.connect(self.show_affine)
         self._run = None
         self._moving_layer = self._fixed_layer = None
-        self.snapshots_shown = 0
+        self.snapshots_shown = 0  # displays (several snapshots may merge into one)
+        self.snapshots_received = 0  # snapshots from the worker
         self._styled: set[str] = set()
+        self._waiting = None  # the newest snapshot not yet displayed (merged)
+        self._last_vectors = -np.inf
+        self._display_timer = QTimer()
+        self._display_timer.setSingleShot(True)
+        self._display_timer.setInterval(DISPLAY_MS)
+        self._display_timer.timeout.connect(self._display_waiting)
         self.native.destroyed.connect(on_destroyed(self, _stop_run))
         self._update_visibility()
         self._backend.refresh()
@@ -164,6 +181,7 @@ class RegisterWidget(WorkerWidget):
             reference=self._reference.value,
             show_gradient=bool(self._gradient.value),
             min_interval=0.2,
+            vectors_interval=VECTORS_MS / 1000,
         )
 
     # -- running ------------------------------------------------------------------------
@@ -198,15 +216,16 @@ class RegisterWidget(WorkerWidget):
         if not (self.mode == "pair" and run.settings.show_gradient):
             # This run draws no gradient field: drop an earlier run's, which would look current.
             remove_layer(self._viewer, GRADIENT_LAYER)
-        self.snapshots_shown = 0
+        self.snapshots_shown = self.snapshots_received = 0
         self._styled = set()  # result layers whose properties this run has set
+        self._waiting, self._last_vectors = None, -np.inf
         self._plot.set_values([])
         worker = create_worker(
             run.snapshots,
             _ignore_errors=True,
             _progress={"total": run.expected_steps() + 1, "desc": "Registering"},
         )
-        worker.yielded.connect(self._show)
+        worker.yielded.connect(self._receive)
         worker.errored.connect(self._on_error)
         worker.finished.connect(self._on_finished)
         self._worker = worker
@@ -248,9 +267,36 @@ class RegisterWidget(WorkerWidget):
         layers.move(layers.index(layer), len(layers))  # results stay on top
         return layer
 
+    def _receive(self, snap):
+        """A snapshot from the worker: kept (merged with any not yet shown) and shown by
+        the display timer, at most every :data:`DISPLAY_MS`; the final one at once."""
+        if self._closed or self._run is None:
+            return
+        self.snapshots_received += 1
+        self._waiting = snap.merged_into(self._waiting)
+        if snap.final:
+            self._display_waiting()
+        elif not self._display_timer.isActive():
+            self._display_timer.start()
+
+    def _display_waiting(self):
+        snap, self._waiting = self._waiting, None
+        if snap is not None and not self._closed:
+            self._display_timer.stop()
+            self._show(snap)
+
     def _show(self, snap):
         if self._closed or self._run is None:
             return
+        now = time.perf_counter()
+        has_vectors = snap.displacement is not None or snap.gradient is not None
+        if has_vectors and not snap.final and now - self._last_vectors < VECTORS_MS / 1000:
+            # Not yet: the arrows wait (newer snapshots merge into them) for a later display.
+            self._waiting = replace(snap, warped=None).merged_into(self._waiting)
+            snap = replace(snap, displacement=None, gradient=None)
+            self._display_timer.start()
+        elif has_vectors:
+            self._last_vectors = now
         self._plot.set_values(snap.losses)
         moving, fixed = self._moving_layer, self._fixed_layer
         name = WARPED_LAYER.format(moving=moving.name if moving is not None else "moving")
@@ -409,6 +455,10 @@ def _contrasting(fixed) -> str:
 
 
 def _stop_run(widget) -> None:
-    """Stop the registration loop itself (its generator), not only the worker thread."""
+    """Stop the registration loop itself (its generator), not only the worker thread, and
+    the display timer (snapshots still queued are then dropped by ``_closed``)."""
+    widget._waiting = None
+    with contextlib.suppress(RuntimeError):  # already deleted with the widget
+        widget._display_timer.stop()
     if widget._run is not None:
         widget._run.stop()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -43,6 +43,9 @@ class RunSettings:
     show_gradient : also compute the similarity-gradient field (pairs only)
     min_interval : seconds between two snapshots' heavy display data (warped image,
         fields); snapshots in between carry only the loss
+    vectors_interval : seconds between two snapshots' fields (displacement and similarity
+        gradient arrows, costlier to compute and to draw than the warped image); None: as
+        ``min_interval``
     """
 
     mode: str = "pair"
@@ -56,6 +59,7 @@ class RunSettings:
     vector_spacing: int | None = None
     show_gradient: bool = True
     min_interval: float = 0.0
+    vectors_interval: float | None = None
 
 
 @dataclass
@@ -73,6 +77,20 @@ class Snapshot:
     gradient: np.ndarray | None = None
     final: bool = False
     stopped: bool = False
+
+    def merged_into(self, older: Snapshot | None) -> Snapshot:
+        """This snapshot, its missing arrays taken from ``older`` (a snapshot not shown):
+        a display that skips snapshots still shows the newest of each array."""
+        if older is None:
+            return self
+        return replace(
+            self,
+            **{
+                name: getattr(older, name)
+                for name in ("warped", "displacement", "gradient")
+                if getattr(self, name) is None
+            },
+        )
 
     def describe(self) -> str:
         state = "stopped" if self.stopped else "done" if self.final else "running"
@@ -139,7 +157,7 @@ class RegistrationRun:
         self._warped_by: dict = {}  # frame -> the transform that warped it
         self._current: dict = {}
         self._step = 0
-        self._last_heavy = -np.inf
+        self._last_heavy = self._last_vectors = -np.inf
 
     # -- sizes ---------------------------------------------------------------------------
     def _levels(self) -> int:
@@ -225,7 +243,7 @@ class RegistrationRun:
             stopped=res.stopped,
         )
         if self.settings.mode == "pair":
-            self._fill_pair(snap, res.transform, warped=res.warped)
+            self._fill_pair(snap, res.transform, warped=res.warped, final=True)
         else:
             snap.warped = res.warped
             snap.displacement = self._stack_vectors(dict(enumerate(res.transforms)))
@@ -265,7 +283,16 @@ class RegistrationRun:
             self._current[i + offset] = t
         self._fill_stack(snap, self._current)
 
-    def _fill_pair(self, snap: Snapshot, transform, warped) -> None:
+    def _vectors_due(self, final: bool) -> bool:
+        interval = self.settings.vectors_interval
+        interval = self.settings.min_interval if interval is None else interval
+        now = time.perf_counter()
+        if final or now - self._last_vectors >= interval:
+            self._last_vectors = now
+            return True
+        return False
+
+    def _fill_pair(self, snap: Snapshot, transform, warped, final: bool = False) -> None:
         shape = self.shape
         snap.warped = (
             warped
@@ -274,6 +301,8 @@ class RegistrationRun:
                 np.float32, copy=False
             )
         )
+        if not self._vectors_due(final):
+            return
         disp = transform.to_displacement(shape)
         snap.displacement = field_to_vectors(physical_displacement(transform, disp), self.spacing)
         same_grid = self.moving.shape == shape and self.fixed_grid == self.moving_grid
