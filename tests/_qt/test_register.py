@@ -263,3 +263,20 @@ def test_apply_to_lists_only_image_and_labels_layers(viewer, qtbot, camera_crop)
     w.reset_choices()
     offered = [c for c in w._apply_to.choices if c is not None]
     assert offered == [f, m, labels]
+
+
+def test_loss_curve_has_one_colour_per_level_and_a_log_axis_when_positive(viewer, qtbot):
+    from napari_simwarp._qt._plot import LEVEL_COLORS, log_scale
+
+    assert log_scale([0.5, 0.1]) and not log_scale([-0.9, -0.5]) and not log_scale([])
+    fixed, moving, _ = data.deformed_pair()
+    w, _, _ = _setup(viewer, fixed[::2, ::2], moving[::2, ::2], model="affine", levels=3)
+    _run(qtbot, w)
+    plot = w._plot
+    assert len(plot.levels) == len(plot.values) >= 3
+    assert plot.levels == sorted(plot.levels) and set(plot.levels) == {0, 1, 2}  # coarse first
+    assert plot.log == all(v > 0 for v in plot.values)
+    image = plot.grab().toImage()  # painted: axes, curves and the value, without error
+    colours = {image.pixelColor(x, y).getRgb()[:3] for x in range(image.width())
+               for y in range(0, image.height(), 2)}  # fmt: skip
+    assert {LEVEL_COLORS[0], LEVEL_COLORS[1], LEVEL_COLORS[2]} <= colours

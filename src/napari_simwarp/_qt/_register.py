@@ -297,7 +297,7 @@ class RegisterWidget(WorkerWidget):
             self._display_timer.start()
         elif has_vectors:
             self._last_vectors = now
-        self._plot.set_values(snap.losses)
+        self._plot.set_values(snap.losses, snap.loss_levels)
         moving, fixed = self._moving_layer, self._fixed_layer
         name = WARPED_LAYER.format(moving=moving.name if moving is not None else "moving")
         if snap.warped is not None:

@@ -72,6 +72,8 @@ class Snapshot:
     iteration: int
     loss: float
     losses: list = field(default_factory=list)
+    #: pyramid level of each entry of ``losses`` (0: coarsest), for one colour per level
+    loss_levels: list = field(default_factory=list)
     warped: np.ndarray | None = None
     displacement: np.ndarray | None = None
     gradient: np.ndarray | None = None
@@ -151,6 +153,7 @@ class RegistrationRun:
         self.spacing = s.vector_spacing or auto_spacing(self.shape)
         self.result = None
         self.losses: list[float] = []
+        self.loss_levels: list[int] = []
         self._stop = threading.Event()
         self._normalized = None
         self._warped = None  # drift correction: the stack as warped so far
@@ -232,13 +235,17 @@ class RegistrationRun:
             run, lambda p: self._snapshot(p, fill), self._stop.is_set
         )
         history = [float(v) for v in res.loss_history]
+        last_level = self.loss_levels[-1] if self.loss_levels else 0
         snap = Snapshot(
             self._step + 1,
             self.levels - 1 if self.settings.mode == "pair" else 0,
             self.levels if self.settings.mode == "pair" else 1,
             0,
             history[-1] if history else float("nan"),
-            history,
+            # The curve of the snapshots (one point per snapshot, its level known), ending
+            # on the final value; the engine's full history is in ``self.result``.
+            [*self.losses, *history[-1:]],
+            [*self.loss_levels, *([last_level] if history else [])],
             final=True,
             stopped=res.stopped,
         )
@@ -259,6 +266,7 @@ class RegistrationRun:
     def _snapshot(self, progress, fill) -> Snapshot:
         """A display update from an engine's progress; ``fill`` adds the heavy data when due."""
         self.losses.append(float(progress.loss))
+        self.loss_levels.append(int(progress.level))
         self._step += 1
         snap = Snapshot(
             self._step,
@@ -267,6 +275,7 @@ class RegistrationRun:
             int(progress.iteration),
             float(progress.loss),
             list(self.losses),
+            list(self.loss_levels),
         )
         if self._heavy_due(False):
             fill(snap, progress)
