@@ -258,3 +258,30 @@ def test_window_larger_than_an_axis_is_an_error_not_a_clip(viewer, qtbot, errors
     qtbot.waitUntil(lambda: "larger than" in w._status.value and not w.busy, timeout=30000)
     assert "at most 15" in w._status.value and any("larger than" in e for e in errors)
     assert "similarity map" not in viewer.layers
+
+
+def test_kernel_build_is_a_visible_step_off_the_gui_thread(viewer, qtbot, camera_crop, monkeypatch):
+    # The first map built the kernels inside the computation: a minute with no word.
+    import time
+
+    from napari_simwarp._qt import _common
+    from napari_simwarp.ops import _kernels
+
+    built = {"done": False, "thread": None}
+
+    def fake_build(verbose=False):
+        built["thread"] = threading.current_thread()
+        time.sleep(0.5)
+        built["done"] = True
+        return True
+
+    monkeypatch.setattr(_common, "kernels_pending", lambda: not built["done"])
+    monkeypatch.setattr(_kernels, "ensure_loaded", fake_build)
+    layer = viewer.add_image(camera_crop.copy(), name="camera")
+    w = dock(viewer, SimilarityMapWidget(viewer))
+    w._image.value = layer
+    qtbot.waitUntil(lambda: "building the compiled kernels" in w._status.value, timeout=5000)
+    assert w.results_shown == 0
+    _wait_idle(qtbot, w)
+    assert built["done"] and built["thread"] is not threading.main_thread()
+    assert w._status.value.startswith("local std")

@@ -155,6 +155,55 @@ def on_destroyed(widget, stop=None):
     return close
 
 
+#: the one kernel build every widget waits on: its worker and the callbacks to run after
+_KERNEL_BUILD: dict = {"worker": None, "waiters": []}
+
+
+def kernels_pending() -> bool:
+    """Whether the compiled kernels have not been built or loaded yet (cheap)."""
+    from ..ops import _kernels
+
+    try:
+        return _kernels.requested_backend() != "torch" and not _kernels.state()["tried"]
+    except ValueError:  # a bad SIMWARP_BACKEND: the operators will say so
+        return False
+
+
+def after_kernel_build(widget, then) -> bool:
+    """True when the kernels are ready; otherwise start (once, shared by every widget) their
+    build off the GUI thread with a napari progress bar, say so in ``widget``'s status line
+    and call ``then()`` when it is done (unless the widget closed meanwhile)."""
+    from napari.qt.threading import create_worker
+
+    from ..ops import _kernels
+
+    if not kernels_pending():
+        return True
+    widget._status.value = "building the compiled kernels (first use only; about a minute)…"
+    _KERNEL_BUILD["waiters"].append((widget, then))
+    if _KERNEL_BUILD["worker"] is None:
+
+        def done(*_):
+            _KERNEL_BUILD["worker"] = None
+            waiters, _KERNEL_BUILD["waiters"] = _KERNEL_BUILD["waiters"], []
+            for w, callback in waiters:
+                if not w._closed:
+                    w._backend.refresh()
+                    w._status.value = "kernels ready"
+                    callback()
+
+        worker = create_worker(
+            _kernels.ensure_loaded,
+            _ignore_errors=True,
+            _progress={"total": 0, "desc": "Building napari-simwarp kernels"},
+        )
+        worker.errored.connect(lambda exc: notify_error("building the kernels", exc))
+        worker.finished.connect(done)
+        _KERNEL_BUILD["worker"] = worker
+        worker.start()
+    return False
+
+
 class WorkerWidget(Container):
     """A widget that runs one background worker at a time and reports its errors.
 

@@ -36,6 +36,7 @@ from ..widgets_logic.registration import (
 )
 from ._common import (
     WorkerWidget,
+    after_kernel_build,
     layer_by_name,
     layer_image,
     notify_error,
@@ -188,6 +189,8 @@ class RegisterWidget(WorkerWidget):
     def run(self, *_):
         if self._closed or self._worker is not None:
             return
+        if not after_kernel_build(self, self.run):
+            return  # the kernels build first (a visible step), then the run starts
         moving = self._moving.value
         try:
             fixed_data = fixed_grid = moving_grid = None

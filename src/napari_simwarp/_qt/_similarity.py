@@ -33,6 +33,7 @@ from ..widgets_logic.similarity import (
 )
 from ._common import (
     WorkerWidget,
+    after_kernel_build,
     notify_error,
     on_destroyed,
     put_layer,
@@ -259,6 +260,8 @@ class SimilarityMapWidget(WorkerWidget):
             self._model.new_request()  # whatever runs now is stale
             self._pending = True
             return
+        if not after_kernel_build(self, self.compute):
+            return  # the kernels build first (a visible step), then this runs again
         try:
             planes = self._current_planes(params)
         except (ValueError, TypeError) as exc:
