@@ -157,6 +157,8 @@ def test_apply_refuses_rgb_layers_with_a_notification(viewer, qtbot, camera_crop
     assert w.apply_to_layer(rgb) is None
     assert len(viewer.layers) == n_layers
     assert any("RGB" in str(e) for e in errors)
+    # The whole message in the widget too (a toast cuts long ones).
+    assert "Split RGB" in w._status.value and "apply the transform to each" in w._status.value
 
 
 def test_a_run_without_gradient_removes_the_old_gradient_layer(viewer, qtbot, camera_crop):

@@ -151,6 +151,11 @@ class RegisterWidget(WorkerWidget):
         self._update_visibility()
         self._backend.refresh()
 
+    def _report(self, exc, what: str) -> None:
+        """An error after the run: the whole message in the status line, and a toast."""
+        self._status.value = f"{what} failed: {str(exc).strip() or type(exc).__name__}"
+        notify_error(what, exc)
+
     def _resamplable(self, *_) -> list:
         return [
             (layer.name, layer)
@@ -399,7 +404,7 @@ class RegisterWidget(WorkerWidget):
                 saved = self.save_transform(path)
                 notify_info(f"saved {len(saved)} transform file(s) to {saved[0].parent}")
             except (OSError, ValueError) as exc:
-                notify_error("saving the transform", exc)
+                self._report(exc, "saving the transform")
 
     def apply_to_layer(self, layer):
         """Resample ``layer`` with the result into ``"<name> registered"`` (labels: nearest)."""
@@ -422,7 +427,7 @@ class RegisterWidget(WorkerWidget):
             shape = tuple(np.shape(fixed.data)) if fixed is not None else None
             out = apply_transforms(ts, layer.data, labels=labels, output_shape=shape)
         except (ValueError, TypeError, RuntimeError) as exc:
-            notify_error("applying the transform", exc)
+            self._report(exc, "applying the transform")
             return None
         kind = "labels" if labels else "image"
         return put_layer(
@@ -447,7 +452,7 @@ class RegisterWidget(WorkerWidget):
                 ts[0], (fixed.scale, fixed.translate), (layer.scale, layer.translate)
             )
         except ValueError as exc:
-            notify_error("showing the affine", exc)
+            self._report(exc, "showing the affine")
 
 
 def _contrasting(fixed) -> str:
