@@ -159,7 +159,12 @@ def test_time_lapse_maps_are_per_frame_and_follow_the_step(viewer, qtbot):
     np.testing.assert_allclose(
         viewer.layers["similarity map"].data, _scipy_local_std(stack[4], 7), rtol=1e-4, atol=1e-5
     )
-    assert "(4,)" in w._status.value
+    assert "(4,)" in w._status.value and "note" not in w._status.value
+    shown = w.results_shown
+    viewer.dims.order = (1, 0, 2)  # the viewer now shows (t, x): the map stays per frame
+    w.compute()
+    _wait_idle(qtbot, w, shown + 1)
+    assert "the viewer shows axes" in w._status.value
     np.testing.assert_array_equal(layer.data, _stack())  # input untouched
 
 

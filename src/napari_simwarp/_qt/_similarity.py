@@ -295,7 +295,18 @@ class SimilarityMapWidget(WorkerWidget):
         self._status.value = (
             f"{result.params.metric}, window {result.params.window}{where}: "
             f"{result.seconds * 1000:.0f} ms on {result.device}"
-        )
+        ) + self._axes_note()
+
+    def _axes_note(self) -> str:
+        """A warning when the viewer shows other axes than the map's spatial ones (the map
+        is always over the layer's last 2 or 3 axes; a transposed view is not followed)."""
+        dims = self._viewer.dims
+        d = self._planes[0].source.d if self._planes else 2
+        shown = tuple(dims.displayed)[-min(d, dims.ndisplay) :]
+        trailing = tuple(range(dims.ndim - len(shown), dims.ndim))
+        if tuple(sorted(shown)) == trailing:
+            return ""
+        return f"; note: the map is over the layer's last {d} axes, the viewer shows axes {shown}"
 
     def _on_finished(self):
         super()._on_finished()
