@@ -349,8 +349,11 @@ class RegistrationRun:
             if self._warped_by.get(t) is not tr:
                 self._warped[t] = tr.apply(self.moving[t], order=1)
                 self._warped_by[t] = tr
-        # A copy: the viewer keeps showing this one while the next frames are written.
-        snap.warped = self._warped.copy()
+        # The buffer itself, not a copy (a copy of a long stack at every snapshot cost as
+        # much as the warps): the viewer reads only the plane it shows, and a frame being
+        # rewritten meanwhile is drawn right at the next display. The final snapshot
+        # carries the engine's own result.
+        snap.warped = self._warped
         snap.displacement = self._stack_vectors(current)
 
     def _stack_vectors(self, transforms: dict) -> np.ndarray:
