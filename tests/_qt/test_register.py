@@ -97,6 +97,16 @@ def test_drift_stack(viewer, qtbot):
     np.testing.assert_array_equal(m.data, stack)
 
 
+def test_drift_stack_on_the_layers_grid(viewer, qtbot):
+    stack, shifts = data.drifting_timelapse(frames=3, size=64)
+    w, _, m = _setup(viewer, None, stack, mode="time-lapse (drift)")
+    m.scale, m.translate = (1.0, 0.5, 0.25), (0.0, 3.0, -1.0)
+    _run(qtbot, w)
+    np.testing.assert_allclose(w.result.shifts, shifts, atol=0.25)
+    grid = w.result.transforms[1].fixed_grid
+    assert grid.spacing == (0.5, 0.25) and grid.origin == (3.0, -1.0)
+
+
 def test_cancel_stops_the_run(viewer, qtbot):
     fixed, moving, _ = data.deformed_pair()
     w, _, _ = _setup(viewer, fixed, moving, model="deformable", iterations=500)
@@ -282,3 +292,55 @@ def test_loss_curve_has_one_colour_per_level_and_a_log_axis_when_positive(viewer
     colours = {image.pixelColor(x, y).getRgb()[:3] for x in range(image.width())
                for y in range(0, image.height(), 2)}  # fmt: skip
     assert {LEVEL_COLORS[0], LEVEL_COLORS[1], LEVEL_COLORS[2]} <= colours
+
+
+def _far_pair(camera_crop):
+    """The crop and a copy rotated by 70° and shifted by (9, -12) px: beyond the pyramid."""
+    from scipy import ndimage as ndi
+
+    from tests.registration.cases import centered_affine
+
+    t = np.deg2rad(70)
+    linear = np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]])
+    m = centered_affine(linear, [9.0, -12.0], camera_crop.shape)
+    moving = ndi.affine_transform(camera_crop, np.linalg.inv(m), order=3, mode="nearest")
+    return moving.astype(np.float32), m
+
+
+def test_landmarks_from_two_points_layers_at_other_scales(viewer, qtbot, camera_crop):
+    from tests.registration.cases import corner_error
+
+    moving, m = _far_pair(camera_crop)
+    w, f, mv = _setup(viewer, camera_crop, moving, model="rigid", levels=3)
+    f.scale = mv.scale = (0.5, 0.5)  # both images: 0.5 units per pixel, aligned at 0
+    fixed_pixels = np.array([[20.0, 25.0], [30.0, 100.0], [100.0, 40.0], [90.0, 95.0]])
+    moving_pixels = fixed_pixels @ m[:2, :2].T + m[:2, 2]
+    # The fixed points in fixed pixels on a layer scaled like the image; the moving points
+    # in world units on a layer of scale 1 and a translate: both name the same places.
+    fp = viewer.add_points(fixed_pixels, name="fixed points", scale=(0.5, 0.5))
+    mp = viewer.add_points(moving_pixels * 0.5 - (3.0, 1.0), name="moving points")
+    mp.translate = (3.0, 1.0)
+    w.reset_choices()
+    assert w._fixed_points.value is None and w._moving_points.value is None  # off by default
+    w._fixed_points.value, w._moving_points.value = fp, mp
+    w._landmark_weight.value = 0.01
+    assert w.settings().landmark_weight == 0.01
+    _run(qtbot, w)
+    assert corner_error(w.result.transform.matrix, m, camera_crop.shape) < 0.2
+    np.testing.assert_array_equal(fp.data, fixed_pixels)  # the layers are left as they were
+
+
+def test_landmark_layers_that_do_not_pair_up_are_a_notification(viewer, qtbot, camera_crop, errors):
+    w, _f, _m = _setup(viewer, camera_crop, camera_crop)
+    fp = viewer.add_points(np.array([[1.0, 2.0], [3.0, 4.0], [50.0, 9.0]]), name="a")
+    mp = viewer.add_points(np.array([[1.0, 2.0], [3.0, 4.0]]), name="b")
+    w.reset_choices()
+    w._fixed_points.value = fp
+    w.run()
+    assert errors and "both a fixed points layer and a moving points layer" in errors[-1]
+    w._moving_points.value = mp
+    w.run()
+    assert "3 fixed and 2 moving points" in errors[-1] and not w.busy
+    mp.rotate = 30
+    w.run()
+    assert "rotation" in errors[-1] and not w.busy

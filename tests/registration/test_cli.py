@@ -94,3 +94,121 @@ def test_cli_spacing_of_the_wrong_length_is_a_clear_error(tmp_path, capsys):
         _cli.main([*argv, str(tmp_path / "o.npy"), "--moving-spacing", "0.2;0.2"])
     assert stop.value.code == 2
     assert "expected a number or comma-separated numbers" in capsys.readouterr().err
+
+
+def test_cli_landmarks_from_a_bigwarp_file(tmp_path):
+    # A 70° rotation and a large shift, beyond the pyramid: the BigWarp landmarks (its
+    # "target" columns are FIXED's points, "moving" MOVING's, x,y order, physical units)
+    # place it. The file is written by hand, as BigWarp writes it.
+    from scipy import ndimage as ndi
+
+    from tests.registration.cases import textured
+
+    shape = (96, 96)
+    t = np.deg2rad(70)
+    m = centered_affine(
+        np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]]), [9, -12], shape
+    )
+    fixed = textured(np.random.default_rng(5), shape).astype(np.float32)
+    moving = ndi.affine_transform(fixed, np.linalg.inv(m), order=3, mode="nearest")
+    np.save(tmp_path / "fixed.npy", fixed)
+    np.save(tmp_path / "moving.npy", moving)
+    spacing = 0.5  # both images: the file holds physical coordinates
+    rows = []
+    for i, p in enumerate([[15.0, 20.0], [25.0, 80.0], [80.0, 30.0], [70.0, 75.0]]):
+        q = m[:2, :2] @ p + m[:2, 2]
+        moving_xy = [q[1] * spacing, q[0] * spacing]
+        target_xy = [p[1] * spacing, p[0] * spacing]
+        rows.append(",".join(f'"{v}"' for v in [f"Pt-{i}", "true", *moving_xy, *target_xy]))
+    (tmp_path / "landmarks.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "warped.npy"
+    argv = ["register", str(tmp_path / "fixed.npy"), str(tmp_path / "moving.npy"), "-o", str(out)]
+    code = _cli.main(
+        [
+            *argv, "--model", "rigid", "--fixed-spacing", "0.5", "--moving-spacing", "0.5",
+            "--landmarks", str(tmp_path / "landmarks.csv"), "--landmark-weight", "0.01",
+            "--quiet",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    t = load_transform(tmp_path / "warped.npy.transform.npz")
+    assert corner_error(t.matrix, m, shape) < 0.2
+
+
+def test_cli_bad_landmarks_file_is_a_clear_error(tmp_path, capsys):
+    np.save(tmp_path / "a.npy", np.random.rand(32, 32))
+    (tmp_path / "l.csv").write_text('"Pt-0","true","1.0"\n')
+    argv = ["register", str(tmp_path / "a.npy"), str(tmp_path / "a.npy"), "-o"]
+    code = _cli.main([*argv, str(tmp_path / "o.npy"), "--landmarks", str(tmp_path / "l.csv")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--landmarks:" in err and "BigWarp landmark CSV" in err
+    code = _cli.main([*argv, str(tmp_path / "o.npy"), "--landmark-weight", "1"])
+    assert code == 2
+    assert "landmark_weight > 0 needs landmarks" in capsys.readouterr().err
+    assert not (tmp_path / "o.npy").exists()
+
+
+# -- register-stack: the pixel size ---------------------------------------------------------
+
+
+def _tilted_stack(rng):
+    """``(stack (2, Z, Y, X), spacing, truth)``: frame 1 is frame 0 rotated by 3° about x
+    in physical space (z step 3× the xy pixel size); ``truth`` is frame 1's pixel matrix."""
+    from scipy import ndimage as ndi
+
+    spacing = (3.0, 1.0, 1.0)
+    shape = (16, 48, 48)
+    first = ndi.gaussian_filter(rng.standard_normal(shape), sigma=3.0 / np.array(spacing))
+    a = np.deg2rad(3.0)
+    rot = np.array([[np.cos(a), -np.sin(a), 0], [np.sin(a), np.cos(a), 0], [0, 0, 1]])
+    center = (np.array(shape) - 1) / 2 * np.array(spacing)
+    physical = np.eye(4)
+    physical[:3, :3], physical[:3, 3] = rot, center - rot @ center
+    g = np.diag([*spacing, 1.0])
+    pixels = np.linalg.inv(g) @ physical @ g  # frame_1(x) = frame_0(pixels · x)
+    second = ndi.affine_transform(first, pixels, order=3, mode="nearest")
+    return np.stack([first, second]).astype(np.float32), spacing, np.linalg.inv(pixels)
+
+
+def _stack_argv(src, out, *extra):
+    return ["register-stack", str(src), "-o", str(out), "--model", "rigid", "--metric", "ncc",
+            "--quiet", *extra]  # fmt: skip
+
+
+def test_cli_register_stack_spacing_flag(tmp_path, rng, capsys):
+    stack, spacing, truth = _tilted_stack(rng)
+    tifffile.imwrite(tmp_path / "s.tif", stack)
+    out = tmp_path / "o.zarr"
+    code = _cli.main(_stack_argv(tmp_path / "s.tif", out, "--spacing", "3,1,1"))
+    assert code == 0, capsys.readouterr().err
+    t = load_transform(tmp_path / "o.zarr.transforms" / "frame_00001.transform.npz")
+    assert t.fixed_grid.spacing == spacing and t.moving_grid.spacing == spacing
+    assert corner_error(t.matrix, truth, stack.shape[1:]) < 0.15
+    from napari_simwarp.io.omezarr import read_ome_zarr
+
+    assert read_ome_zarr(out)[2] == list(spacing)  # the output carries the pixel size
+    code = _cli.main(_stack_argv(tmp_path / "s.tif", tmp_path / "p.zarr", "--spacing", "3,1"))
+    assert code == 2
+    assert "spacing must have one value per axis (3, array order)" in capsys.readouterr().err
+    assert not (tmp_path / "p.zarr").exists()
+
+
+def test_cli_register_stack_reads_the_ome_zarr_pixel_size(tmp_path, rng, capsys):
+    from napari_simwarp.io.omezarr import write_ome_zarr
+
+    stack, spacing, truth = _tilted_stack(rng)
+    src = write_ome_zarr(tmp_path / "s.zarr", stack, axes="tzyx", pixel_size=spacing, levels=1)
+    code = _cli.main(_stack_argv(src, tmp_path / "o.zarr")[:-1])  # not --quiet: the note
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "pixel size (3.0, 1.0, 1.0)" in captured.out and "OME-Zarr metadata" in captured.out
+    t = load_transform(tmp_path / "o.zarr.transforms" / "frame_00001.transform.npz")
+    assert t.fixed_grid.spacing == spacing
+    assert corner_error(t.matrix, truth, stack.shape[1:]) < 0.15
+    # --spacing overrides the metadata (here: voxel space, which cannot follow the tilt)
+    code = _cli.main(_stack_argv(src, tmp_path / "v.zarr", "--spacing", "1"))
+    assert code == 0 and "OME-Zarr metadata" not in capsys.readouterr().out
+    t = load_transform(tmp_path / "v.zarr.transforms" / "frame_00001.transform.npz")
+    assert t.fixed_grid.spacing == (1.0, 1.0, 1.0)
+    assert corner_error(t.matrix, truth, stack.shape[1:]) > 0.5

@@ -18,6 +18,7 @@ from tests.registration.cases import (
     corner_error,
     deformed_pair,
     physical_corner_error,
+    textured,
 )
 
 
@@ -357,3 +358,23 @@ class TestPhysicalSpace:
             moving_origin=(4.0, 4.0),
         )
         np.testing.assert_allclose(res.transform.physical_matrix, physical, atol=1e-9)
+
+
+def test_dense_run_from_a_linear_init_on_two_grids(rng):
+    # A dense model resamples the moving image onto the fixed grid first; a linear init
+    # (carrying the grids) must start it where its physical matrix says, not at its pixel
+    # matrix read in the resampled frame.
+    shape = (48, 40)
+    fixed = textured(rng, shape)
+    moving = ndi.zoom(fixed, 0.5, order=1, grid_mode=True, mode="nearest")
+    fg, mg = Grid.make(2), Grid.make(2, 2.0, 0.5)
+    physical = np.array([[1.0, 0.1, 2.0], [-0.05, 1.0, -3.0], [0, 0, 1]])
+    init = AffineTransform(np.linalg.inv(mg.to_physical()) @ physical).with_grids(fg, mg)
+    res = register(
+        fixed, moving, model="deformable", init=init, iterations=0, levels=1,
+        moving_spacing=2.0, moving_origin=0.5,
+    )  # fmt: skip
+    grid = np.stack(np.meshgrid(*[np.arange(n, dtype=float) for n in shape], indexing="ij"))
+    moved = np.einsum("ij,j...->i...", physical[:2, :2], grid) + physical[:2, 2].reshape(2, 1, 1)
+    expected = (moved - 0.5) / 2.0 - grid  # fixed pixels -> the small image's pixels
+    np.testing.assert_allclose(res.transform.to_displacement(shape), expected, atol=1e-4)

@@ -196,3 +196,147 @@ def test_the_in_memory_path_holds_at_most_two_and_a_half_stacks():
     got = _peak(160, "memory", 1)
     # the input itself (1x) counts: input + aligned output + batches
     assert got["extra"] <= 2.5 * stack_bytes, got["extra"] / stack_bytes
+
+
+# -- physical space: one grid shared by the frames ------------------------------------------
+
+ANISOTROPIC = (3.0, 1.0, 1.0)  # z step 3× the xy pixel size
+ROTATIONS = [(0.0, 0.0, 0.0), (3.0, -2.0, 1.0), (-2.0, 2.5, -1.5)]  # degrees, (z, y, x) axes
+
+
+def _physical_rotation_pixels(rotvec_deg, shape, spacing) -> np.ndarray:
+    """The pixel matrix ``G⁻¹ P G`` of a physical rotation ``P`` about the volume's
+    physical center (``G``: pixels → physical), built by hand from SciPy's rotation."""
+    from scipy.spatial.transform import Rotation
+
+    rot = Rotation.from_rotvec(np.deg2rad(rotvec_deg)).as_matrix()
+    center = (np.asarray(shape, float) - 1) / 2 * np.asarray(spacing)
+    physical = np.eye(4)
+    physical[:3, :3], physical[:3, 3] = rot, center - rot @ center
+    g = np.diag([*spacing, 1.0])
+    return np.linalg.inv(g) @ physical @ g
+
+
+@pytest.fixture(scope="module")
+def rotated_volumes():
+    """``(stack (T, Z, Y, X), truths)``: frame t is frame 0 resampled by a known physical
+    rotation ``M_t`` (``frame_t(x) = frame_0(M_t x)``), so the transform of frame t (frame 0
+    pixels → frame t pixels) is ``M_t⁻¹``."""
+    from scipy import ndimage as ndi
+
+    shape = (20, 64, 64)
+    rng = np.random.default_rng(3)
+    # Isotropic structure in physical space: σ = 3 units on every axis.
+    first = ndi.gaussian_filter(rng.standard_normal(shape), sigma=3.0 / np.array(ANISOTROPIC))
+    mats = [_physical_rotation_pixels(r, shape, ANISOTROPIC) for r in ROTATIONS]
+    stack = np.stack([ndi.affine_transform(first, m, order=3, mode="nearest") for m in mats])
+    return stack.astype(np.float32), [np.linalg.inv(m) for m in mats]
+
+
+def _corner_errors(transforms, truths, shape, spacing) -> np.ndarray:
+    """Per frame, the largest distance (in the finest pixel size) between where the found
+    and the true pixel matrices send the volume's corners, measured in physical space."""
+    d = len(shape)
+    corners = np.array(np.meshgrid(*[[0, n - 1] for n in shape], indexing="ij")).reshape(d, -1)
+    h = np.vstack([corners, np.ones(corners.shape[1])])
+    scale = np.asarray(spacing, float)[:, None] / min(spacing)
+    return np.array(
+        [
+            np.linalg.norm(((t.matrix - m) @ h)[:d] * scale, axis=0).max()
+            for t, m in zip(transforms, truths)
+        ]
+    )
+
+
+def test_rigid_stack_in_physical_space_recovers_physical_rotations(rotated_volumes):
+    from napari_simwarp.registration.grid import Grid
+
+    stack, truths = rotated_volumes
+    shape = stack.shape[1:]
+    physical = register_stack(stack, model="rigid", metric="ncc", spacing=ANISOTROPIC)
+    err = _corner_errors(physical.transforms, truths, shape, ANISOTROPIC)
+    assert err.max() < 0.1, err
+    # In voxel space a physical rotation of an anisotropic volume is not a rotation (it
+    # shears z against x and y): a rigid model cannot follow it.
+    voxels = register_stack(stack, model="rigid", metric="ncc")
+    err_voxels = _corner_errors(voxels.transforms, truths, shape, ANISOTROPIC)
+    assert err_voxels[1:].min() > 5 * err.max() and err_voxels[1:].min() > 0.5, err_voxels
+    grid = Grid(ANISOTROPIC, (0.0, 0.0, 0.0))
+    for t, m in zip(physical.transforms, truths):
+        assert t.fixed_grid == grid and t.moving_grid == grid
+        # The physical matrix is a rotation of the sample (orthonormal linear part).
+        lin = t.physical_matrix[:3, :3]
+        np.testing.assert_allclose(lin @ lin.T, np.eye(3), atol=1e-6)
+        g = np.diag([*ANISOTROPIC, 1.0])
+        np.testing.assert_allclose(t.physical_matrix, g @ m @ np.linalg.inv(g), atol=0.05)
+
+
+def test_physical_stack_previous_reference_chains_on_the_grid(rotated_volumes):
+    stack, truths = rotated_volumes
+    result = register_stack(
+        stack[:2], model="rigid", metric="ncc", spacing=ANISOTROPIC, reference="previous"
+    )
+    err = _corner_errors(result.transforms, truths[:2], stack.shape[1:], ANISOTROPIC)
+    assert err.max() < 0.1, err
+    assert all(t.fixed_grid.spacing == ANISOTROPIC for t in result.transforms)
+
+
+def test_translation_route_gives_the_same_pixel_shifts_on_a_grid(drift_case):
+    stack = drift_case[0][:4]
+    plain = register_stack(stack)
+    spacing, origin = (0.5, 0.25), (10.0, -3.0)
+    placed = register_stack(stack, spacing=spacing, origin=origin)
+    np.testing.assert_array_equal(placed.shifts, plain.shifts)
+    for t in placed.transforms:
+        assert t.fixed_grid.spacing == spacing and t.moving_grid.origin == origin
+        # Physical translation: the pixel shift times the pixel size (same grid both sides).
+        np.testing.assert_allclose(t.physical_matrix[:2, 2], t.translation * spacing, atol=1e-12)
+
+
+def test_window_and_grid_spacing_are_physical_units(rotated_volumes, monkeypatch):
+    """window / grid_spacing in physical units reach the loss and the control grid as the
+    same finest-pixel counts as register's (spacing (3, 1, 1): finest unit 1 → unchanged;
+    spacing (6, 2, 2): unit 2 → halved)."""
+    from napari_simwarp.registration import models
+    from napari_simwarp.registration import stack as stack_module
+
+    seen = {}
+    original = stack_module.make_schedule
+
+    def spy_schedule(*args, **kwargs):
+        schedule = original(*args, **kwargs)
+        seen["window"] = schedule.metric_options.get("window")
+        return schedule
+
+    class SpyDense(models.DenseModel):
+        def __init__(self, *args, **kwargs):
+            seen["grid_spacing"] = kwargs["grid_spacing"]
+            seen["spacing"] = kwargs["spacing"]
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(stack_module, "make_schedule", spy_schedule)
+    monkeypatch.setattr(stack_module, "DenseModel", SpyDense)
+    small = rotated_volumes[0][:2, :8, :24, :24]
+    register_stack(small, model="deformable", spacing=(6.0, 2.0, 2.0), window=14.0,
+                   grid_spacing=20.0, iterations=1, levels=1)  # fmt: skip
+    assert seen == {"window": 7.0, "grid_spacing": 10.0, "spacing": (6.0, 2.0, 2.0)}
+    register_stack(small, model="deformable", spacing=(6.0, 2.0, 2.0), iterations=1, levels=1)
+    assert seen["window"] is None and seen["grid_spacing"] == 8.0  # register's defaults
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"spacing": (1.0, 2.0)}, "spacing must have one value per axis"),
+        ({"spacing": (1.0, 0.0, 1.0)}, "spacing must be positive"),
+        ({"origin": (0.0, np.nan, 0.0)}, "origin must be finite"),
+        ({"origin": "zero"}, "origin must be a number"),
+        ({"grid_spacing": -1.0, "model": "deformable"}, "grid_spacing"),
+    ],
+)
+def test_spacing_errors(rotated_volumes, kwargs, match):
+    stack = rotated_volumes[0][:2]
+    before = stack.copy()
+    with pytest.raises((ValueError, TypeError), match=match):
+        register_stack(stack, **kwargs)
+    np.testing.assert_array_equal(stack, before)

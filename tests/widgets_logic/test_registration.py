@@ -53,3 +53,44 @@ def test_displayed_displacement_is_the_physical_motion_in_fixed_pixels():
     same = AffineTransform(np.eye(3), "translation")
     d = np.ones((2, 6, 5), np.float32)
     assert physical_displacement(same, d) is d
+
+
+def test_points_layers_give_world_coordinates_and_must_pair_up():
+    from types import SimpleNamespace
+
+    from napari_simwarp.widgets_logic.registration import check_landmarks, landmarks_from_layers
+
+    fixed = SimpleNamespace(
+        name="f", data=np.array([[1.0, 2.0], [3.0, 5.0]]), scale=(0.5, 2.0), translate=(1.0, -1.0)
+    )
+    moving = SimpleNamespace(
+        name="m", data=np.array([[4.0, 4.0]]), scale=(1.0, 1.0), translate=(0, 0)
+    )
+    x, y = landmarks_from_layers(fixed, moving)
+    np.testing.assert_allclose(x, [[1.5, 3.0], [2.5, 9.0]])  # data · scale + translate
+    np.testing.assert_allclose(y, [[4.0, 4.0]])
+    assert landmarks_from_layers(None, None) is None
+    with pytest.raises(ValueError, match="both a fixed points layer and a moving points layer"):
+        landmarks_from_layers(fixed, None)
+    with pytest.raises(ValueError, match="2 fixed and 1 moving points"):
+        check_landmarks((x, y), RunSettings(), 2)
+    with pytest.raises(ValueError, match="must be 2-D like the images"):
+        check_landmarks((np.zeros((2, 3)), np.zeros((2, 3))), RunSettings(), 2)
+    with pytest.raises(ValueError, match="a landmark weight needs fixed and moving points"):
+        check_landmarks(None, RunSettings(landmark_weight=0.1), 2)
+    moving.rotate = np.array([[0.0, -1.0], [1.0, 0.0]])
+    with pytest.raises(ValueError, match="rotation"):
+        landmarks_from_layers(fixed, moving)
+
+
+def test_stack_mode_registers_on_the_stack_layers_grid():
+    from napari_simwarp.registration.grid import Grid
+
+    stack, shifts = data.drifting_timelapse(frames=3, size=64)
+    grid = Grid.make(2, (0.5, 0.25), (1.0, 2.0))
+    settings = RunSettings(mode="stack", model="translation")
+    run = RegistrationRun(None, stack, settings, moving_grid=grid)
+    assert run._engine_kwargs()["spacing"] == grid.spacing
+    list(run.snapshots())
+    np.testing.assert_allclose(run.result.shifts, shifts, atol=0.3)  # pixel shifts as before
+    assert all(t.fixed_grid == grid and t.moving_grid == grid for t in run.result.transforms)

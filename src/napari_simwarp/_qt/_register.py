@@ -12,6 +12,7 @@ import numpy as np
 from magicgui.widgets import (
     CheckBox,
     ComboBox,
+    FloatSpinBox,
     PushButton,
     SpinBox,
     create_widget,
@@ -33,6 +34,7 @@ from ..widgets_logic.registration import (
     WARPED_LAYER,
     RegistrationRun,
     RunSettings,
+    landmarks_from_layers,
 )
 from ._common import (
     WorkerWidget,
@@ -99,6 +101,29 @@ class RegisterWidget(WorkerWidget):
             name="iterations", value=0, min=0, max=10000, label="iterations / level (0: default)"
         )
         self._gradient = CheckBox(value=True, text="show similarity gradient")
+        # Landmarks: point i of one layer matches point i of the other (world coordinates).
+        self._fixed_points = create_widget(
+            name="fixed_points",
+            annotation=napari.layers.Points,
+            label="fixed points",
+            options={"nullable": True},
+        )
+        self._moving_points = create_widget(
+            name="moving_points",
+            annotation=napari.layers.Points,
+            label="moving points",
+            options={"nullable": True},
+        )
+        self._landmark_weight = FloatSpinBox(
+            name="landmark_weight",
+            value=0.0,
+            min=0.0,
+            max=1e6,
+            step=0.01,
+            label="landmark weight (0: start only)",
+        )
+        for chooser in (self._fixed_points, self._moving_points):
+            chooser.value = None  # no landmarks unless asked for
         self._run_btn = PushButton(text="Register")
         self._cancel_btn = PushButton(text="Cancel", enabled=False)
         self._save_btn = PushButton(text="Save transform…", enabled=False)
@@ -118,6 +143,9 @@ class RegisterWidget(WorkerWidget):
                 self._metric,
                 self._levels,
                 self._iterations,
+                self._fixed_points,
+                self._moving_points,
+                self._landmark_weight,
                 self._device,
                 self._gradient,
                 self._run_btn,
@@ -173,6 +201,8 @@ class RegisterWidget(WorkerWidget):
         self._fixed.visible = not stack
         self._reference.visible = stack
         self._gradient.visible = not stack
+        for control in (self._fixed_points, self._moving_points, self._landmark_weight):
+            control.visible = not stack
         if stack:  # drift correction: translation (phase correlation + Gauss-Newton)
             self._model.value = "translation"
 
@@ -186,9 +216,15 @@ class RegisterWidget(WorkerWidget):
             device=self._device.value,
             reference=self._reference.value,
             show_gradient=bool(self._gradient.value),
+            landmark_weight=float(self._landmark_weight.value),
             min_interval=0.2,
             vectors_interval=VECTORS_MS / 1000,
         )
+
+    def landmarks(self):
+        """``(fixed_points, moving_points)`` in world coordinates from the two Points
+        layers, or None when neither is chosen (one without the other is an error)."""
+        return landmarks_from_layers(self._fixed_points.value, self._moving_points.value)
 
     # -- running ------------------------------------------------------------------------
     def run(self, *_):
@@ -198,7 +234,7 @@ class RegisterWidget(WorkerWidget):
             return  # the kernels build first (a visible step), then the run starts
         moving = self._moving.value
         try:
-            fixed_data = fixed_grid = moving_grid = None
+            fixed_data = fixed_grid = moving_grid = landmarks = None
             if self.mode == "pair" and moving is not None and moving is self._fixed.value:
                 raise ValueError(
                     f"fixed and moving are the same layer ({moving.name!r}): choose two "
@@ -209,12 +245,16 @@ class RegisterWidget(WorkerWidget):
                 # Layers aligned on screen must stay aligned: register in their world space.
                 fixed_grid = layer_grid(self._fixed.value, "fixed")
                 moving_grid = layer_grid(moving, "moving")
+                landmarks = self.landmarks()
+            elif moving is not None:  # the frames' grid: the stack layer's, time left out
+                moving_grid = layer_grid(moving, "moving", skip=1)
             run = RegistrationRun(
                 fixed_data,
                 layer_image(moving, "moving"),
                 self.settings(),
                 fixed_grid=fixed_grid,
                 moving_grid=moving_grid,
+                landmarks=landmarks,
             )
         except (ValueError, TypeError) as exc:
             self._on_error(exc)  # the status line says why, not a stale message

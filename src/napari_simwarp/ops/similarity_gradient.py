@@ -29,6 +29,8 @@ def similarity_gradient(fixed, moving, displacement, *, metric="lncc", **kw):
     - "ncc": ``1 − mean over channels of ncc(fixed, warped)`` (global ZNCC)
     - "ssim": ``1 − mean(ssim(fixed, warped, window=..., sigma=..., data_range=...))``
     - "mse": ``mean((warped − fixed)²)``
+    - "mi": ``2 − NMI(fixed, warped)`` (normalized mutual information, Parzen-window joint
+      histogram; ``normalize=False``: ``−MI`` in nats), for multimodal pairs
 
     and the result is ``−∂loss/∂d``: at each pixel, the direction (in pixels, array-axis
     order) in which moving that pixel's sample point lowers the loss fastest. Each image's
@@ -43,11 +45,12 @@ def similarity_gradient(fixed, moving, displacement, *, metric="lncc", **kw):
     displacement : Tensor, shape ``(N or 1, len(S), *S)``
         In pixels, array-axis order, as ``warp`` takes it (zeros: "where should pixels
         go from the identity").
-    metric : {"lncc", "ncc", "ssim", "mse"}
+    metric : {"lncc", "ncc", "ssim", "mse", "mi"}
     **kw
         Passed to the metric: "lncc" takes ``window`` (default 9), ``kernel`` ("box" or
         "gaussian") and ``sigma``; "ssim" takes ``window``, ``sigma``, ``data_range``,
-        ``k1``, ``k2``; "ncc" and "mse" take none.
+        ``k1``, ``k2``; "mi" takes ``bins`` (default 32), ``kernel`` ("bspline" or
+        "gaussian"), ``sigma`` and ``normalize``; "ncc" and "mse" take none.
 
     Returns
     -------

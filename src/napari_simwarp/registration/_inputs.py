@@ -99,16 +99,28 @@ def normalize(t: torch.Tensor, name: str) -> torch.Tensor:
     return ((t - lo) / (hi - lo)).to(torch.float32)
 
 
-#: float32 maps alive per pixel of one pair at the finest level during forward+backward
-#: (images, warped, grid, the metric's local sums and their gradients); measured loosely
-#: with torch's allocator on CPU and rounded up.
-MAPS_PER_PIXEL = {"mse": 12, "ncc": 14, "lncc": 40, "ssim": 48}
+#: float32 maps per pixel of one pair that a linear run holds at its peak: the peak resident
+#: set of ``register(model="affine", levels=1, iterations=5)`` on a 1024² pair above the
+#: level before it, on the CPU (``OMP_NUM_THREADS=1 python benchmarks/maps_per_pixel.py``,
+#: 2026-11-23: mse 35.1, ncc 33.6, lncc 74.8, ssim 68.7, mi 90.6), rounded up. It holds
+#: the images, warped image, sampling grid, the metric's maps and their gradients, and
+#: also the run's other full-size work: the phase-correlation guess, the final warp (a
+#: float64 grid) and the similarity report. "mi": the Parzen window's taps (4 bins per
+#: pixel and image for the cubic B-spline: weights, bin indices and their gradients) and
+#: the joint histogram's scatter. The loss's own maps were 12 to 48 before (an estimate
+#: never measured): the whole run needs about 20 maps more.
+MAPS_PER_PIXEL = {"mse": 36, "ncc": 36, "lncc": 76, "ssim": 70, "mi": 92}
+#: maps a dense model adds (its field, the upsampled displacement and their gradients):
+#: an estimate, not measured
+DENSE_MAPS_PER_PIXEL = 12
 
 
 def estimate_bytes(n_pairs: int, shape, metric: str, dense: bool) -> int:
-    """A generous estimate of the peak memory of a run, in bytes."""
+    """An estimate of the peak memory of a run, in bytes (see :data:`MAPS_PER_PIXEL`)."""
     pixels = int(np.prod(shape))
-    maps = MAPS_PER_PIXEL.get(metric, 48) + (12 if dense else 0)
+    maps = MAPS_PER_PIXEL.get(metric, max(MAPS_PER_PIXEL.values())) + (
+        DENSE_MAPS_PER_PIXEL if dense else 0
+    )
     return int(n_pairs * pixels * 4 * maps * 4 / 3)  # the pyramid adds about a third
 
 

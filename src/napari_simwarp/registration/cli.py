@@ -167,6 +167,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="deformable: smoothness weight (default 0.05)",
     )
     p.add_argument("--mask", default=None, help="mask file for the fixed image (non-zero = use)")
+    p.add_argument(
+        "--landmarks",
+        default=None,
+        metavar="CSV",
+        help="BigWarp landmark CSV (File > Export landmarks): its 'moving' columns are "
+        "MOVING's points, its 'target' columns FIXED's, x,y[,z] in the physical units of "
+        "the spacings (pixels by default); inactive rows are skipped. The run starts from "
+        "their least-squares fit of --model (dense models: affine)",
+    )
+    p.add_argument(
+        "--landmark-weight",
+        type=float,
+        default=0.0,
+        help="keep the landmarks as a soft constraint of this weight (default 0: they only "
+        "start the run)",
+    )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.set_defaults(func=run)
@@ -176,6 +192,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _one_per_axis(values):
     """A single value applies to every axis."""
     return values[0] if values is not None and len(values) == 1 else values
+
+
+def _read_landmarks(path):
+    """``(fixed_points, moving_points)`` from a BigWarp CSV (array order), or None."""
+    if path is None:
+        return None
+    from ..io.transform_files.bigwarp import read_bigwarp_landmarks
+
+    try:
+        return read_bigwarp_landmarks(path)
+    except ValueError as exc:  # not a BigWarp table: say which option it came from
+        raise ValueError(f"--landmarks: {exc}") from None
 
 
 def run(args) -> int:
@@ -191,8 +219,14 @@ def run(args) -> int:
     fixed = read_image(args.fixed, what="fixed", notes=notes)
     moving = read_image(args.moving, what="moving", notes=notes)
     mask = read_image(args.mask, what="--mask", notes=notes) if args.mask else None
+    landmarks = _read_landmarks(args.landmarks)
     dtype = moving.dtype if args.dtype == "same" else np.dtype(args.dtype)
-    inputs = {"fixed": args.fixed, "moving": args.moving, "--mask": args.mask}
+    inputs = {
+        "fixed": args.fixed,
+        "moving": args.moving,
+        "--mask": args.mask,
+        "--landmarks": args.landmarks,
+    }
     out = check_output_path(
         args.out, what="-o", inputs=inputs, overwrite=args.overwrite, dtype=dtype
     )
@@ -219,6 +253,8 @@ def run(args) -> int:
             window=args.window,
             grid_spacing=args.grid_spacing,
             regularization=args.regularization,
+            landmarks=landmarks,
+            landmark_weight=args.landmark_weight,
             device=args.device,
             callback=progress,
         )
@@ -268,6 +304,22 @@ def add_stack_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--reference", default="first", help="first, previous, mean or a frame index")
     p.add_argument("--model", default="translation", choices=MODELS)
     p.add_argument("--metric", default="lncc", choices=METRICS)
+    p.add_argument(
+        "--spacing",
+        type=per_axis_option,
+        default=None,
+        metavar="S[,S...]",
+        help="pixel size of the frames, one value or one per spatial axis in array order "
+        "(z,y,x); default: the OME-Zarr input's pixel size, else 1. Rigid and similarity "
+        "then stay rigid in these physical units, however anisotropic the voxels",
+    )
+    p.add_argument(
+        "--origin",
+        type=per_axis_option,
+        default=None,
+        metavar="O[,O...]",
+        help="physical position of the frames' first pixel (default 0)",
+    )
     p.add_argument("--batch-size", default="auto", help="frames per batch (default: auto)")
     p.add_argument("--memory-budget", default=None, help="e.g. 2GiB (default: half the free RAM)")
     p.add_argument(
@@ -383,10 +435,18 @@ def run_stack(args) -> int:
     from ..io import budget as _budget
     from ..io import check_target
     from ..io.omezarr import check_store, write_key, write_ome_zarr
+    from .grid import Grid
     from .stack import lazy_warped, register_stack
     from .transforms import load_transform
 
     data, axes, pixel_size = open_stack(args.input)
+    # The pixel size: --spacing, else the OME-Zarr input's own (None for TIFF and Zarr).
+    from_metadata = args.spacing is None and pixel_size is not None
+    spacing = _one_per_axis(args.spacing) if args.spacing is not None else pixel_size
+    origin = _one_per_axis(args.origin)
+    grid = Grid.make(len(data.shape) - 1, spacing, origin)  # checked before any work
+    if args.spacing is not None:  # the output store carries the pixel size given
+        pixel_size = list(grid.spacing)
     reference = _reference_option(args.reference)
     batch = args.batch_size if args.batch_size == "auto" else int(args.batch_size)
     if args.memory_budget is not None:
@@ -401,6 +461,8 @@ def run_stack(args) -> int:
         model=args.model,
         metric=args.metric,
         input=str(pathlib.Path(args.input).resolve()),
+        spacing=spacing,
+        origin=origin,
     )
     key = write_key(
         shape,
@@ -432,6 +494,11 @@ def run_stack(args) -> int:
 
         client = Client(args.scheduler)
     on_frames, on_blocks = _stack_progress()
+    if from_metadata and not args.quiet:
+        print(
+            f"pixel size {tuple(pixel_size)} (array order) read from the OME-Zarr metadata "
+            f"of {args.input}; --spacing overrides it"
+        )
     try:
         if resume:
             files = sorted(folder.glob("frame_*.transform.npz"))
@@ -447,6 +514,8 @@ def run_stack(args) -> int:
                 reference=reference,
                 model=args.model,
                 metric=args.metric,
+                spacing=spacing,
+                origin=origin,
                 batch_size=batch,
                 device=args.device,
                 memory_budget=args.memory_budget,

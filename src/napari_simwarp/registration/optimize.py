@@ -133,6 +133,7 @@ def optimize(
     schedule: Schedule,
     history: list,
     spacing=None,
+    penalty=None,
 ):
     """Run ``model`` coarse → fine; yields :class:`Progress`, returns ``(stopped, best)``.
 
@@ -144,6 +145,9 @@ def optimize(
     history : list the mean loss of every iteration is appended to (coarse levels first)
     spacing : the fixed image's pixel size per axis (default isotropic): sets the loss
         window's shape at each level (:func:`level_loss`)
+    penalty : callable ``(level_shape) -> (N,)`` tensor, optional
+        A further term of the loss at every level (the landmark constraint), differentiable
+        with respect to the model's parameters
     """
     levels = len(fixed_levels)
     full_shape = tuple(fixed_levels[-1].shape[2:])
@@ -170,6 +174,8 @@ def optimize(
             per_pair = loss_fn(fixed, warped, w)
             if schedule.reg_weight:
                 per_pair = per_pair + schedule.reg_weight * model.regularizer()
+            if penalty is not None:
+                per_pair = per_pair + penalty(shape).to(per_pair.device, per_pair.dtype)
             values = per_pair.detach()
             if not torch.isfinite(values).all():
                 raise FloatingPointError("the loss became NaN or Inf; lower lr or check the inputs")

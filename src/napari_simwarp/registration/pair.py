@@ -20,10 +20,10 @@ import numpy as np
 import torch
 
 from .._devices import resolve_device
-from ..ops import warp_affine
+from ..ops import affine_to_displacement, warp_affine
 from ..ops._sampling import affine_grid, grid_inside, grid_sample, level_matrix, sample_displaced
 from ..ops._validation import check_choice
-from . import _inputs, _options
+from . import _inputs, _landmark_term, _options
 from ._driver import drive
 from ._names import LINEAR_MODELS, METRICS, MODELS
 from .drift import phase_correlation
@@ -32,7 +32,7 @@ from .models import DenseModel, LinearModel
 from .optimize import RunResult, level_iterations, level_loss, make_schedule, optimize
 from .pyramid import auto_levels, build_pyramid, gaussian_blur, level_anisotropy, level_shapes
 from .quality import assess, masked_nmi, masked_zncc, measure_for
-from .transforms import Transform
+from .transforms import AffineTransform, Transform
 
 
 @dataclass(kw_only=True)
@@ -191,6 +191,12 @@ def make_model(prep, model, batch, init, grid_spacing, steps):
             moving_grid=moving_grid,
         )
     unit = min(fixed_grid.spacing)
+    if prep["resampled"] and isinstance(init, AffineTransform):
+        # The field maps fixed pixels into the moving image resampled onto the fixed grid:
+        # a linear init belongs there as G_f⁻¹ · G_m · M, not as its own pixel matrix M.
+        pixels = _options.init_matrix(init, len(prep["shape"]), (fixed_grid, moving_grid))
+        frame = fixed_grid.to_pixels() @ moving_grid.to_physical() @ pixels
+        init = affine_to_displacement(torch.as_tensor(frame), prep["shape"])[0].float().numpy()
     return DenseModel(
         model,
         prep["shape"],
@@ -300,6 +306,8 @@ def register_iter(
     regularization=None,
     steps=7,
     init=None,
+    landmarks=None,
+    landmark_weight=0.0,
     device="auto",
     report_every=5,
     optimizer="auto",
@@ -323,11 +331,24 @@ def register_iter(
     schedule = make_schedule(
         model, lr, iterations, tol, regularization, report_every, metric, window, optimizer, unit
     )
-    mdl = make_model(prep, model, 1, init, grid_spacing, steps)
-    if init is None and model in LINEAR_MODELS:
+    pairs = _landmark_term.check(landmarks, landmark_weight, model, len(prep["shape"]), init)
+    fixed_grid, moving_grid = prep["fixed_grid"], prep["moving_grid"]
+    start_from = init
+    if pairs is not None and init is None:
+        # The landmarks place the pair: no shift guess, whatever the distance.
+        start_from = _landmark_term.initial_transform(
+            pairs[0], pairs[1], model, fixed_grid, moving_grid, prep["shape"]
+        )
+    mdl = make_model(prep, model, 1, start_from, grid_spacing, steps)
+    if init is None and pairs is None and model in LINEAR_MODELS:
         guess = initial_shift_matrix(prep, mdl, schedule)
         if guess is not None:
             mdl = make_model(prep, model, 1, guess, grid_spacing, steps)
+    penalty = None
+    if pairs is not None and pairs[2] > 0:
+        penalty = _landmark_term.penalty(
+            mdl, pairs[0], pairs[1], pairs[2], fixed_grid, moving_grid, prep["shape"]
+        )
     history: list[float] = []
     loop = optimize(
         mdl,
@@ -337,12 +358,13 @@ def register_iter(
         schedule,
         history,
         spacing=prep["fixed_grid"].spacing,
+        penalty=penalty,
     )
     # ``yield from`` passes each Progress out and each ``send`` (the stop signal) back in.
     stopped = (yield from loop)[0]
     warped = warp_moving(mdl, prep["moving_raw"][None, None], prep["shape"])
     measure = measure_for(metric)
-    similarity, initial, overlap = _similarities(prep, model, mdl, measure)
+    similarity, initial, overlap = _similarities(prep, model, mdl, measure, start_from)
     return RegistrationResult(
         transform=mdl.transforms()[0],
         warped=warped[0, 0].cpu().numpy(),
@@ -361,14 +383,16 @@ def register_iter(
     )
 
 
-def _similarities(prep, model, mdl, measure: str) -> tuple[float, float, float]:
+def _similarities(prep, model, mdl, measure: str, start=None) -> tuple[float, float, float]:
     """Final and initial similarity (``measure``: "zncc" or "nmi") of the normalized images
     over their overlap, and the overlap (fraction of the fixed image covered), at the
-    finest level."""
+    finest level. "Initial" is at the run's given start (``init`` or the landmarks' fit;
+    None: the identity), so that a dense run started from a good linear transform is not
+    judged by the unaligned pair."""
     similarity = masked_nmi if measure == "nmi" else masked_zncc
     fixed, moving = prep["fixed"][-1], prep["moving"][-1]
     shape = tuple(fixed.shape[2:])
-    start = make_model(prep, model, 1, None, None, 0)
+    start = make_model(prep, model, 1, start, None, 0)
     start.set_level(shape)
     with torch.no_grad():
         warped, valid = mdl.warp(moving, shape)
@@ -402,6 +426,8 @@ def register(
     regularization=None,
     steps=7,
     init=None,
+    landmarks=None,
+    landmark_weight=0.0,
     device="auto",
     callback=None,
     report_every=5,
@@ -452,6 +478,21 @@ def register(
         Diffeomorphic: scaling-and-squaring steps.
     init : Transform or array, optional
         Starting transform (a matrix for linear models, a displacement for dense ones).
+    landmarks : (fixed_points, moving_points), optional
+        Point pairs, each an ``(n, D)`` array in its image's physical coordinates, array
+        order (napari's world coordinates of Points on layers placed by the images'
+        spacing and origin; pixel coordinates with the default spacing 1 and origin 0),
+        as :func:`~.landmarks.fit_landmarks` with grids reads them. Without ``init``, the
+        run starts from their least-squares fit of ``model`` (dense models: the affine
+        fit) instead of the automatic shift guess: this places pairs too far apart (or
+        too rotated) for the pyramid. At least 1 pair (translation), D (rigid,
+        similarity) or D + 1 not on one line/plane (affine and dense models).
+    landmark_weight : float
+        > 0 keeps the landmarks as a soft constraint at every level: ``landmark_weight ·
+        mean |T(x_i) − y_i|²`` (physical distance, in the fixed image's finest pixel size)
+        is added to the loss (and to the reported loss). With ``init`` *and* landmarks,
+        ``init`` starts the run and the landmarks only constrain it, which needs
+        ``landmark_weight > 0``.
     device : "auto", "cpu", "cuda", "mps" or a torch.device
     full_resolution : bool, optional
         Optimize on the full-resolution level too. Default (None): only for images up to
@@ -489,6 +530,8 @@ def register(
         regularization=regularization,
         steps=steps,
         init=init,
+        landmarks=landmarks,
+        landmark_weight=landmark_weight,
         device=device,
         report_every=report_every,
         optimizer=optimizer,

@@ -40,6 +40,7 @@ from ._driver import drive, relay
 from ._frames import FrameSource
 from ._names import LINEAR_MODELS, METRICS, MODELS
 from .drift import clip_unit, phase_correlation, refine_translation_iter, select_shifts
+from .grid import Grid
 from .models import DenseModel, LinearModel
 from .optimize import Progress, RunResult, level_iterations, make_schedule, optimize
 from .pyramid import auto_levels, build_pyramid, gaussian_blur, level_shapes
@@ -101,9 +102,11 @@ def register_stack(
     lr=None,
     tol=1e-4,
     window=None,
-    grid_spacing=8.0,
+    grid_spacing=None,
     regularization=None,
     steps=7,
+    spacing=None,
+    origin=None,
     batch_size="auto",
     device="auto",
     callback=None,
@@ -123,6 +126,15 @@ def register_stack(
     model : {"translation", "rigid", "similarity", "affine", "deformable", "diffeomorphic"}
         "translation" uses phase correlation and Gauss–Newton (``metric`` is then not used:
         the refinement is least squares on locally normalized intensities).
+    spacing : float or sequence of float, optional
+        Pixel size per spatial axis, array order (napari's layer ``scale`` without the
+        time axis: ``(z, y, x)`` of a ``(T, Z, Y, X)`` stack); default 1. One grid is
+        shared by every frame. The transforms are found in physical space: rigid and
+        similarity stay rigid for the sample however anisotropic the voxels, the pyramid
+        follows the anisotropy, and ``window`` and ``grid_spacing`` are physical units
+        (defaults: 9 or 11 and 8 of the finest pixel size, as in ``register``).
+    origin : float or sequence of float, optional
+        Physical position of pixel 0 per spatial axis (napari's ``translate``); default 0.
     batch_size : "auto" or int
         Frames per batch on the device (auto: sized from the memory budget).
     callback : callable(StackProgress) -> bool, optional
@@ -137,8 +149,9 @@ def register_stack(
     Returns
     -------
     StackRegistrationResult
-        ``.transforms`` (one per frame), ``.warped`` ``(T, *S)`` float32 (lazy for dask or
-        zarr input), ``.shifts``.
+        ``.transforms`` (one per frame, each carrying the grid as ``fixed_grid`` and
+        ``moving_grid``, so ``.physical_matrix`` is in physical units), ``.warped``
+        ``(T, *S)`` float32 (lazy for dask or zarr input), ``.shifts``.
     """
     run = register_stack_iter(
         stack,
@@ -153,6 +166,8 @@ def register_stack(
         grid_spacing=grid_spacing,
         regularization=regularization,
         steps=steps,
+        spacing=spacing,
+        origin=origin,
         batch_size=batch_size,
         device=device,
         report_every=report_every,
@@ -173,9 +188,11 @@ def register_stack_iter(
     lr=None,
     tol=1e-4,
     window=None,
-    grid_spacing=8.0,
+    grid_spacing=None,
     regularization=None,
     steps=7,
+    spacing=None,
+    origin=None,
     batch_size="auto",
     device="auto",
     report_every=5,
@@ -191,10 +208,11 @@ def register_stack_iter(
     check_choice(model, "model", MODELS)
     check_choice(metric, "metric", METRICS)
     levels = _options.levels(levels)
-    grid_spacing = _options.positive(grid_spacing, "grid_spacing")
+    grid_spacing = _options.optional_positive(grid_spacing, "grid_spacing")
     steps = _options.steps(steps)
     dev = resolve_device(device)
     src = FrameSource(stack, dev)
+    grid = Grid.make(len(src.frame_shape), spacing, origin)
     ref_index = _reference_index(reference, src.total)
     dense = model not in LINEAR_MODELS
     budgets = _budgets(memory_budget, dev)
@@ -206,8 +224,10 @@ def register_stack_iter(
     history: list[float] = []
     state = {"stopped": False}
     if model == "translation":
+        # One grid for every frame: the pixel shifts are the physical ones over the
+        # spacing, so phase correlation works in pixels unchanged.
         transforms = yield from _translation_route(
-            src, value_range, reference, ref_index, batch, iterations, history, state
+            src, value_range, reference, ref_index, batch, iterations, history, state, grid
         )
     else:
         transforms = yield from _optimizer_route(
@@ -218,6 +238,7 @@ def register_stack_iter(
             batch,
             history,
             state,
+            grid=grid,
             model=model,
             metric=metric,
             levels=levels,
@@ -277,8 +298,11 @@ def _budgets(memory_budget, device) -> tuple[_budget.Budget, _budget.Budget]:
 
 
 #: float32 maps per pixel that the translation route holds per frame of a batch (frame,
-#: clipped copy, half-resolution copies, FFT spectra, Gauss–Newton images and gradients);
-#: measured with the peak RSS of ``benchmarks/bench_large.py`` and rounded up
+#: clipped copy, half-resolution copies, FFT spectra, Gauss–Newton images and gradients).
+#: Measured (``OMP_NUM_THREADS=1 python benchmarks/maps_per_pixel.py``, 2026-11-23: the
+#: peak resident set of a batch of 16 (64) frames minus that of a batch of 4, per extra
+#: frame, less the frame as read): 15.3 for 512² frames (solved at half resolution) and
+#: 20.9 for 192² frames (solved at full resolution), rounded up with a margin.
 TRANSLATION_MAPS_PER_PIXEL = 24
 #: the work of an automatic batch on the CPU may reach this, or a quarter of the stack
 CPU_BATCH_BYTES = 64 * 2**20
@@ -378,11 +402,11 @@ def _shift_matrices(shifts: torch.Tensor) -> torch.Tensor:
     return m
 
 
-def _identity(model, shape):
+def _identity(model, shape, grid: Grid):
     d = len(shape)
     if model in LINEAR_MODELS:
-        return AffineTransform(np.eye(d + 1), model)
-    return DisplacementTransform(np.zeros((d, *shape), np.float32))
+        return AffineTransform(np.eye(d + 1), model).with_grids(grid, grid)
+    return DisplacementTransform(np.zeros((d, *shape), np.float32)).with_grids(grid, grid)
 
 
 # -- the aligned stack and its quality ----------------------------------------------------
@@ -621,8 +645,11 @@ def _pair_reader(read, reference, ref_index):
     return lambda sl: (read(sl), ref)
 
 
-def _translation_route(src, value_range, reference, ref_index, batch, iterations, history, state):
-    """Per-frame translations (a generator returning one AffineTransform per frame)."""
+def _translation_route(
+    src, value_range, reference, ref_index, batch, iterations, history, state, grid
+):
+    """Per-frame translations (a generator returning one AffineTransform per frame, on
+    ``grid``)."""
     its = 10 if iterations is None else int(iterations)
     _, clipped = _readers(src, value_range)
     previous = reference == "previous"
@@ -642,7 +669,10 @@ def _translation_route(src, value_range, reference, ref_index, batch, iterations
         )
     if previous:
         shifts = torch.cat([shifts.new_zeros(1, shifts.shape[1]), torch.cumsum(shifts, dim=0)])
-    return [AffineTransform(m.numpy(), "translation") for m in _shift_matrices(shifts)]
+    return [
+        AffineTransform(m.numpy(), "translation").with_grids(grid, grid)
+        for m in _shift_matrices(shifts)
+    ]
 
 
 # -- the optimizer route ------------------------------------------------------------------
@@ -703,15 +733,17 @@ def _optimize_frames(
     steps,
     history,
     state,
+    grid: Grid,
     ref_mask=None,
 ):
     """The generic optimizer on batches of frames (a generator returning the models).
 
     ``batch_inputs(sl)`` gives batch ``sl``'s ``(moving (n, 1, *S), refs (1 or n, 1, *S),
     initial matrices or None)``; ``ref_mask`` ``(1, 1, *S)``: where the reference may be
-    matched (None: everywhere).
+    matched (None: everywhere). Every frame and the reference lie on ``grid``; the
+    pyramid follows its anisotropy and ``grid_spacing`` is in its finest pixels.
     """
-    shapes = level_shapes(shape, levels)
+    shapes = level_shapes(shape, levels, grid.spacing)
     weights = (
         [None] * levels
         if ref_mask is None
@@ -722,10 +754,27 @@ def _optimize_frames(
         f, r, init = batch_inputs(sl)
         n = f.shape[0]
         if model in LINEAR_MODELS:
-            mdl = LinearModel(model, shape, shape, n, init=init, device=f.device)
+            mdl = LinearModel(
+                model,
+                shape,
+                shape,
+                n,
+                init=init,
+                device=f.device,
+                fixed_grid=grid,
+                moving_grid=grid,
+            )
         else:
             mdl = DenseModel(
-                model, shape, n, grid_spacing=grid_spacing, steps=steps, device=f.device
+                model,
+                shape,
+                n,
+                grid_spacing=grid_spacing,
+                steps=steps,
+                device=f.device,
+                spacing=grid.spacing,
+                fixed_grid=grid,
+                moving_grid=grid,
             )
 
         def convert(progress, sl=sl):
@@ -740,7 +789,13 @@ def _optimize_frames(
 
         stopped, _ = yield from relay(
             optimize(
-                mdl, build_pyramid(r, shapes), build_pyramid(f, shapes), weights, schedule, history
+                mdl,
+                build_pyramid(r, shapes),
+                build_pyramid(f, shapes),
+                weights,
+                schedule,
+                history,
+                spacing=grid.spacing,
             ),
             convert,
         )
@@ -760,6 +815,7 @@ def _optimizer_route(
     history,
     state,
     *,
+    grid,
     model,
     metric,
     levels,
@@ -782,9 +838,16 @@ def _optimizer_route(
     mean = None
     if reference == "mean":
         mean, ref_mask = _mean_reference(normalized, clipped, src.total, batch)
-    levels_n = auto_levels(shape) if levels in ("auto", None) else int(levels)
+    levels_n = auto_levels(shape, spacing=grid.spacing) if levels in ("auto", None) else int(levels)
     its = level_iterations(iterations, model, shape, levels_n, full_resolution)
-    schedule = make_schedule(model, lr, its, tol, regularization, report_every, metric, window)
+    unit = min(grid.spacing)
+    schedule = make_schedule(
+        model, lr, its, tol, regularization, report_every, metric, window, unit=unit
+    )
+    # register's conventions: the control grid 8 finest pixels apart unless given in
+    # physical units, and a blur of one finest pixel size (fewer pixels along coarse axes).
+    control = 8.0 if grid_spacing is None else grid_spacing / unit
+    sigma = [unit / s for s in grid.spacing]
     pairs = _pair_reader(normalized, "first" if mean is not None else reference, ref_index)
     linear = model in LINEAR_MODELS
     last = None
@@ -801,7 +864,7 @@ def _optimizer_route(
             last = guess[-1]
             init = _shift_matrices(guess)
         refs = mean if mean is not None else r
-        return gaussian_blur(f, 1.0), gaussian_blur(refs, 1.0), init
+        return gaussian_blur(f, sigma), gaussian_blur(refs, sigma), init
 
     models = yield from _optimize_frames(
         total,
@@ -811,32 +874,34 @@ def _optimizer_route(
         schedule,
         levels_n,
         batch,
-        grid_spacing,
+        control,
         steps,
         history,
         state,
+        grid,
         ref_mask,
     )
     transforms = [t for mdl in models for t in mdl.transforms()]
-    transforms += [_identity(model, shape)] * (total - len(transforms))
+    transforms += [_identity(model, shape, grid)] * (total - len(transforms))
     if previous:
-        transforms = _chain(transforms, model, shape)
+        transforms = _chain(transforms, model, shape, grid)
     return transforms
 
 
-def _chain(pairwise, model, shape):
+def _chain(pairwise, model, shape, grid: Grid):
     """Transforms of frame t−1 → t (pairwise) to reference (frame 0) → frame t.
 
-    Linear: the matrices multiply. Dense: ``d_t = compose(p_t, d_{t−1})``, i.e.
+    Linear: the matrices multiply (pixel matrices of one grid compose as the physical
+    ones do). Dense: ``d_t = compose(p_t, d_{t−1})``, i.e.
     ``d_t(x) = d_{t−1}(x) + p_t(x + d_{t−1}(x))``.
     """
-    out = [_identity(model, shape)]
+    out = [_identity(model, shape, grid)]
     if model in LINEAR_MODELS:
         for p in pairwise:
-            out.append(AffineTransform(p.matrix @ out[-1].matrix, model))
+            out.append(AffineTransform(p.matrix @ out[-1].matrix, model).with_grids(grid, grid))
         return out
     current = torch.zeros(1, len(shape), *shape)
     for p in pairwise:
         current = compose(torch.as_tensor(p.to_displacement(shape))[None], current)
-        out.append(DisplacementTransform(current[0].numpy()))
+        out.append(DisplacementTransform(current[0].numpy()).with_grids(grid, grid))
     return out

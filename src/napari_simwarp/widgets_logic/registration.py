@@ -41,6 +41,7 @@ class RunSettings:
     iterations : per level; None for the engine's default
     vector_spacing : pixels between displayed arrows; None: about 32 per axis
     show_gradient : also compute the similarity-gradient field (pairs only)
+    landmark_weight : weight of the landmarks' soft constraint (0: they only start the run)
     min_interval : seconds between two snapshots' heavy display data (warped image,
         fields); snapshots in between carry only the loss
     vectors_interval : seconds between two snapshots' fields (displacement and similarity
@@ -58,6 +59,7 @@ class RunSettings:
     report_every: int = 5
     vector_spacing: int | None = None
     show_gradient: bool = True
+    landmark_weight: float = 0.0
     min_interval: float = 0.0
     vectors_interval: float | None = None
 
@@ -106,8 +108,13 @@ class RegistrationRun:
     """One registration, driven by :meth:`snapshots`; ``result`` once it has finished.
 
     ``fixed_grid`` and ``moving_grid`` (:class:`~napari_simwarp.registration.grid.Grid`,
-    from the layers' scale and translate; None: unit) place the two images in space
-    (pairs only); the displayed displacement is then physical, in fixed pixels.
+    from the layers' scale and translate; None: unit) place the two images in space; the
+    displayed displacement is then physical, in fixed pixels. In stack mode
+    ``moving_grid`` (the stack layer's, time axis left out) is the frames' grid, passed
+    to ``register_stack`` as ``spacing`` and ``origin``.
+    ``landmarks`` (pairs only): ``(fixed_points, moving_points)`` in world (physical)
+    coordinates, :func:`points_to_world`; they start the run (and constrain it with
+    ``settings.landmark_weight > 0``).
     """
 
     def __init__(
@@ -117,6 +124,7 @@ class RegistrationRun:
         settings: RunSettings | None = None,
         fixed_grid=None,
         moving_grid=None,
+        landmarks=None,
     ):
         from ..registration import METRICS, MODELS
 
@@ -140,7 +148,11 @@ class RegistrationRun:
                     f"{self.fixed.shape} and {self.moving.shape}"
                 )
             self.shape = self.fixed.shape
+            self.landmarks = check_landmarks(landmarks, s, self.fixed.ndim)
         else:
+            if landmarks is not None:
+                raise ValueError("landmarks apply to pairs; the time-lapse mode takes none")
+            self.landmarks = None
             if self.moving.ndim not in (3, 4) or self.moving.shape[0] < 2:
                 raise ValueError(
                     f"the time-lapse mode needs a (T, H, W) or (T, D, H, W) "
@@ -215,6 +227,11 @@ class RegistrationRun:
             for role, grid in (("fixed", self.fixed_grid), ("moving", self.moving_grid)):
                 if grid is not None:
                     kw[f"{role}_spacing"], kw[f"{role}_origin"] = grid.spacing, grid.origin
+            if self.landmarks is not None:
+                kw["landmarks"] = self.landmarks
+                kw["landmark_weight"] = float(s.landmark_weight)
+        elif self.moving_grid is not None:
+            kw["spacing"], kw["origin"] = self.moving_grid.spacing, self.moving_grid.origin
         return kw
 
     # -- snapshots -------------------------------------------------------------------------
@@ -394,3 +411,52 @@ def physical_displacement(transform, displacement: np.ndarray) -> np.ndarray:
     )
     here = x * np.reshape(fixed_grid.spacing, view) + np.reshape(fixed_grid.origin, view)
     return ((moved - here) / np.reshape(fixed_grid.spacing, view)).astype(np.float32)
+
+
+def points_to_world(layer, role: str) -> np.ndarray:
+    """A napari Points layer's points in world (physical) coordinates, ``(n, D)`` float64:
+    ``data · scale + translate``. A layer that napari also rotates, shears or transforms by
+    its ``affine`` is refused (as image layers are, :func:`~.geometry.layer_grid`)."""
+    from .geometry import layer_grid
+
+    grid = layer_grid(layer, role)
+    data = np.asarray(layer.data, dtype=np.float64).reshape(-1, grid.ndim)
+    return data * np.asarray(grid.spacing) + np.asarray(grid.origin)
+
+
+def landmarks_from_layers(fixed_layer, moving_layer):
+    """``(fixed_points, moving_points)`` in world coordinates from two Points layers (or
+    None when neither is given; one without the other is an error)."""
+    if fixed_layer is None and moving_layer is None:
+        return None
+    if fixed_layer is None or moving_layer is None:
+        raise ValueError(
+            "landmarks need both a fixed points layer and a moving points layer (or neither)"
+        )
+    return (
+        points_to_world(fixed_layer, "fixed points"),
+        points_to_world(moving_layer, "moving points"),
+    )
+
+
+def check_landmarks(landmarks, settings: RunSettings, ndim: int):
+    """Landmarks for a pair run, checked before it starts: None or two ``(n, ndim)`` arrays
+    of one length (the engine checks the rest: enough pairs for the model, finite)."""
+    if landmarks is None:
+        if settings.landmark_weight:
+            raise ValueError("a landmark weight needs fixed and moving points; choose both layers")
+        return None
+    fixed_points, moving_points = (np.asarray(p, dtype=np.float64) for p in landmarks)
+    for points, role in ((fixed_points, "fixed"), (moving_points, "moving")):
+        if points.ndim != 2 or points.shape[1] != ndim:
+            raise ValueError(
+                f"the {role} points must be {ndim}-D like the images, got points of shape "
+                f"{points.shape}"
+            )
+    if len(fixed_points) != len(moving_points):
+        raise ValueError(
+            f"the fixed and moving points must come in pairs (point i of one layer matches "
+            f"point i of the other): got {len(fixed_points)} fixed and {len(moving_points)} "
+            "moving points"
+        )
+    return fixed_points, moving_points
