@@ -83,7 +83,7 @@ def main() -> None:
     raise_dock("Register")
     reg._iterations.value = args.iterations
     reg.run()
-    wait(lambda: reg.snapshots_shown >= 3)
+    wait(lambda: reg.snapshots_received >= 3 and reg.snapshots_shown >= 1)
     show_only("fixed", "moving registered", "displacement", "similarity gradient")
     viewer.screenshot(str(out / "register_live.png"), canvas_only=False, flash=False)
     wait(lambda: reg.result is not None and not reg.busy)

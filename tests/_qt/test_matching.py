@@ -63,6 +63,7 @@ def test_no_rectangle_is_a_notification(viewer, qtbot, errors):
     wdg._image.value = layer
     wdg.run()
     assert errors and "rectangle" in errors[0] and not wdg.busy
+    assert "rectangle" in wdg._status.value  # said in the widget, not only in a toast
 
 
 def test_a_3d_run_removes_the_2d_boxes(viewer, qtbot):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from napari_simwarp import data
@@ -30,7 +32,7 @@ def test_deformable_pair_within_tolerance(viewer, qtbot, small_pair, tmp_path):
     fixed, moving, true = small_pair
     w, f, m = _setup(viewer, fixed, moving, model="deformable", iterations=25)
     _run(qtbot, w)
-    assert w.snapshots_shown >= 3  # live updates arrived during the run
+    assert w.snapshots_received >= 3 and w.snapshots_shown >= 1  # live updates arrived
     est = w.result.transform.to_displacement(fixed.shape)
     inner = (slice(8, -8), slice(8, -8))
     err = np.sqrt(((est - true) ** 2).sum(0))[inner].mean()
@@ -165,6 +167,8 @@ def test_apply_refuses_rgb_layers_with_a_notification(viewer, qtbot, camera_crop
     assert w.apply_to_layer(rgb) is None
     assert len(viewer.layers) == n_layers
     assert any("RGB" in str(e) for e in errors)
+    # The whole message in the widget too (a toast cuts long ones).
+    assert "Split RGB" in w._status.value and "apply the transform to each" in w._status.value
 
 
 def test_a_run_without_gradient_removes_the_old_gradient_layer(viewer, qtbot, camera_crop):
@@ -225,6 +229,69 @@ def test_a_rotated_layer_is_refused_with_a_notification(viewer, qtbot, camera_cr
     w.run()
     assert errors and "rotation" in errors[0] and "scale and translate" in errors[0]
     assert not w.busy and w.result is None
+
+
+def test_result_layers_styled_once_then_only_data(viewer, qtbot, small_pair, monkeypatch):
+    # Each snapshot re-set scale, translate, edge width, length and colour on every result
+    # layer (each a redraw): the live display cost 7-27x the registration itself.
+    from napari_simwarp._qt import _register
+
+    fixed, moving, _ = small_pair
+    calls: list[str] = []
+    real = _register.put_layer
+    monkeypatch.setattr(
+        _register,
+        "put_layer",
+        lambda v, k, name, *a, **kw: calls.append(name) or real(v, k, name, *a, **kw),
+    )
+    w, f, m = _setup(viewer, fixed, moving, model="deformable", iterations=40)
+    settings = w.settings
+    w.settings = lambda: dataclasses.replace(settings(), min_interval=0.0)  # every snapshot
+    _run(qtbot, w)
+    assert w.snapshots_received > 3 and w.snapshots_shown >= 2
+    for name in ("moving registered", "displacement", "similarity gradient"):
+        assert calls.count(name) == 1, (name, calls.count(name))
+    # On screen: the registered layer in a colour other than the fixed one's, the
+    # moving layer hidden, the results above the inputs.
+    out = viewer.layers["moving registered"]
+    assert out.colormap.name == "magenta" and f.colormap.name == "gray"
+    assert not m.visible and f.visible
+    names = [layer.name for layer in viewer.layers]
+    assert names.index("moving registered") > names.index("moving")
+
+
+def test_fixed_equal_to_moving_is_refused_in_the_status_line(viewer, qtbot, camera_crop, errors):
+    w, f, _ = _setup(viewer, camera_crop, camera_crop)
+    w._moving.value = f
+    w.run()
+    assert not w.busy and "same layer" in w._status.value and any("same layer" in e for e in errors)
+
+
+def test_apply_to_lists_only_image_and_labels_layers(viewer, qtbot, camera_crop):
+    w, f, m = _setup(viewer, camera_crop, camera_crop)
+    labels = viewer.add_labels(np.zeros((128, 128), np.int32), name="labels")
+    viewer.add_points(np.zeros((1, 2)), name="points")
+    viewer.add_vectors(np.zeros((1, 2, 2)), name="vectors")
+    w.reset_choices()
+    offered = [c for c in w._apply_to.choices if c is not None]
+    assert offered == [f, m, labels]
+
+
+def test_loss_curve_has_one_colour_per_level_and_a_log_axis_when_positive(viewer, qtbot):
+    from napari_simwarp._qt._plot import LEVEL_COLORS, log_scale
+
+    assert log_scale([0.5, 0.1]) and not log_scale([-0.9, -0.5]) and not log_scale([])
+    fixed, moving, _ = data.deformed_pair()
+    w, _, _ = _setup(viewer, fixed[::2, ::2], moving[::2, ::2], model="affine", levels=3)
+    _run(qtbot, w)
+    plot = w._plot
+    assert len(plot.levels) == len(plot.values) >= 3
+    assert plot.levels == sorted(plot.levels) and set(plot.levels) == {0, 1, 2}  # coarse first
+    assert plot.log == all(v > 0 for v in plot.values)
+    image = plot.grab().toImage()  # painted: axes, curves and the value, without error
+    colours = {image.pixelColor(x, y).getRgb()[:3] for x in range(image.width())
+               for y in range(0, image.height(), 2)}  # fmt: skip
+    assert {LEVEL_COLORS[0], LEVEL_COLORS[1], LEVEL_COLORS[2]} <= colours
 
 
 def _far_pair(camera_crop):

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+
+import dask.array as da
 import numpy as np
 import torch
+from scipy import ndimage
 
 from napari_simwarp import ops
 from napari_simwarp._qt import SimilarityMapWidget
@@ -97,6 +101,8 @@ def test_3d_map(viewer, qtbot):
     layer = viewer.add_image(vol, name="vol")
     w = dock(viewer, SimilarityMapWidget(viewer))
     w._image.value = layer
+    assert w._mode.value == "2D per plane"  # the viewer shows it plane by plane
+    w._mode.value = "3D volume"
     w._window.value = 5
     _wait_idle(qtbot, w)
     expected = ops.local_std(torch.from_numpy(vol)[None, None], window=5)[0, 0].numpy()
@@ -116,3 +122,171 @@ def test_own_result_layer_as_input_is_refused_not_looped(viewer, qtbot, camera_c
     assert w.results_shown == 1 and not w.busy
     w.compute()
     assert w.results_shown == 1 and any("result layer" in e for e in errors)
+
+
+def _scipy_local_std(frame, window):
+    """Population local std over a box window, reflect borders, in float64 (SciPy)."""
+    f = frame.astype(np.float64)
+    mean = ndimage.uniform_filter(f, window, mode="reflect")
+    return np.sqrt(np.maximum(ndimage.uniform_filter(f * f, window, mode="reflect") - mean**2, 0))
+
+
+def _stack(t=6):
+    """A time-lapse (t, 48, 56): frames of the sample picture shifted, each different."""
+    from napari_simwarp import data
+
+    cam = data.camera()
+    return np.stack([cam[40 + 5 * i : 88 + 5 * i, 60 + 3 * i : 116 + 3 * i] for i in range(t)])
+
+
+def test_time_lapse_maps_are_per_frame_and_follow_the_step(viewer, qtbot):
+    # A (T, Y, X) stack was taken for a volume: the local std mixed frames.
+    stack = _stack()
+    layer = viewer.add_image(stack, name="movie")
+    viewer.dims.set_current_step(0, 0)  # napari opens a stack on its middle frame
+    w = dock(viewer, SimilarityMapWidget(viewer))
+    w._image.value = layer
+    w._window.value = 7
+    _wait_idle(qtbot, w)
+    assert w._mode.value == "2D per plane"
+    out = viewer.layers["similarity map"]
+    assert out.data.shape == stack.shape[1:]
+    np.testing.assert_allclose(out.data, _scipy_local_std(stack[0], 7), rtol=1e-4, atol=1e-5)
+
+    shown = w.results_shown
+    viewer.dims.set_current_step(0, 4)  # the viewer moves to frame 4: the map follows
+    _wait_idle(qtbot, w, shown + 1)
+    np.testing.assert_allclose(
+        viewer.layers["similarity map"].data, _scipy_local_std(stack[4], 7), rtol=1e-4, atol=1e-5
+    )
+    assert "(4,)" in w._status.value and "note" not in w._status.value
+    shown = w.results_shown
+    viewer.dims.order = (1, 0, 2)  # the viewer now shows (t, x): the map stays per frame
+    w.compute()
+    _wait_idle(qtbot, w, shown + 1)
+    assert "the viewer shows axes" in w._status.value
+    np.testing.assert_array_equal(layer.data, _stack())  # input untouched
+
+
+def test_two_layer_metric_per_frame_equals_the_frames_op(viewer, qtbot):
+    stack = _stack(4)
+    moved = np.roll(stack, 2, axis=2)
+    a = viewer.add_image(stack, name="a")
+    b = viewer.add_image(moved, name="b")
+    viewer.dims.set_current_step(0, 2)
+    w = dock(viewer, SimilarityMapWidget(viewer))
+    w._image.value, w._second.value = a, b
+    w._metric.value = "local NCC"
+    w._window.value = 5
+    qtbot.waitUntil(lambda: w._status.value.startswith("local NCC, window 5"), timeout=30000)
+    ta, tb = (torch.from_numpy(np.ascontiguousarray(x[2]))[None, None] for x in (stack, moved))
+    np.testing.assert_allclose(
+        viewer.layers["similarity map"].data,
+        ops.local_ncc(ta, tb, window=5)[0, 0].numpy(),
+        atol=1e-5,
+    )
+
+
+class _CountingStack:
+    """An array-like (T, Y, X) that records each read (thread, first frame, frames)."""
+
+    def __init__(self, array):
+        self.array, self.shape, self.dtype, self.ndim = array, array.shape, array.dtype, 3
+        self.reads = []
+
+    def __getitem__(self, key):
+        part = self.array[key]
+        t = key[0] if isinstance(key, tuple) else key
+        frames = range(*t.indices(self.shape[0])) if isinstance(t, slice) else [t]
+        self.reads.append((threading.current_thread() is threading.main_thread(), list(frames)))
+        return part
+
+
+def test_lazy_layer_reads_only_the_plane_shown(viewer, qtbot):
+    # A lazy (300, 2048, 2048) layer was computed whole as soon as the widget docked.
+    stack = _stack(12)
+    counting = _CountingStack(stack)
+    lazy = da.from_array(counting, chunks=(1, *stack.shape[1:]), asarray=False)
+    layer = viewer.add_image(lazy, name="lazy movie")
+    viewer.dims.set_current_step(0, 0)
+    w = dock(viewer, SimilarityMapWidget(viewer))
+    counting.reads.clear()  # what napari read to show the layer is not the widget's
+    w._image.value = layer
+    w._window.value = 5
+    _wait_idle(qtbot, w)
+    np.testing.assert_allclose(
+        viewer.layers["similarity map"].data, _scipy_local_std(stack[0], 5), rtol=1e-4, atol=1e-5
+    )
+    worker_reads = [frames for main, frames in counting.reads if not main]
+    assert worker_reads and all(frames == [0] for frames in worker_reads)
+
+    counting.reads.clear()
+    shown = w.results_shown
+    viewer.dims.set_current_step(0, 7)
+    _wait_idle(qtbot, w, shown + 1)
+    worker_reads = [frames for main, frames in counting.reads if not main]
+    assert worker_reads and all(frames == [7] for frames in worker_reads)
+    np.testing.assert_allclose(
+        viewer.layers["similarity map"].data, _scipy_local_std(stack[7], 5), rtol=1e-4, atol=1e-5
+    )
+
+
+def test_multiscale_layer_uses_the_chosen_level(viewer, qtbot):
+    rng = np.random.default_rng(3)
+    full = rng.random((3, 64, 80), dtype=np.float32)
+    half = np.ascontiguousarray(full[:, ::2, ::2])
+    layer = viewer.add_image([full, half], name="pyramid", multiscale=True)
+    viewer.dims.set_current_step(0, 0)
+    w = dock(viewer, SimilarityMapWidget(viewer))
+    w._image.value = layer
+    assert not w._level.native.isHidden() and w._level.value == 0  # shown; the full level fits
+    w._window.value = 5
+    _wait_idle(qtbot, w)
+    np.testing.assert_allclose(
+        viewer.layers["similarity map"].data, _scipy_local_std(full[0], 5), rtol=1e-4, atol=1e-5
+    )
+    shown = w.results_shown
+    w._level.value = 1
+    _wait_idle(qtbot, w, shown + 1)
+    out = viewer.layers["similarity map"]
+    np.testing.assert_allclose(out.data, _scipy_local_std(half[0], 5), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out.scale, [2.0, 2.0])  # drawn over the full-resolution grid
+
+
+def test_window_larger_than_an_axis_is_an_error_not_a_clip(viewer, qtbot, errors):
+    vol = np.random.default_rng(0).random((16, 20, 24), dtype=np.float32)
+    layer = viewer.add_image(vol, name="vol")
+    w = dock(viewer, SimilarityMapWidget(viewer))
+    w._image.value = layer
+    w._mode.value = "3D volume"
+    w._window.value = 19
+    qtbot.waitUntil(lambda: "larger than" in w._status.value and not w.busy, timeout=30000)
+    assert "at most 15" in w._status.value and any("larger than" in e for e in errors)
+    assert "similarity map" not in viewer.layers
+
+
+def test_kernel_build_is_a_visible_step_off_the_gui_thread(viewer, qtbot, camera_crop, monkeypatch):
+    # The first map built the kernels inside the computation: a minute with no word.
+    import time
+
+    from napari_simwarp._qt import _common
+    from napari_simwarp.ops import _kernels
+
+    built = {"done": False, "thread": None}
+
+    def fake_build(verbose=False):
+        built["thread"] = threading.current_thread()
+        time.sleep(0.5)
+        built["done"] = True
+        return True
+
+    monkeypatch.setattr(_common, "kernels_pending", lambda: not built["done"])
+    monkeypatch.setattr(_kernels, "ensure_loaded", fake_build)
+    layer = viewer.add_image(camera_crop.copy(), name="camera")
+    w = dock(viewer, SimilarityMapWidget(viewer))
+    w._image.value = layer
+    qtbot.waitUntil(lambda: "building the compiled kernels" in w._status.value, timeout=5000)
+    assert w.results_shown == 0
+    _wait_idle(qtbot, w)
+    assert built["done"] and built["thread"] is not threading.main_thread()
+    assert w._status.value.startswith("local std")

@@ -34,7 +34,7 @@ def put_layer(viewer, kind: str, name: str, data, like=None, **props):
     """
     layer = layer_by_name(viewer, name)
     ndim = _ndim(kind, data)
-    if layer is not None and (layer._type_string != kind or layer.ndim != ndim):
+    if layer is not None and not same_kind(layer, kind, data):
         viewer.layers.remove(layer)
         layer = None
     geometry = {}
@@ -53,6 +53,17 @@ def put_layer(viewer, kind: str, name: str, data, like=None, **props):
     for key, value in {**geometry, **props}.items():
         setattr(layer, key, value)
     return layer
+
+
+def same_kind(layer, kind: str, data) -> bool:
+    """Whether ``layer`` is a ``kind`` layer ("image", "vectors"...) that can take ``data``
+    (same dimensionality)."""
+    # The class name, not napari's private ``_type_string`` (a FutureWarning on each use).
+    return (
+        layer is not None
+        and type(layer).__name__.lower() == kind
+        and layer.ndim == _ndim(kind, data)
+    )
 
 
 def remove_layer(viewer, name: str) -> None:
@@ -144,6 +155,55 @@ def on_destroyed(widget, stop=None):
     return close
 
 
+#: the one kernel build every widget waits on: its worker and the callbacks to run after
+_KERNEL_BUILD: dict = {"worker": None, "waiters": []}
+
+
+def kernels_pending() -> bool:
+    """Whether the compiled kernels have not been built or loaded yet (cheap)."""
+    from ..ops import _kernels
+
+    try:
+        return _kernels.requested_backend() != "torch" and not _kernels.state()["tried"]
+    except ValueError:  # a bad SIMWARP_BACKEND: the operators will say so
+        return False
+
+
+def after_kernel_build(widget, then) -> bool:
+    """True when the kernels are ready; otherwise start (once, shared by every widget) their
+    build off the GUI thread with a napari progress bar, say so in ``widget``'s status line
+    and call ``then()`` when it is done (unless the widget closed meanwhile)."""
+    from napari.qt.threading import create_worker
+
+    from ..ops import _kernels
+
+    if not kernels_pending():
+        return True
+    widget._status.value = "building the compiled kernels (first use only; about a minute)…"
+    _KERNEL_BUILD["waiters"].append((widget, then))
+    if _KERNEL_BUILD["worker"] is None:
+
+        def done(*_):
+            _KERNEL_BUILD["worker"] = None
+            waiters, _KERNEL_BUILD["waiters"] = _KERNEL_BUILD["waiters"], []
+            for w, callback in waiters:
+                if not w._closed:
+                    w._backend.refresh()
+                    w._status.value = "kernels ready"
+                    callback()
+
+        worker = create_worker(
+            _kernels.ensure_loaded,
+            _ignore_errors=True,
+            _progress={"total": 0, "desc": "Building napari-simwarp kernels"},
+        )
+        worker.errored.connect(lambda exc: notify_error("building the kernels", exc))
+        worker.finished.connect(done)
+        _KERNEL_BUILD["worker"] = worker
+        worker.start()
+    return False
+
+
 class WorkerWidget(Container):
     """A widget that runs one background worker at a time and reports its errors.
 
@@ -164,11 +224,14 @@ class WorkerWidget(Container):
             name="device", choices=device_choices(), value="auto", label="device"
         )
         self._status = Label(value="")
+        self._status.native.setWordWrap(True)  # whole error messages, not cut at the edge
         self._backend = BackendLabel(lambda: self._device.value)
         self._device.changed.connect(self._backend.refresh)
 
     def _on_error(self, exc):
-        self._status.value = "error (see notification)"
+        """The whole message in the status label (a toast cuts long ones) and a toast."""
+        msg = str(exc).strip() or type(exc).__name__
+        self._status.value = f"error: {msg}"
         notify_error(self.task, exc)
 
     def _on_finished(self):

@@ -25,7 +25,6 @@ from ..widgets_logic.matching import (
 from ._common import (
     WorkerWidget,
     layer_image,
-    notify_error,
     on_destroyed,
     put_layer,
     remove_layer,
@@ -127,7 +126,7 @@ class TemplateMatchingWidget(WorkerWidget):
             image = np.asarray(layer_image(self._image.value, "image"))
             template = self.template()
         except ValueError as exc:
-            notify_error("template matching", exc)
+            self._on_error(exc)  # the whole message in the status line, and a toast
             return
         self._status.value = f"matching a {'×'.join(map(str, template.shape))} template…"
         worker = create_worker(

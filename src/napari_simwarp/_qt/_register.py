@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import napari.layers
@@ -15,6 +18,7 @@ from magicgui.widgets import (
     create_widget,
 )
 from napari.qt.threading import create_worker
+from qtpy.QtCore import QTimer
 
 from ..registration.quality import MEASURES
 from ..widgets_logic.geometry import (
@@ -34,6 +38,8 @@ from ..widgets_logic.registration import (
 )
 from ._common import (
     WorkerWidget,
+    after_kernel_build,
+    layer_by_name,
     layer_image,
     notify_error,
     notify_info,
@@ -41,6 +47,7 @@ from ._common import (
     on_destroyed,
     put_layer,
     remove_layer,
+    same_kind,
 )
 from ._plot import LossPlot
 
@@ -48,6 +55,12 @@ if TYPE_CHECKING:
     import napari
 
 MODES = {"pair (2D / 3D)": "pair", "time-lapse (drift)": "stack"}
+#: least time between two displays of snapshots (snapshots in between are merged: the
+#: screen cannot show more, and a display that fell behind starved the GUI thread)
+DISPLAY_MS = 100
+#: least time between two updates of the Vectors layers (napari redraws their thumbnail,
+#: one Python loop per arrow, at each data change: ~85 ms for 1000 arrows)
+VECTORS_MS = 1000
 
 
 class RegisterWidget(WorkerWidget):
@@ -116,11 +129,9 @@ class RegisterWidget(WorkerWidget):
         self._run_btn = PushButton(text="Register")
         self._cancel_btn = PushButton(text="Cancel", enabled=False)
         self._save_btn = PushButton(text="Save transform…", enabled=False)
-        self._apply_to = create_widget(
-            name="apply_to",
-            annotation=napari.layers.Layer,
-            label="apply to",
-            options={"nullable": True},
+        # Only layers a transform can resample: images and labels (not points, vectors...).
+        self._apply_to = ComboBox(
+            name="apply_to", choices=self._resamplable, label="apply to", nullable=True
         )
         self._apply_btn = PushButton(text="Apply transform to layer", enabled=False)
         self._affine_btn = PushButton(text="Show on moving layer's affine", enabled=False)
@@ -157,10 +168,30 @@ class RegisterWidget(WorkerWidget):
         self._affine_btn.changed.connect(self.show_affine)
         self._run = None
         self._moving_layer = self._fixed_layer = None
-        self.snapshots_shown = 0
+        self.snapshots_shown = 0  # displays (several snapshots may merge into one)
+        self.snapshots_received = 0  # snapshots from the worker
+        self._styled: set[str] = set()
+        self._waiting = None  # the newest snapshot not yet displayed (merged)
+        self._last_vectors = -np.inf
+        self._display_timer = QTimer()
+        self._display_timer.setSingleShot(True)
+        self._display_timer.setInterval(DISPLAY_MS)
+        self._display_timer.timeout.connect(self._display_waiting)
         self.native.destroyed.connect(on_destroyed(self, _stop_run))
         self._update_visibility()
         self._backend.refresh()
+
+    def _report(self, exc, what: str) -> None:
+        """An error after the run: the whole message in the status line, and a toast."""
+        self._status.value = f"{what} failed: {str(exc).strip() or type(exc).__name__}"
+        notify_error(what, exc)
+
+    def _resamplable(self, *_) -> list:
+        return [
+            (layer.name, layer)
+            for layer in self._viewer.layers
+            if isinstance(layer, (napari.layers.Image, napari.layers.Labels))
+        ]
 
     # -- settings -----------------------------------------------------------------------
     @property
@@ -189,6 +220,7 @@ class RegisterWidget(WorkerWidget):
             show_gradient=bool(self._gradient.value),
             landmark_weight=float(self._landmark_weight.value),
             min_interval=0.2,
+            vectors_interval=VECTORS_MS / 1000,
         )
 
     def landmarks(self):
@@ -200,9 +232,16 @@ class RegisterWidget(WorkerWidget):
     def run(self, *_):
         if self._closed or self._worker is not None:
             return
+        if not after_kernel_build(self, self.run):
+            return  # the kernels build first (a visible step), then the run starts
         moving = self._moving.value
         try:
             fixed_data = fixed_grid = moving_grid = landmarks = None
+            if self.mode == "pair" and moving is not None and moving is self._fixed.value:
+                raise ValueError(
+                    f"fixed and moving are the same layer ({moving.name!r}): choose two "
+                    "layers, or the time-lapse mode to align the frames of one"
+                )
             if self.mode == "pair":
                 fixed_data = layer_image(self._fixed.value, "fixed")
                 # Layers aligned on screen must stay aligned: register in their world space.
@@ -220,21 +259,23 @@ class RegisterWidget(WorkerWidget):
                 landmarks=landmarks,
             )
         except (ValueError, TypeError) as exc:
-            notify_error("registration", exc)
+            self._on_error(exc)  # the status line says why, not a stale message
             return
         self._run, self._moving_layer = run, moving
         self._fixed_layer = self._fixed.value if self.mode == "pair" else moving
         if not (self.mode == "pair" and run.settings.show_gradient):
             # This run draws no gradient field: drop an earlier run's, which would look current.
             remove_layer(self._viewer, GRADIENT_LAYER)
-        self.snapshots_shown = 0
+        self.snapshots_shown = self.snapshots_received = 0
+        self._styled = set()  # result layers whose properties this run has set
+        self._waiting, self._last_vectors = None, -np.inf
         self._plot.set_values([])
         worker = create_worker(
             run.snapshots,
             _ignore_errors=True,
             _progress={"total": run.expected_steps() + 1, "desc": "Registering"},
         )
-        worker.yielded.connect(self._show)
+        worker.yielded.connect(self._receive)
         worker.errored.connect(self._on_error)
         worker.finished.connect(self._on_finished)
         self._worker = worker
@@ -259,26 +300,73 @@ class RegisterWidget(WorkerWidget):
         )
         self._affine_btn.enabled = linear
 
+    def _put(self, kind: str, name: str, data, **props):
+        """Show ``data`` in the result layer ``name``: its properties (geometry, colours,
+        widths) are set on the run's first snapshot only; later snapshots assign only the
+        data (re-setting scale, edge width... redrew the layer each time, the main cost of
+        the live display)."""
+        layer = layer_by_name(self._viewer, name)
+        if name in self._styled and same_kind(layer, kind, data):
+            layer.data = data
+            return layer
+        self._styled.add(name)
+        if kind == "vectors" and data.shape[-1] == 3:
+            props.setdefault("visible", False)  # 3-D arrows hide the volume: opt in
+        layer = put_layer(self._viewer, kind, name, data, **props)
+        layers = self._viewer.layers
+        layers.move(layers.index(layer), len(layers))  # results stay on top
+        return layer
+
+    def _receive(self, snap):
+        """A snapshot from the worker: kept (merged with any not yet shown) and shown by
+        the display timer, at most every :data:`DISPLAY_MS`; the final one at once."""
+        if self._closed or self._run is None:
+            return
+        self.snapshots_received += 1
+        self._waiting = snap.merged_into(self._waiting)
+        if snap.final:
+            self._display_waiting()
+        elif not self._display_timer.isActive():
+            self._display_timer.start()
+
+    def _display_waiting(self):
+        snap, self._waiting = self._waiting, None
+        if snap is not None and not self._closed:
+            self._display_timer.stop()
+            self._show(snap)
+
     def _show(self, snap):
         if self._closed or self._run is None:
             return
-        self._plot.set_values(snap.losses)
+        now = time.perf_counter()
+        has_vectors = snap.displacement is not None or snap.gradient is not None
+        if has_vectors and not snap.final and now - self._last_vectors < VECTORS_MS / 1000:
+            # Not yet: the arrows wait (newer snapshots merge into them) for a later display.
+            self._waiting = replace(snap, warped=None).merged_into(self._waiting)
+            snap = replace(snap, displacement=None, gradient=None)
+            self._display_timer.start()
+        elif has_vectors:
+            self._last_vectors = now
+        self._plot.set_values(snap.losses, snap.loss_levels)
         moving, fixed = self._moving_layer, self._fixed_layer
         name = WARPED_LAYER.format(moving=moving.name if moving is not None else "moving")
         if snap.warped is not None:
             limits = tuple(moving.contrast_limits) if moving is not None else None
-            put_layer(
-                self._viewer,
+            first = name not in self._styled
+            self._put(
                 "image",
                 name,
                 snap.warped,
                 like=fixed,
-                colormap="magenta",
+                colormap=_contrasting(fixed),
                 blending="additive",
                 **({"contrast_limits": limits} if limits else {}),
             )
+            if first and moving is not None and moving is not fixed:
+                moving.visible = False  # the registered layer replaces it on screen
         if snap.displacement is not None:
-            # Display length: the longest arrow spans about one grid cell (data unscaled).
+            # Display length: the longest arrow spans about one grid cell (data unscaled);
+            # re-set only when it changes by more than half (a property set redraws).
             norms = (
                 np.linalg.norm(snap.displacement[:, 1], axis=1)
                 if len(snap.displacement)
@@ -286,8 +374,7 @@ class RegisterWidget(WorkerWidget):
             )
             top = float(norms.max()) if norms.size else 0.0
             length = min(max(0.9 * self._run.spacing / top, 1.0), 20.0) if top > 0 else 1.0
-            put_layer(
-                self._viewer,
+            layer = self._put(
                 "vectors",
                 DISPLACEMENT_LAYER,
                 snap.displacement,
@@ -296,9 +383,10 @@ class RegisterWidget(WorkerWidget):
                 edge_width=1.5,
                 length=length,
             )
+            if layer is not None and not 2 / 3 <= layer.length / length <= 1.5:
+                layer.length = length
         if snap.gradient is not None:
-            put_layer(
-                self._viewer,
+            self._put(
                 "vectors",
                 GRADIENT_LAYER,
                 snap.gradient,
@@ -358,7 +446,7 @@ class RegisterWidget(WorkerWidget):
                 saved = self.save_transform(path)
                 notify_info(f"saved {len(saved)} transform file(s) to {saved[0].parent}")
             except (OSError, ValueError) as exc:
-                notify_error("saving the transform", exc)
+                self._report(exc, "saving the transform")
 
     def apply_to_layer(self, layer):
         """Resample ``layer`` with the result into ``"<name> registered"`` (labels: nearest)."""
@@ -381,7 +469,7 @@ class RegisterWidget(WorkerWidget):
             shape = tuple(np.shape(fixed.data)) if fixed is not None else None
             out = apply_transforms(ts, layer.data, labels=labels, output_shape=shape)
         except (ValueError, TypeError, RuntimeError) as exc:
-            notify_error("applying the transform", exc)
+            self._report(exc, "applying the transform")
             return None
         kind = "labels" if labels else "image"
         return put_layer(
@@ -406,10 +494,21 @@ class RegisterWidget(WorkerWidget):
                 ts[0], (fixed.scale, fixed.translate), (layer.scale, layer.translate)
             )
         except ValueError as exc:
-            notify_error("showing the affine", exc)
+            self._report(exc, "showing the affine")
+
+
+def _contrasting(fixed) -> str:
+    """The registered layer's colormap: magenta over a gray or green fixed layer, green
+    over a magenta or red one (two layers in one colour cannot be told apart)."""
+    name = getattr(getattr(fixed, "colormap", None), "name", "gray")
+    return "green" if name in ("magenta", "red", "bop orange") else "magenta"
 
 
 def _stop_run(widget) -> None:
-    """Stop the registration loop itself (its generator), not only the worker thread."""
+    """Stop the registration loop itself (its generator), not only the worker thread, and
+    the display timer (snapshots still queued are then dropped by ``_closed``)."""
+    widget._waiting = None
+    with contextlib.suppress(RuntimeError):  # already deleted with the widget
+        widget._display_timer.stop()
     if widget._run is not None:
         widget._run.stop()

@@ -1,4 +1,9 @@
-"""The "Similarity map" widget: a live, debounced map of one or two image layers."""
+"""The "Similarity map" widget: a live, debounced map of one or two image layers.
+
+The map is of the plane the viewer is on ("2D per plane": a time-lapse's frame, a
+volume's plane) or of the volume it is on ("3D volume"), never of a whole stack: a lazy or
+multiscale layer is read one plane at a time, at the level the user picks.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import contextlib
 from typing import TYPE_CHECKING
 
 import napari.layers
+import numpy as np
 from magicgui.widgets import (
     CheckBox,
     ComboBox,
@@ -17,6 +23,7 @@ from magicgui.widgets import (
 from napari.qt.threading import create_worker
 from qtpy.QtCore import QTimer
 
+from ..widgets_logic.planes import MODES, Plane, default_mode, source
 from ..widgets_logic.similarity import (
     METRICS,
     RESULT_LAYER,
@@ -26,7 +33,7 @@ from ..widgets_logic.similarity import (
 )
 from ._common import (
     WorkerWidget,
-    layer_image,
+    after_kernel_build,
     notify_error,
     on_destroyed,
     put_layer,
@@ -71,12 +78,19 @@ class SimilarityMapWidget(WorkerWidget):
         self._kernel = ComboBox(
             name="kernel", choices=["box", "gaussian"], value="box", label="NCC kernel"
         )
+        self._mode = ComboBox(
+            name="mode", choices=list(MODES), value="2D per plane", label="spatial axes"
+        )
+        self._level = SpinBox(name="level", value=0, min=0, max=0, label="level")
+        self._level.visible = False
         self._live = CheckBox(name="live", label="", value=True, text="live update")
         self._compute = PushButton(text="Compute")
         self.extend(
             [
                 self._image,
                 self._second,
+                self._mode,
+                self._level,
                 self._metric,
                 self._window,
                 self._sigma,
@@ -95,15 +109,23 @@ class SimilarityMapWidget(WorkerWidget):
         self._timer.timeout.connect(self.compute)
         self._pending = False
         self._watched: list = []
+        self._planes: tuple | None = None  # the planes of the map shown or computing
         self.results_shown = 0  # how many maps reached the layer (tests, benchmarks)
 
-        for w in (self._metric, self._window, self._sigma, self._kernel):
+        for w in (self._metric, self._window, self._sigma, self._kernel, self._mode, self._level):
             w.changed.connect(self._on_param)
         self._device.changed.connect(self._on_device)
         self._image.changed.connect(self._on_layers)
         self._second.changed.connect(self._on_layers)
         self._compute.changed.connect(self.compute)
-        self.native.destroyed.connect(on_destroyed(self, _refresh_stopper(self._timer)))
+        dims = napari_viewer.dims.events
+        dims.current_step.connect(self._on_step)
+        dims.ndisplay.connect(self._on_ndisplay)
+        self.native.destroyed.connect(
+            on_destroyed(
+                self, _refresh_stopper(self._timer, dims, self._on_step, self._on_ndisplay)
+            )
+        )
         self._update_visibility()
         self._on_layers()
         self._backend.refresh()
@@ -130,7 +152,44 @@ class SimilarityMapWidget(WorkerWidget):
         ]
         for layer in self._watched:
             layer.events.data.connect(self._schedule)
+        self._adapt_to_layer()
         self._schedule()
+
+    def _adapt_to_layer(self):
+        """The mode and level choices that suit the chosen image layer (the user may change
+        them): 3D only for a layer of 3 or more axes shown in 3D; a level for multiscale
+        layers, the first whose plane holds at most 2048² pixels."""
+        layer = self._image.value
+        if layer is None:
+            return
+        with self._mode.changed.blocked():
+            self._mode.value = default_mode(layer.ndim, self._viewer.dims.ndisplay)
+        multiscale = bool(getattr(layer, "multiscale", False))
+        self._level.visible = multiscale
+        if multiscale:
+            levels = list(layer.data)
+            d = 3 if self._mode.value == "3D volume" else 2
+            sizes = [np.prod(lv.shape[layer.ndim - d : layer.ndim]) for lv in levels]
+            fits = [i for i, n in enumerate(sizes) if n <= 2048 * 2048]
+            with self._level.changed.blocked():
+                self._level.max = len(levels) - 1
+                self._level.value = fits[0] if fits else len(levels) - 1
+
+    def _on_ndisplay(self, *_):
+        if not self._closed:
+            self._adapt_to_layer()
+            self._schedule()
+
+    def _on_step(self, *_):
+        """The viewer moved to another plane: recompute when the map's plane changed."""
+        if self._closed or self._planes is None:
+            return
+        try:
+            planes = self._current_planes(self.params())
+        except (ValueError, TypeError):
+            return  # compute() reports it
+        if planes != self._planes:
+            self._timer.start()
 
     def _update_visibility(self):
         metric = self._metric.value
@@ -146,6 +205,27 @@ class SimilarityMapWidget(WorkerWidget):
             self._timer.start()
 
     # -- computing -----------------------------------------------------------------------
+    def _current_planes(self, params) -> tuple:
+        """The :class:`Plane` s the viewer is on, of the image and (when the metric needs
+        it) of the second layer; nothing is read here."""
+        point = self._viewer.dims.point
+        planes = []
+        layers = [("image", self._image.value)]
+        if needs_second(params.metric):
+            layers.append(("second", self._second.value))
+        for name, layer in layers:
+            if layer is None:
+                raise ValueError(f"choose a {name} layer")
+            src = source(
+                layer.data,
+                rgb=bool(getattr(layer, "rgb", False)),
+                mode=self._mode.value,
+                level=int(self._level.value) if getattr(layer, "multiscale", False) else None,
+                name=f"the {name} layer {layer.name!r}",
+            )
+            planes.append(Plane(src, src.index_at(layer.world_to_data(point))))
+        return tuple(planes)
+
     def params(self) -> SimilarityParams:
         return SimilarityParams(
             metric=self._metric.value,
@@ -180,12 +260,15 @@ class SimilarityMapWidget(WorkerWidget):
             self._model.new_request()  # whatever runs now is stale
             self._pending = True
             return
+        if not after_kernel_build(self, self.compute):
+            return  # the kernels build first (a visible step), then this runs again
         try:
-            a = layer_image(image, "image")
-            b = layer_image(second, "second") if needs_second(params.metric) else None
-        except ValueError as exc:
-            notify_error("similarity map", exc)
+            planes = self._current_planes(params)
+        except (ValueError, TypeError) as exc:
+            self._on_error(exc)
             return
+        a, b = planes[0], (planes[1] if len(planes) > 1 else None)
+        self._planes = planes
         request = self._model.new_request()
         self._status.value = f"computing {params.metric}…"
         worker = create_worker(self._model.compute, request, a, b, params, _ignore_errors=True)
@@ -203,15 +286,27 @@ class SimilarityMapWidget(WorkerWidget):
             "image",
             result.name,
             result.data,
-            like=self._image.value,
             colormap=result.colormap,
             contrast_limits=result.contrast_limits,
+            **_geometry(self._image.value, self._planes[0].source),
         )
         self.results_shown += 1
+        where = f" at {result.index}" if result.index else ""
         self._status.value = (
-            f"{result.params.metric}, window {result.params.window}: "
+            f"{result.params.metric}, window {result.params.window}{where}: "
             f"{result.seconds * 1000:.0f} ms on {result.device}"
-        )
+        ) + self._axes_note()
+
+    def _axes_note(self) -> str:
+        """A warning when the viewer shows other axes than the map's spatial ones (the map
+        is always over the layer's last 2 or 3 axes; a transposed view is not followed)."""
+        dims = self._viewer.dims
+        d = self._planes[0].source.d if self._planes else 2
+        shown = tuple(dims.displayed)[-min(d, dims.ndisplay) :]
+        trailing = tuple(range(dims.ndim - len(shown), dims.ndim))
+        if tuple(sorted(shown)) == trailing:
+            return ""
+        return f"; note: the map is over the layer's last {d} axes, the viewer shows axes {shown}"
 
     def _on_finished(self):
         super()._on_finished()
@@ -224,11 +319,25 @@ class SimilarityMapWidget(WorkerWidget):
         return self._worker is not None or self._timer.isActive() or self._pending
 
 
-def _refresh_stopper(timer):
-    """Drop pending refreshes and stop the debounce ``timer`` (captured while it exists)."""
+def _geometry(layer, src) -> dict:
+    """Scale and translate of the map (the layer's spatial axes; a multiscale level's
+    pixels are ``factors`` full-resolution pixels wide)."""
+    if layer is None:
+        return {}
+    d = src.d
+    scale = np.asarray(layer.scale)[-d:] * np.asarray(src.factors[-d:])
+    return {"scale": scale, "translate": np.asarray(layer.translate)[-d:]}
+
+
+def _refresh_stopper(timer, dims, *callbacks):
+    """Drop pending refreshes, stop the debounce ``timer`` (captured while it exists) and
+    leave the viewer's dims events (the viewer may outlive the widget)."""
 
     def stop(widget) -> None:
         widget._pending = False
+        for callback, emitter in zip(callbacks, (dims.current_step, dims.ndisplay)):
+            with contextlib.suppress(Exception):
+                emitter.disconnect(callback)
         with contextlib.suppress(RuntimeError):  # already deleted with the widget
             timer.stop()
 

@@ -35,7 +35,9 @@ class TensorCache:
 
     napari layers get new data by assignment (``layer.data = new``), so the identity of
     the array is a sound key: a parameter change reuses the tensors, a data change makes
-    new ones. Holds at most ``size`` entries (strong references, so ids stay valid).
+    new ones. A :class:`~napari_simwarp.widgets_logic.planes.Plane` is keyed by its
+    layer's array and its index. Holds at most ``size`` entries (strong references, so
+    ids stay valid).
     """
 
     def __init__(self, size: int = 4):
@@ -48,9 +50,12 @@ class TensorCache:
 
         with self._lock:
             for arr, dev, tensor in self._entries:
-                if arr is data and dev == device:
+                if _same(arr, data) and dev == device:
                     return tensor
-        tensor = torch.from_numpy(np.ascontiguousarray(as_float_array(data, name)))
+        # A Plane (widgets_logic.planes) reads only its plane of the layer, here, off the
+        # GUI thread; anything else is an array-like read whole.
+        array = data.read() if hasattr(data, "source") else as_float_array(data, name)
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
         tensor = tensor.to(device)[None, None]
         with self._lock:
             self._entries.append((data, device, tensor))
@@ -60,3 +65,12 @@ class TensorCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+
+
+def _same(a, b) -> bool:
+    """Whether cache key ``a`` stands for ``b``: the same array, or the same plane of it."""
+    if hasattr(a, "source") and hasattr(b, "source"):
+        return (
+            a.source.data is b.source.data and a.source.rgb == b.source.rgb and (a.index == b.index)
+        )
+    return a is b

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -47,6 +47,9 @@ class RunSettings:
     landmark_weight : weight of the landmarks' soft constraint (0: they only start the run)
     min_interval : seconds between two snapshots' heavy display data (warped image,
         fields); snapshots in between carry only the loss
+    vectors_interval : seconds between two snapshots' fields (displacement and similarity
+        gradient arrows, costlier to compute and to draw than the warped image); None: as
+        ``min_interval``
     """
 
     mode: str = "pair"
@@ -61,6 +64,7 @@ class RunSettings:
     show_gradient: bool = True
     landmark_weight: float = 0.0
     min_interval: float = 0.0
+    vectors_interval: float | None = None
 
 
 @dataclass
@@ -73,11 +77,27 @@ class Snapshot:
     iteration: int
     loss: float
     losses: list = field(default_factory=list)
+    #: pyramid level of each entry of ``losses`` (0: coarsest), for one colour per level
+    loss_levels: list = field(default_factory=list)
     warped: np.ndarray | None = None
     displacement: np.ndarray | None = None
     gradient: np.ndarray | None = None
     final: bool = False
     stopped: bool = False
+
+    def merged_into(self, older: Snapshot | None) -> Snapshot:
+        """This snapshot, its missing arrays taken from ``older`` (a snapshot not shown):
+        a display that skips snapshots still shows the newest of each array."""
+        if older is None:
+            return self
+        return replace(
+            self,
+            **{
+                name: getattr(older, name)
+                for name in ("warped", "displacement", "gradient")
+                if getattr(self, name) is None
+            },
+        )
 
     def describe(self) -> str:
         state = "stopped" if self.stopped else "done" if self.final else "running"
@@ -150,11 +170,14 @@ class RegistrationRun:
         self.spacing = s.vector_spacing or auto_spacing(self.shape)
         self.result = None
         self.losses: list[float] = []
+        self.loss_levels: list[int] = []
         self._stop = threading.Event()
         self._normalized = None
+        self._warped = None  # drift correction: the stack as warped so far
+        self._warped_by: dict = {}  # frame -> the transform that warped it
         self._current: dict = {}
         self._step = 0
-        self._last_heavy = -np.inf
+        self._last_heavy = self._last_vectors = -np.inf
 
     # -- sizes ---------------------------------------------------------------------------
     def _levels(self) -> int:
@@ -235,18 +258,22 @@ class RegistrationRun:
             run, lambda p: self._snapshot(p, fill), self._stop.is_set
         )
         history = [float(v) for v in res.loss_history]
+        last_level = self.loss_levels[-1] if self.loss_levels else 0
         snap = Snapshot(
             self._step + 1,
             self.levels - 1 if self.settings.mode == "pair" else 0,
             self.levels if self.settings.mode == "pair" else 1,
             0,
             history[-1] if history else float("nan"),
-            history,
+            # The curve of the snapshots (one point per snapshot, its level known), ending
+            # on the final value; the engine's full history is in ``self.result``.
+            [*self.losses, *history[-1:]],
+            [*self.loss_levels, *([last_level] if history else [])],
             final=True,
             stopped=res.stopped,
         )
         if self.settings.mode == "pair":
-            self._fill_pair(snap, res.transform, warped=res.warped)
+            self._fill_pair(snap, res.transform, warped=res.warped, final=True)
         else:
             snap.warped = res.warped
             snap.displacement = self._stack_vectors(dict(enumerate(res.transforms)))
@@ -262,6 +289,7 @@ class RegistrationRun:
     def _snapshot(self, progress, fill) -> Snapshot:
         """A display update from an engine's progress; ``fill`` adds the heavy data when due."""
         self.losses.append(float(progress.loss))
+        self.loss_levels.append(int(progress.level))
         self._step += 1
         snap = Snapshot(
             self._step,
@@ -270,6 +298,7 @@ class RegistrationRun:
             int(progress.iteration),
             float(progress.loss),
             list(self.losses),
+            list(self.loss_levels),
         )
         if self._heavy_due(False):
             fill(snap, progress)
@@ -286,7 +315,16 @@ class RegistrationRun:
             self._current[i + offset] = t
         self._fill_stack(snap, self._current)
 
-    def _fill_pair(self, snap: Snapshot, transform, warped) -> None:
+    def _vectors_due(self, final: bool) -> bool:
+        interval = self.settings.vectors_interval
+        interval = self.settings.min_interval if interval is None else interval
+        now = time.perf_counter()
+        if final or now - self._last_vectors >= interval:
+            self._last_vectors = now
+            return True
+        return False
+
+    def _fill_pair(self, snap: Snapshot, transform, warped, final: bool = False) -> None:
         shape = self.shape
         snap.warped = (
             warped
@@ -295,6 +333,8 @@ class RegistrationRun:
                 np.float32, copy=False
             )
         )
+        if not self._vectors_due(final):
+            return
         disp = transform.to_displacement(shape)
         snap.displacement = field_to_vectors(physical_displacement(transform, disp), self.spacing)
         same_grid = self.moving.shape == shape and self.fixed_grid == self.moving_grid
@@ -327,10 +367,19 @@ class RegistrationRun:
         return field_to_vectors(g, self.spacing, normalized_scale(sub, 0.8 * self.spacing))
 
     def _fill_stack(self, snap: Snapshot, current: dict) -> None:
-        warped = np.array(self.moving, dtype=np.float32, copy=True)
+        # Only frames whose transform changed since the last snapshot are warped again
+        # (warping every frame at each snapshot cost O(T) per snapshot, O(T²) a run).
+        if self._warped is None:
+            self._warped = np.array(self.moving, dtype=np.float32, copy=True)
         for t, tr in current.items():
-            warped[t] = tr.apply(self.moving[t], order=1)
-        snap.warped = warped
+            if self._warped_by.get(t) is not tr:
+                self._warped[t] = tr.apply(self.moving[t], order=1)
+                self._warped_by[t] = tr
+        # The buffer itself, not a copy (a copy of a long stack at every snapshot cost as
+        # much as the warps): the viewer reads only the plane it shows, and a frame being
+        # rewritten meanwhile is drawn right at the next display. The final snapshot
+        # carries the engine's own result.
+        snap.warped = self._warped
         snap.displacement = self._stack_vectors(current)
 
     def _stack_vectors(self, transforms: dict) -> np.ndarray:

@@ -39,7 +39,8 @@ class SimilarityParams:
     """The knobs of one map.
 
     metric : one of :data:`METRICS`
-    window : odd window size (local std, local NCC, SSIM); clipped to the image
+    window : odd window size (local std, local NCC, SSIM), an even one is made odd (+1);
+        larger than a spatial axis of the image is an error, never a silent clip
     sigma : Gaussian sigma (SSIM, and local NCC with ``kernel="gaussian"``)
     kernel : local NCC window, "box" or "gaussian"
     data_range : SSIM's data range; None: the two images' joint max − min
@@ -62,6 +63,7 @@ class SimilarityResult:
     seconds: float
     device: str
     name: str = RESULT_LAYER
+    index: tuple[int, ...] = ()  # the plane of the layer (leading axes) the map is of
 
 
 def display_for(metric: str, data: np.ndarray) -> tuple[str, tuple[float, float]]:
@@ -78,13 +80,35 @@ def display_for(metric: str, data: np.ndarray) -> tuple[str, tuple[float, float]
 
 
 def _odd_window(window: int, shape) -> int:
+    """``window`` made odd, checked against the spatial ``shape`` (an error, not a clip:
+    a map computed with another window than the one asked for would mislead)."""
     w = int(window)
     if w < 1:
         raise ValueError(f"window must be a positive odd size, got {window}")
     w = w if w % 2 else w + 1
-    limit = min(shape)
-    limit = limit if limit % 2 else limit - 1
-    return max(1, min(w, limit))
+    if w > min(shape):
+        limit = min(shape) if min(shape) % 2 else min(shape) - 1
+        raise ValueError(
+            f"window {w} is larger than the image's smallest spatial axis (shape "
+            f"{tuple(shape)}): choose a window of at most {limit}"
+        )
+    return w
+
+
+def _check_budget(inputs, metric: str, device) -> None:
+    """Refuse, before reading, a plane (or volume) whose map would not fit in memory."""
+    from ..io import budget
+    from ..maps import MAPS_PER_PIXEL
+
+    kind = {"local std": "local_std", "local NCC": "local_ncc", "SSIM": "ssim"}.get(metric, "zncc")
+    for x in inputs:
+        if hasattr(x, "source"):  # a Plane: only its plane is read
+            budget.refuse(
+                x.source.nbytes() * MAPS_PER_PIXEL[kind],
+                budget.memory_budget(None, device),
+                what=f"the {metric} map of one {len(x.shape)}-D plane {x.shape}",
+                advice="pick a coarser level or a smaller layer",
+            )
 
 
 class SimilarityModel:
@@ -114,7 +138,9 @@ class SimilarityModel:
 
     # -- computation -------------------------------------------------------------------
     def compute(self, request_id: int, image, second, params: SimilarityParams) -> SimilarityResult:
-        """The map for ``params``; ``image`` and ``second`` are array-likes (2-D or 3-D).
+        """The map for ``params``; ``image`` and ``second`` are array-likes (2-D or 3-D)
+        or :class:`~napari_simwarp.widgets_logic.planes.Plane` s (one plane of a layer,
+        read here, only that plane).
 
         The map has ``image``'s shape (ZNCC is zero-padded so that position ``i`` is the
         template centered on ``i``, as ``skimage.feature.match_template(pad_input=True)``).
@@ -128,6 +154,9 @@ class SimilarityModel:
             raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {params.metric!r}")
         start = time.perf_counter()
         dev = resolve_device(self.device)
+        _check_budget(
+            (image, second) if needs_second(params.metric) else (image,), params.metric, dev
+        )
         a = self._cache.get(image, "image", dev)
         b = None
         if needs_second(params.metric):
@@ -181,6 +210,7 @@ class SimilarityModel:
             replace(params, window=window),
             time.perf_counter() - start,
             str(dev),
+            index=tuple(getattr(image, "index", ())),
         )
 
     def clear_cache(self) -> None:
