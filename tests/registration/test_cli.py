@@ -212,3 +212,23 @@ def test_cli_register_stack_reads_the_ome_zarr_pixel_size(tmp_path, rng, capsys)
     t = load_transform(tmp_path / "v.zarr.transforms" / "frame_00001.transform.npz")
     assert t.fixed_grid.spacing == (1.0, 1.0, 1.0)
     assert corner_error(t.matrix, truth, stack.shape[1:]) > 0.5
+
+
+def test_cli_register_stack_reads_a_npy_stack_frame_by_frame(tmp_path, capsys):
+    from napari_simwarp import data
+    from napari_simwarp.io.omezarr import read_ome_zarr
+
+    stack, shifts = data.drifting_timelapse(frames=4, size=64)
+    np.save(tmp_path / "s.npy", stack)
+    out = tmp_path / "o.zarr"
+    code = _cli.main(["register-stack", str(tmp_path / "s.npy"), "-o", str(out), "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    found = [
+        load_transform(tmp_path / "o.zarr.transforms" / f"frame_{t:05d}.transform.npz").matrix
+        for t in range(4)
+    ]
+    np.testing.assert_allclose([m[:2, 2] for m in found], shifts, atol=0.2)
+    assert read_ome_zarr(out)[0].shape == stack.shape
+    np.save(tmp_path / "flat.npy", stack[0])
+    code = _cli.main(["register-stack", str(tmp_path / "flat.npy"), "-o", str(tmp_path / "f.zarr")])
+    assert code == 2 and "expected a (T, Y, X) or (T, Z, Y, X) stack" in capsys.readouterr().err

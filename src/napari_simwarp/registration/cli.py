@@ -354,7 +354,8 @@ def _reference_option(text: str):
 def open_stack(path):
     """``(data, axes, pixel_size)``: a stack file opened lazily (nothing read yet).
 
-    TIFF (through tifffile's Zarr view), a Zarr array, or an OME-Zarr image (level 0).
+    TIFF (through tifffile's Zarr view), NumPy ``.npy`` (memory-mapped), a Zarr array, or
+    an OME-Zarr image (level 0).
     Raises an ImageFileError naming the input for anything else.
     """
     from ..io import ImageFileError
@@ -383,8 +384,17 @@ def open_stack(path):
             else:
                 data, axes, pixel_size = read_ome_zarr(path)
                 return data, axes, pixel_size
+        elif path.suffix.lower() == ".npy":
+            import dask.array as da
+
+            # memory-mapped, then one dask chunk per frame: frames are read as needed
+            mapped = np.load(path, mmap_mode="r", allow_pickle=False)
+            data = da.from_array(mapped, chunks=(1, *mapped.shape[1:]))
+            pixel_size = None
         else:
-            raise ImageFileError(f"{where} is not a TIFF file, a Zarr array or an OME-Zarr image")
+            raise ImageFileError(
+                f"{where} is not a TIFF file, a NumPy .npy file, a Zarr array or an OME-Zarr image"
+            )
     except ImageFileError:
         raise
     except Exception as exc:
