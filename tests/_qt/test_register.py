@@ -97,6 +97,30 @@ def test_drift_stack(viewer, qtbot):
     np.testing.assert_array_equal(m.data, stack)
 
 
+def test_drift_of_a_lazy_stack_reads_it_only_in_the_worker(viewer, qtbot):
+    import threading
+
+    import dask.array as da
+
+    stack, shifts = data.drifting_timelapse(frames=6, size=64)
+    gui = threading.get_ident()
+    readers = set()
+
+    def counted(block):
+        readers.add(threading.get_ident())
+        return block
+
+    lazy = da.from_array(stack, chunks=(1, 64, 64)).map_blocks(counted, dtype=stack.dtype)
+    w, _, _ = _setup(viewer, None, lazy, mode="time-lapse (drift)")
+    readers.clear()  # napari itself reads the plane it shows, on its own
+    w.run()
+    assert gui not in readers  # starting the run read nothing on the GUI thread
+    qtbot.waitUntil(lambda: w.result is not None and not w.busy, timeout=120000)
+    np.testing.assert_allclose(w.result.shifts, shifts, atol=0.25)
+    registered = viewer.layers["moving registered"]
+    assert isinstance(registered.data, da.Array) and registered.data.shape == stack.shape
+
+
 def test_drift_stack_on_the_layers_grid(viewer, qtbot):
     stack, shifts = data.drifting_timelapse(frames=3, size=64)
     w, _, m = _setup(viewer, None, stack, mode="time-lapse (drift)")

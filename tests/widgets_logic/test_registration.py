@@ -94,3 +94,32 @@ def test_stack_mode_registers_on_the_stack_layers_grid():
     list(run.snapshots())
     np.testing.assert_allclose(run.result.shifts, shifts, atol=0.3)  # pixel shifts as before
     assert all(t.fixed_grid == grid and t.moving_grid == grid for t in run.result.transforms)
+
+
+def test_stack_mode_keeps_a_lazy_stack_lazy():
+    import dask.array as da
+
+    stack, _ = data.drifting_timelapse(frames=6, size=64)
+    reads = []
+
+    def counted(block, block_info=None):
+        reads.append(block_info[0]["chunk-location"][0])
+        return block
+
+    lazy = da.from_array(stack, chunks=(1, 64, 64)).map_blocks(counted, dtype=stack.dtype)
+    settings = RunSettings(mode="stack", model="rigid", iterations=5, min_interval=0.0)
+    run = RegistrationRun(None, lazy, settings)
+    assert run.lazy and reads == []  # nothing read on the thread that made the run
+    snaps = list(run.snapshots())
+    live = [s.warped for s in snaps[:-1] if s.warped is not None]
+    assert live and all(isinstance(w, da.Array) for w in live)
+    assert isinstance(snaps[-1].warped, da.Array)
+    reads.clear()
+    frame = np.asarray(snaps[-1].warped[3])  # what napari does for the frame it shows
+    assert reads == [3]
+    # the same run on the NumPy stack: the same transforms and aligned frame
+    eager = RegistrationRun(None, stack, settings)
+    list(eager.snapshots())
+    for lazy_t, eager_t in zip(run.result.transforms, eager.result.transforms):
+        np.testing.assert_allclose(lazy_t.matrix, eager_t.matrix, atol=1e-4)
+    np.testing.assert_allclose(frame, eager.result.warped[3], atol=1e-4)

@@ -141,7 +141,13 @@ class RegistrationRun:
             raise ValueError(
                 f"metric must be 'auto' or one of {', '.join(METRICS)}, got {s.metric!r}"
             )
-        self.moving = np.asarray(moving)
+        from ..io.lazy import is_lazy
+
+        # A dask/zarr time-lapse stays lazy: register_stack streams it, and the display is
+        # a lazy stack too (napari reads only the plane it shows). Nothing is read here, on
+        # the GUI thread.
+        self.lazy = s.mode == "stack" and is_lazy(moving)
+        self.moving = moving if self.lazy else np.asarray(moving)
         if s.mode == "pair":
             if fixed is None:
                 raise ValueError("choose a fixed layer (or the time-lapse mode for a stack)")
@@ -158,12 +164,14 @@ class RegistrationRun:
             if landmarks is not None:
                 raise ValueError("landmarks apply to pairs; the time-lapse mode takes none")
             self.landmarks = None
-            if self.moving.ndim not in (3, 4) or self.moving.shape[0] < 2:
+            shape = tuple(self.moving.shape)
+            if len(shape) not in (3, 4) or shape[0] < 2:
                 raise ValueError(
                     f"the time-lapse mode needs a (T, H, W) or (T, D, H, W) "
-                    f"moving stack with T ≥ 2, got shape {self.moving.shape}"
+                    f"moving stack with T ≥ 2, got shape {shape}"
                 )
-            self.moving = self.moving.astype(np.float32, copy=False)
+            if not self.lazy:
+                self.moving = self.moving.astype(np.float32, copy=False)
             self.fixed = None
             self.shape = self.moving.shape[1:]
         self.levels = self._levels()
@@ -367,6 +375,10 @@ class RegistrationRun:
         return field_to_vectors(g, self.spacing, normalized_scale(sub, 0.8 * self.spacing))
 
     def _fill_stack(self, snap: Snapshot, current: dict) -> None:
+        if self.lazy:
+            snap.warped = self._lazy_warped(current)
+            snap.displacement = self._stack_vectors(current)
+            return
         # Only frames whose transform changed since the last snapshot are warped again
         # (warping every frame at each snapshot cost O(T) per snapshot, O(T²) a run).
         if self._warped is None:
@@ -381,6 +393,18 @@ class RegistrationRun:
         # carries the engine's own result.
         snap.warped = self._warped
         snap.displacement = self._stack_vectors(current)
+
+    def _lazy_warped(self, current: dict):
+        """The stack as aligned so far, as a lazy dask array ``(T, *S)``: frames without a
+        transform yet are shown as they are; the viewer computes only the frame it shows."""
+        from .._devices import resolve_device
+        from ..registration.stack import lazy_warped
+        from ..registration.transforms import AffineTransform
+
+        identity = AffineTransform(np.eye(len(self.shape) + 1))
+        total = int(self.moving.shape[0])
+        transforms = [current.get(t, identity) for t in range(total)]
+        return lazy_warped(self.moving, transforms, resolve_device(self.settings.device))
 
     def _stack_vectors(self, transforms: dict) -> np.ndarray:
         parts = []
