@@ -14,8 +14,9 @@ starts the run from the best:
 
 All candidates are warped, phase-correlated and scored as one batch on a search level
 (the finest level of at most 128 pixels a side in 2-D, 48 in 3-D), with the run's own
-loss over the fixed image's mask: 2-D, 13 warps and FFTs of at most 128², about 10 ms on
-one CPU core; 3-D, 19 of at most 48³, about 0.1 s.
+loss over the fixed image's mask. Measured on one CPU core (AMD EPYC, torch 2.13; the
+search alone, timed around ``initial_guess`` in ``register(..., model="rigid")``): 2-D
+256² and 512², 16–22 ms; 3-D 64³, 80–90 ms.
 """
 
 from __future__ import annotations
