@@ -45,7 +45,12 @@ if kind in ("stack", "stack-memory", "stack-cluster"):
         if kind == "stack-cluster":
             from distributed import Client, LocalCluster
             client = Client(LocalCluster(n_workers=2, threads_per_worker=1, memory_limit="4GiB"))
-        result = register_stack(lazy_stack(T), memory_budget="1GiB")
+        # The stack on disk first, as a user's data is (untimed): the timed run reads it,
+        # as the in-memory run times the registration of frames already made.
+        da.to_zarr(lazy_stack(T).rechunk((1, N, N)), out + ".source.zarr")
+        source = da.from_zarr(out + ".source.zarr")
+        start = time.perf_counter()
+        result = register_stack(source, memory_budget="1GiB")
         write_ome_zarr(out, result.warped, axes="tyx", dtype=np.uint16, memory_budget="1GiB")
         if client is not None:
             workers = client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
@@ -98,13 +103,14 @@ def _run(kind, T=0, N=0, Z=0):
 def run(report) -> None:
     gib = 2**30
     n = int(2048 * SCALE)
-    t_big, t_fit, z = int(600 * SCALE), int(60 * SCALE), int(512 * SCALE) // 16 * 16
+    t_big, t_fit, z = int(600 * SCALE), int(150 * SCALE), int(512 * SCALE) // 16 * 16
     lazy = _run("stack", t_big, n)
     memory = _run("stack-memory", t_fit, n)
     ratio = (t_big / lazy["seconds"]) / (t_fit / memory["seconds"])
     report.note(
         SECTION,
-        f"Drift correction of a lazy ({t_big}, {n}, {n}) uint16 stack written to OME-Zarr: "
+        f"Drift correction of a lazy ({t_big}, {n}, {n}) uint16 stack (a Zarr store on disk) "
+        f"written to OME-Zarr: "
         f"{lazy['seconds']:.0f} s ({t_big / lazy['seconds']:.2f} frames/s), peak RSS "
         f"{lazy['peak'] / gib:.2f} GiB; in memory ({t_fit} frames, no writing): "
         f"{t_fit / memory['seconds']:.2f} frames/s, peak {memory['peak'] / gib:.2f} GiB; "
