@@ -212,20 +212,12 @@ def make_model(prep, model, batch, init, grid_spacing, steps):
     )
 
 
-def initial_shift_matrix(prep, mdl, schedule):
-    """A translation guess from phase correlation, kept only if it beats the identity.
-
-    Gradient descent from the identity can lock onto a wrong local minimum when the shift
-    is a sizeable part of the image; the phase-correlation peak finds large shifts
-    outright, also between images of different extents (a crop and its whole). Checked
-    against the identity with the run's own metric (:func:`~.search.initial_guess`, which
-    for rigid and richer models also tries rotations). Returns a pixel matrix or None.
-    """
-    return search.initial_guess(prep, mdl.init[0], schedule, "translation", shift_guess(prep, mdl))
-
-
 def shift_guess(prep, mdl) -> np.ndarray:
-    """The phase-correlation translation guess, a full-resolution pixel matrix.
+    """The phase-correlation translation guess, a full-resolution pixel matrix: one of
+    :func:`~.search.initial_guess`'s candidates. Gradient descent from the identity can
+    lock onto a wrong local minimum when the shift is a sizeable part of the image; the
+    phase-correlation peak finds large shifts outright, also between images of different
+    extents (a crop and its whole).
 
     Computed on the finest pyramid level at most 256 pixels a side (cheap), with the
     moving level resampled to the fixed level's pixel size over its own extent.

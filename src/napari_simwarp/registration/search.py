@@ -5,7 +5,7 @@ tenths of the image; beyond, the loss has other minima in between. Before the fi
 level, :func:`initial_guess` tries a fixed set of candidates at once on the device and
 starts the run from the best:
 
-- the identity, and the phase-correlation shift guess of ``pair.initial_shift_matrix``
+- the identity, and the phase-correlation shift guess of ``pair.shift_guess``
   (each model);
 - for rigid, similarity and affine: rotations of the sample about the fixed image's
   center (2-D: −30° to 30° in steps of 5°, 13 angles; 3-D: ±10°, ±20°, ±30° about each

@@ -715,7 +715,7 @@ def _phase_guess(mc, rc, previous: bool, last) -> torch.Tensor:
     """Initial shifts ``(n, D)`` of one batch from phase correlation of the clipped frames.
 
     Each guess is kept only where it matches better than zero (or than the previous
-    pair's guess ``last``), as in ``register``'s ``initial_shift_matrix``.
+    pair's guess ``last``), as ``register`` checks its candidates (:mod:`.search`).
     """
     guess = -phase_correlation(gaussian_blur(rc, 1.0), gaussian_blur(mc, 1.0))
     return select_shifts(mc, rc, [guess, *_start_candidates(guess, previous, last)])
