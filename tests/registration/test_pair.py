@@ -10,7 +10,7 @@ from scipy.spatial.transform import Rotation
 from napari_simwarp.ops import jacobian_determinant
 from napari_simwarp.registration import load_transform, register, register_iter
 from napari_simwarp.registration.grid import Grid
-from napari_simwarp.registration.transforms import AffineTransform
+from napari_simwarp.registration.transforms import AffineTransform, DisplacementTransform
 from tests.registration.cases import (
     Blobs,
     affine_pair,
@@ -378,3 +378,24 @@ def test_dense_run_from_a_linear_init_on_two_grids(rng):
     moved = np.einsum("ij,j...->i...", physical[:2, :2], grid) + physical[:2, 2].reshape(2, 1, 1)
     expected = (moved - 0.5) / 2.0 - grid  # fixed pixels -> the small image's pixels
     np.testing.assert_allclose(res.transform.to_displacement(shape), expected, atol=1e-4)
+
+
+def test_dense_run_from_a_field_on_the_same_two_grids(rng):
+    # A field from a run on two grids maps fixed pixels into the moving image's own pixels;
+    # restarting a run from it must start where it ends (x + d(x) there), not read those
+    # positions as positions in the moving image resampled onto the fixed grid.
+    shape = (48, 40)
+    fixed = textured(rng, shape)
+    moving = ndi.zoom(fixed, 0.5, order=1, grid_mode=True, mode="nearest")
+    grid = np.stack(np.meshgrid(*[np.arange(n, dtype=float) for n in shape], indexing="ij"))
+    bend = np.stack([0.8 * np.sin(grid[1] / 7.0), 0.6 * np.cos(grid[0] / 9.0)])
+    expected = (grid + bend - 0.5) / 2.0 - grid  # into the small image's pixels
+    init = DisplacementTransform(expected, moving_shape=moving.shape)
+    res = register(
+        fixed, moving, model="deformable", init=init, iterations=0, levels=1,
+        moving_spacing=2.0, moving_origin=0.5,
+    )  # fmt: skip
+    np.testing.assert_allclose(res.transform.to_displacement(shape), expected, atol=1e-4)
+    other = DisplacementTransform(expected[:, :-1], moving_shape=moving.shape)
+    with pytest.raises(ValueError, match="this pair has shapes"):
+        register(fixed, moving, model="deformable", init=other, moving_spacing=2.0)

@@ -90,21 +90,26 @@ def test_itk_file_resampled_by_simpleitk_matches_apply(tmp_path, rng, d, suffix)
 @pytest.mark.parametrize("d", [2, 3])
 def test_itk_displacement_field_resampled_by_simpleitk_matches_apply(tmp_path, rng, d):
     fixed_grid, moving_grid = GRIDS[d]
-    fixed_shape = SHAPES[d][0]
+    fixed_shape, moving_shape = SHAPES[d]
     linear = _physical_transform(d)
     field = linear.to_displacement(fixed_shape) + smooth_field(rng, fixed_shape, 1.5, 4.0)
     transform = DisplacementTransform(field).with_grids(fixed_grid, moving_grid)
-    # a field's apply resamples an image of the field's shape (the grids still differ)
-    moving = random_smooth(rng, fixed_shape, 2.0)
+    # on two grids x + d(x) are the moving image's own pixels, whatever its shape: the
+    # field is not resized to it (the fixed grid's shape comes out)
+    moving = random_smooth(rng, moving_shape, 2.0)
     path = transform.save(tmp_path / "field.h5")
-    ours = transform.apply(moving)
     theirs = _sitk_resample(path, moving, fixed_shape, fixed_grid, moving_grid)
-    inside = _inside(transform, fixed_shape, fixed_shape)
+    inside = _inside(transform, fixed_shape, moving_shape)
     assert inside.mean() > 0.3
-    np.testing.assert_allclose(ours[inside], theirs[inside], atol=1e-4)
     back = load_transform(path, moving_grid=moving_grid)
     assert back.fixed_grid == fixed_grid
     np.testing.assert_allclose(back.displacement, field, atol=1e-5)
+    for t in (transform, back):
+        ours = t.apply(moving)
+        assert ours.shape == fixed_shape
+        np.testing.assert_allclose(ours[inside], theirs[inside], atol=1e-4)
+    with pytest.raises(ValueError, match="another grid"):
+        back.to_displacement(moving_shape)
 
 
 @pytest.mark.parametrize("d", [2, 3])

@@ -32,7 +32,7 @@ from .models import DenseModel, LinearModel
 from .optimize import RunResult, level_iterations, make_schedule, optimize
 from .pyramid import auto_levels, build_pyramid, gaussian_blur, level_shapes
 from .quality import assess, masked_nmi, masked_zncc, measure_for
-from .transforms import AffineTransform, Transform
+from .transforms import AffineTransform, DisplacementTransform, Transform
 
 
 @dataclass(kw_only=True)
@@ -191,12 +191,8 @@ def make_model(prep, model, batch, init, grid_spacing, steps):
             moving_grid=moving_grid,
         )
     unit = min(fixed_grid.spacing)
-    if prep["resampled"] and isinstance(init, AffineTransform):
-        # The field maps fixed pixels into the moving image resampled onto the fixed grid:
-        # a linear init belongs there as G_f⁻¹ · G_m · M, not as its own pixel matrix M.
-        pixels = _options.init_matrix(init, len(prep["shape"]), (fixed_grid, moving_grid))
-        frame = fixed_grid.to_pixels() @ moving_grid.to_physical() @ pixels
-        init = affine_to_displacement(torch.as_tensor(frame), prep["shape"])[0].float().numpy()
+    if prep["resampled"]:
+        init = _init_onto_resampled(init, prep)
     return DenseModel(
         model,
         prep["shape"],
@@ -210,6 +206,37 @@ def make_model(prep, model, batch, init, grid_spacing, steps):
         moving_grid=moving_grid,
         moving_shape=prep["moving_shape"] if prep["resampled"] else None,
     )
+
+
+def _init_onto_resampled(init, prep):
+    """A dense run's ``init`` in the frame of its field when the moving image was resampled
+    onto the fixed grid: the field maps fixed pixels into that copy, so positions in the
+    moving image's own pixels (a linear init's matrix M, or ``x + d(x)`` of a field from a
+    run on the same two grids) are carried there by G_f⁻¹ · G_m.
+
+    Returns a displacement ``(D, *S)`` in fixed pixels, or ``init`` unchanged when it is
+    already in that frame (an array, a field of the field of view, None).
+    """
+    fixed_grid, moving_grid, shape = prep["fixed_grid"], prep["moving_grid"], prep["shape"]
+    onto_resampled = fixed_grid.to_pixels() @ moving_grid.to_physical()
+    if isinstance(init, AffineTransform):
+        pixels = _options.init_matrix(init, len(shape), (fixed_grid, moving_grid))
+        frame = onto_resampled @ pixels
+        return affine_to_displacement(torch.as_tensor(frame), shape)[0].float().numpy()
+    if isinstance(init, DisplacementTransform) and init.moving_shape is not None:
+        if init.moving_shape != tuple(prep["moving_shape"]) or init.shape != tuple(shape):
+            raise ValueError(
+                f"init maps a fixed image of shape {init.shape} into a moving image of shape "
+                f"{init.moving_shape}; this pair has shapes {tuple(shape)} and "
+                f"{tuple(prep['moving_shape'])}"
+            )
+        d = init.to_displacement(shape)
+        axes = np.meshgrid(*(np.arange(n, dtype=np.float64) for n in shape), indexing="ij")
+        positions = np.stack(axes) + d  # (D, *S) in the moving image's pixels
+        linear, offset = onto_resampled[:-1, :-1], onto_resampled[:-1, -1]
+        moved = np.tensordot(linear, positions, axes=1) + offset.reshape(-1, *[1] * len(shape))
+        return (moved - np.stack(axes)).astype(np.float32)
+    return init
 
 
 def shift_guess(prep, mdl) -> np.ndarray:

@@ -374,11 +374,12 @@ class _FieldTransform(Transform):
 class DisplacementTransform(_FieldTransform):
     """A dense displacement field ``d`` (``(D, *S)``, pixels) with fixed(x) ≈ moving(x + d(x)).
 
-    Without ``moving_shape`` the field is a map of the field of view: ``apply`` and
-    ``to_displacement`` resize it to any array's shape. With ``moving_shape`` (a pair on
-    two grids: a moving image of another shape or pixel size), ``x + d(x)`` are positions
-    in pixels of a moving image of that shape: ``apply`` takes such an image and returns
-    the field's shape ``S``.
+    On one grid (no ``moving_shape``, and the fixed and moving grids equal or unknown) the
+    field is a map of the field of view: ``apply`` and ``to_displacement`` resize it to any
+    array's shape. On two grids (a pair of another shape or pixel size, or a field read
+    from a file whose grids differ), ``x + d(x)`` are positions in the moving image's own
+    pixels: ``apply`` takes that image (of shape ``moving_shape`` where it is known) and
+    returns the field's shape ``S``, and the field is never resized.
     """
 
     kind = "displacement"
@@ -394,22 +395,31 @@ class DisplacementTransform(_FieldTransform):
                 )
             self.moving_shape = shape
 
+    @property
+    def _on_two_grids(self) -> bool:
+        """Whether ``x + d(x)`` are positions in a moving image on another grid."""
+        if self.moving_shape is not None:
+            return True
+        fixed, moving = self.fixed_grid, self.moving_grid
+        return fixed is not None and moving is not None and fixed != moving
+
     def to_displacement(self, shape=None) -> np.ndarray:
         shape = self.shape if shape is None else tuple(int(n) for n in shape)
-        if self.moving_shape is not None and shape != self.shape:
+        if self._on_two_grids and shape != self.shape:
+            into = "" if self.moving_shape is None else f" of shape {self.moving_shape}"
             raise ValueError(
-                f"this field maps the fixed grid {self.shape} into a moving image of shape "
-                f"{self.moving_shape}; it has no displacement on a grid of shape {shape}"
+                f"this field maps the fixed grid {self.shape} into a moving image{into} on "
+                f"another grid; it has no displacement on a grid of shape {shape}"
             )
         return _resize_field(self.displacement, shape)
 
     def _output_shape(self, spatial, output_shape) -> tuple:
-        if self.moving_shape is not None:
-            if tuple(spatial) != self.moving_shape:
-                raise ValueError(
-                    f"array must have the moving image's spatial shape {self.moving_shape} "
-                    f"(this field maps the fixed grid into it), got {tuple(spatial)}"
-                )
+        if self.moving_shape is not None and tuple(spatial) != self.moving_shape:
+            raise ValueError(
+                f"array must have the moving image's spatial shape {self.moving_shape} "
+                f"(this field maps the fixed grid into it), got {tuple(spatial)}"
+            )
+        if self._on_two_grids:
             spatial = self.shape
         shape = super()._output_shape(spatial, output_shape)
         if shape != tuple(spatial):
@@ -426,7 +436,7 @@ class DisplacementTransform(_FieldTransform):
 
     def _warp_linear(self, t: torch.Tensor, out_shape) -> torch.Tensor:
         d = torch.as_tensor(self.to_displacement(out_shape)).unsqueeze(0).to(t.dtype)
-        if self.moving_shape is not None:  # an image of another shape: sample it directly
+        if self._on_two_grids:  # an image of another shape: sample it directly
             return sample_displaced(t, d, padding="grid-constant")
         return warp(t, d, padding="grid-constant")
 
