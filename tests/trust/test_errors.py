@@ -162,6 +162,7 @@ def files(tmp_path_factory):
     (folder / "notes.xyz").write_text("hello")
     (folder / "adir").mkdir()
     np.save(folder / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    (folder / "text.npy").write_text("hello")
     return folder
 
 
@@ -173,6 +174,8 @@ def files(tmp_path_factory):
         (["register", "good.png", "notes.xyz", "-o", "o.tif"], "unsupported type"),
         (["register", "good.png", "adir", "-o", "o.tif"], "directory"),
         (["register", "good.png", "objects.npy", "-o", "o.tif"], "could not be read"),
+        (["register", "good.png", "text.npy", "-o", "o.tif"], "not a NumPy .npy file"),
+        (["register-stack", "text.npy", "-o", "o.zarr"], "not a NumPy .npy file"),
         (["register", "good.png", "missing.tif", "-o", "o.tif"], "does not exist"),
         (["register", "good.png", "good.png", "-o", "o.tif", "--lr", "fast"], "--lr"),
         (["register", "good.png", "good.png", "-o", "o.tif", "--levels", "-2"], "--levels"),
@@ -194,5 +197,5 @@ def test_cli_errors_are_one_line_with_status_2(files, argv, words):
     assert result.returncode == 2, result.stderr
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in result.stderr
     assert sorted(p.name for p in files.iterdir()) == sorted(
-        ["good.png", "empty.npy", "corrupt.png", "notes.xyz", "adir", "objects.npy"]
+        ["good.png", "empty.npy", "corrupt.png", "notes.xyz", "adir", "objects.npy", "text.npy"]
     )

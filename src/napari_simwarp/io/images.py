@@ -67,7 +67,7 @@ def read_image(path, *, what: str = "image", notes: list | None = None) -> np.nd
         )
     try:
         if suffix == ".npy":
-            image, samples = np.load(path, allow_pickle=False), False
+            image, samples = load_npy(path), False
         elif suffix in (".tif", ".tiff"):
             image, samples = _read_tiff(path, where)
         else:
@@ -85,6 +85,19 @@ def read_image(path, *, what: str = "image", notes: list | None = None) -> np.nd
     if samples:
         image = _to_grey(image, where, notes)
     return _check_grey(image, where)
+
+
+def load_npy(path: pathlib.Path, mmap_mode=None) -> np.ndarray:
+    """A NumPy ``.npy`` array (memory-mapped with ``mmap_mode="r"``), never unpickled.
+
+    A file without NumPy's magic string is a ValueError saying so: ``np.load`` would
+    take it for a pickle and blame "pickled (object) data".
+    """
+    with open(path, "rb") as f:
+        head = f.read(6)
+    if head != b"\x93NUMPY":
+        raise ValueError("not a NumPy .npy file (it does not start with NumPy's magic string)")
+    return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
 
 
 def _read_tiff(path: pathlib.Path, where: str):

@@ -359,6 +359,7 @@ def open_stack(path):
     Raises an ImageFileError naming the input for anything else.
     """
     from ..io import ImageFileError
+    from ..io.images import load_npy
     from ..io.omezarr import read_ome_zarr
 
     path = pathlib.Path(path)
@@ -388,7 +389,7 @@ def open_stack(path):
             import dask.array as da
 
             # memory-mapped, then one dask chunk per frame: frames are read as needed
-            mapped = np.load(path, mmap_mode="r", allow_pickle=False)
+            mapped = load_npy(path, mmap_mode="r")
             data = da.from_array(mapped, chunks=(1, *mapped.shape[1:]))
             pixel_size = None
         else:
