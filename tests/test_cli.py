@@ -57,3 +57,17 @@ def test_display_without_napari_falls_back_to_headless(monkeypatch, capsys):
     assert _cli.main(["demo"]) == 0
     assert calls == [("headless", "out/demo")]
     assert "napari is not installed" in capsys.readouterr().err
+
+
+def test_python_dash_m_runs_the_command():
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "napari_simwarp", "register", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: napari-simwarp register")
