@@ -16,10 +16,9 @@ For a padded image ``(..., *P)``, ``P = S + k - 1``, a :class:`TileGrid` of tile
                                           the extension; only outputs past ``S`` see it)
     outputs    (..., *n, *T)              valid passes over the tiles; past ``S``: unused
 
-and the maps back: :meth:`TileGrid.untile` (outputs to ``(..., *S)``; its adjoint
-:meth:`TileGrid.split`),
-:meth:`TileGrid.overlap_add` (the adjoint of the tile views, tile-shaped gradients to
-``(..., *P)``).
+and the maps back: :meth:`TileGrid.untile` (outputs to ``(..., *S)``; its adjoint is
+:meth:`TileGrid.split`) and :meth:`TileGrid.overlap_add` (the adjoint of the tile views:
+gradients over the tiles' inputs to ``(..., *P)``).
 """
 
 from __future__ import annotations
@@ -35,9 +34,10 @@ import torch
 #: inputs then hold at most ``(1 + 1/4)^d`` of the image (1.6x in 2D, 2x in 3D), and small
 #: windows, whose few weights make them the most sensitive to the rounding, get tiles
 #: centred close to their means. Largest error of local NCC against float64 on the test
-#: suite's microscopy images (offset 1000, background 150, blobs 400, noise 5): 2D window
-#: 9, 7.5e-6 with these tiles against 1.3e-4 with one shift per image; 3D window 5
-#: (Gaussian), 4.7e-5 against 2.5e-4 (docs/maths.md §1.3).
+#: suite's microscopy images (offset 1000, background 150, blobs 400, noise 5), from the
+#: tiles alone (before ``_moments`` redoes risky tiles in float64): 2D Gaussian window 9,
+#: 7.5e-6 with these tiles against 1.3e-4 with one shift per image; 3D Gaussian window 5,
+#: 6.7e-5 against 2.5e-4 (docs/maths.md §1.3).
 TILE_HALOS = 4
 MIN_TILE = 16
 
