@@ -336,3 +336,26 @@ class TestFloat32Path:
         seen[65:76, 25:36] = True  # the 11 × 11 windows that hold (70, 30)
         assert np.array_equal(np.isnan(out), seen)
         np.testing.assert_allclose(out[~seen], expected[~seen], rtol=0, atol=1e-4)
+
+    def test_layouts_batches_and_half_types(self, rng):
+        """channels_last, a batch of images with other offsets and float16 give what each
+        contiguous float32 image gives on its own."""
+        a, b = self._data(rng, (48, 44))
+        a32, b32 = _t(a, torch.float32), _t(b, torch.float32)
+        other_a, other_b = 3 * a32 - 500, 3 * b32 - 500
+        batch_a = torch.cat([a32, other_a, a32]).expand(3, 2, -1, -1)
+        batch_b = torch.cat([b32, other_b, b32]).expand(3, 2, -1, -1)
+        out = ssim(
+            batch_a.to(memory_format=torch.channels_last),
+            batch_b.to(memory_format=torch.channels_last),
+            data_range=50.0,
+        )
+        single = ssim(a32, b32, data_range=50.0)
+        torch.testing.assert_close(out[0:1, 0:1], single, rtol=0, atol=1e-6)
+        torch.testing.assert_close(out[2:3, 1:2], single, rtol=0, atol=1e-6)
+        other = ssim(other_a, other_b, data_range=50.0)
+        torch.testing.assert_close(out[1:2, 0:1], other, rtol=0, atol=1e-6)
+        half = ssim(a32.half(), b32.half(), data_range=50.0)
+        assert half.dtype == torch.float16
+        expected = ssim(a32.half().float(), b32.half().float(), data_range=50.0)
+        torch.testing.assert_close(half.float(), expected, rtol=0, atol=1e-3)
