@@ -196,11 +196,13 @@ def targets_note(kernels: list[Kernel], bandwidth: float, size: int) -> str:
         "more maps, ops/local_std.py). Reaching 3× needs the forward to write only its map "
         "(S1 and the flat mask recomputed by the backward) and the padding done in the "
         "first pass, as the CPU's local_std_2d does. SSIM and local NCC on CUDA run their "
-        "moments in float64 and their per-pixel metric as torch element-wise passes "
-        "(ops/_moments.py): moments5 and the adjoint correlation alone move 37 maps, in "
-        "float64 twice the bytes, against about 6 float32 maps for a fully fused SSIM "
-        "(fused-ssim): they are not expected to match fused-ssim or fused-lncc until the "
-        "metric is fused into the window passes."
+        "moments in float32, each output tile centered on its own mean (ops/_tiles.py: the "
+        "tiles' inputs, halos included, are one more copy of both images, about 1.6× their "
+        "size in 2D and 2× in 3D; tiles at risk of cancellation are redone in float64), and "
+        "their per-pixel metric as torch element-wise passes (ops/_moments.py): moments5 "
+        "and the adjoint correlation alone move 37 maps, against about 6 for a fully fused "
+        "SSIM (fused-ssim): they are not expected to match fused-ssim or fused-lncc until "
+        "the metric is fused into the window passes."
     )
 
 

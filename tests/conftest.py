@@ -41,3 +41,13 @@ def backend(request, monkeypatch) -> str:
         require_compiled()
     monkeypatch.setenv("SIMWARP_BACKEND", request.param)
     return request.param
+
+
+@pytest.fixture
+def float32_moments(monkeypatch) -> None:
+    """SSIM and local NCC on float32 data take the GPU's path on the CPU too: float32 sums
+    with per-tile centring (ops/_tiles.py) instead of float64 sums."""
+    from napari_simwarp.ops import _numerics
+
+    types = _numerics.FLOAT32_MOMENT_DEVICE_TYPES | {"cpu"}
+    monkeypatch.setattr(_numerics, "FLOAT32_MOMENT_DEVICE_TYPES", types)

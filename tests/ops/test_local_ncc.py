@@ -307,3 +307,59 @@ def test_float32_where_local_means_are_far_from_the_image_mean(metric):
     assert (f32.double() - f64).abs().max() < 1e-5
     if metric == "local_ncc":
         assert (f32 == 0).float().mean() == 0
+
+
+#: shapes whose tile grids leave outputs past the image in the last tiles
+FLOAT32_SHAPES = {2: (151, 139), 3: (30, 34, 28)}
+
+
+@pytest.mark.usefixtures("float32_moments")
+class TestFloat32Path:
+    """float32 data on the GPU's path, run on the CPU (tests/conftest.py): float32 sums,
+    each tile centered on its own mean, risky tiles redone in float64 (ops/_moments.py).
+    Microscopy-like data (offset 1000, blobs, noise); references in float64 on the same
+    float32 values; tile grids that do not divide the image."""
+
+    def _data(self, rng, ndim):
+        shape = FLOAT32_SHAPES[ndim]
+        a = images.microscopy(rng, shape).astype(np.float32).astype(np.float64)
+        b = (0.5 * a + 0.5 * images.microscopy(rng, shape)).astype(np.float32).astype(np.float64)
+        return a, b
+
+    @pytest.mark.parametrize("ndim", [2, 3])
+    @pytest.mark.parametrize("kernel", ["box", "gaussian"])
+    @pytest.mark.parametrize("window", [3, 9])
+    def test_matches_scipy(self, rng, ndim, kernel, window):
+        a, b = self._data(rng, ndim)
+        out = local_ncc(_t(a, torch.float32), _t(b, torch.float32), window=window, kernel=kernel)
+        assert out.dtype == torch.float32
+        expected = _scipy_local_ncc(a, b, window, kernel)
+        np.testing.assert_allclose(out[0, 0].double().numpy(), expected, rtol=0, atol=1e-4)
+
+    @pytest.mark.parametrize("ndim", [2, 3])
+    @pytest.mark.parametrize("kernel", ["box", "gaussian"])
+    @pytest.mark.parametrize("reduction", ["none", "mean"])
+    def test_gradients_match_float64_autograd(self, rng, ndim, kernel, reduction):
+        a, b = self._data(rng, ndim)
+        window = 9 if ndim == 2 else 5
+        v = torch.as_tensor(rng.standard_normal((1, 1, *a.shape)))
+        a_ref, b_ref = _t(a).requires_grad_(), _t(b).requires_grad_()
+        ref = _torch_local_ncc(a_ref, b_ref, window, kernel)
+        (ref.mean() if reduction == "mean" else (ref * v).sum()).backward()
+        a32, b32 = _t(a, torch.float32).requires_grad_(), _t(b, torch.float32).requires_grad_()
+        out = local_ncc(a32, b32, window=window, kernel=kernel, reduction=reduction)
+        (out if reduction == "mean" else (out * v.float()).sum()).backward()
+        for got, expected in ((a32.grad, a_ref.grad), (b32.grad, b_ref.grad)):
+            err = (got.double() - expected).abs().max()
+            assert err <= 1e-4 * expected.abs().max(), err
+
+    def test_step_edge_with_little_noise(self):
+        """Two flat halves 900 apart, noise 1: tiles across the step are redone in float64."""
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((64, 64)) + 100.0
+        a[:, 32:] += 900.0
+        b = a + 0.3 * rng.standard_normal(a.shape)
+        a, b = a.astype(np.float32).astype(np.float64), b.astype(np.float32).astype(np.float64)
+        out = local_ncc(_t(a, torch.float32), _t(b, torch.float32), window=5)
+        expected = _scipy_local_ncc(a, b, 5, "box")
+        np.testing.assert_allclose(out[0, 0].double().numpy(), expected, rtol=0, atol=1e-4)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from napari_simwarp.ops._numerics import accumulate_dtype, compute_dtype, to_compute
+from napari_simwarp.ops._numerics import accumulate_dtype, compute_dtype, moment_dtype, to_compute
 
 
 def test_compute_dtype():
@@ -26,3 +26,11 @@ def test_accumulate_dtype_widens_float32_except_on_mps():
     assert accumulate_dtype(torch.float32, cpu) == torch.float64
     assert accumulate_dtype(torch.float64, cpu) == torch.float64
     assert accumulate_dtype(torch.float32, torch.device("mps")) == torch.float32
+
+
+def test_moment_dtype_float32_on_gpus_float64_on_cpu():
+    cuda, cpu, mps = torch.device("cuda"), torch.device("cpu"), torch.device("mps")
+    assert moment_dtype(torch.float32, cuda) == torch.float32
+    assert moment_dtype(torch.float32, mps) == torch.float32
+    assert moment_dtype(torch.float32, cpu) == torch.float64
+    assert moment_dtype(torch.float64, cuda) == torch.float64

@@ -280,3 +280,82 @@ class TestSSIM:
             a, b = kwargs.pop("a"), kwargs.pop("b")
             with pytest.raises(error, match=match):
                 ssim(a, b, **kwargs)
+
+
+@pytest.mark.usefixtures("float32_moments")
+class TestFloat32Path:
+    """float32 data on the GPU's path, run on the CPU (tests/conftest.py): float32 sums,
+    each tile centered on its own mean, risky tiles redone in float64 (ops/_moments.py).
+    Microscopy-like data (offset 1000, blobs, noise); references in float64 on the same
+    float32 values; a tile grid that does not divide the image."""
+
+    SHAPE = (150, 140)
+
+    def _data(self, rng, shape=SHAPE):
+        a = images.microscopy(rng, shape).astype(np.float32).astype(np.float64)
+        b = images.microscopy(rng, shape).astype(np.float32).astype(np.float64)
+        return a, b
+
+    @pytest.mark.parametrize("data_range", [None, 50.0])
+    def test_matches_skimage(self, rng, data_range):
+        a, b = self._data(rng)
+        if data_range is None:
+            data_range = float(max(a.max(), b.max()) - min(a.min(), b.min()))
+        out = ssim(_t(a, torch.float32), _t(b, torch.float32), data_range=data_range)
+        assert out.dtype == torch.float32
+        expected = _skimage_map(a, b, data_range)
+        np.testing.assert_allclose(out[0, 0].double().numpy(), expected, rtol=0, atol=1e-4)
+
+    def test_matches_float64_reference_3d(self, rng):
+        a, b = self._data(rng, (30, 34, 28))
+        out = ssim(_t(a, torch.float32), _t(b, torch.float32), window=7, data_range=50.0)
+        expected = _ssim_reference(_t(a), _t(b), window=7, data_range=50.0)
+        np.testing.assert_allclose(out.double().numpy(), expected.numpy(), rtol=0, atol=1e-4)
+
+    @pytest.mark.parametrize("reduction", ["none", "mean"])
+    def test_gradients_match_float64_autograd(self, rng, reduction):
+        a, b = self._data(rng)
+        v = torch.as_tensor(rng.standard_normal((1, 1, *self.SHAPE)))
+        a_ref, b_ref = _t(a).requires_grad_(), _t(b).requires_grad_()
+        ref = _ssim_reference(a_ref, b_ref, data_range=50.0)
+        (ref.mean() if reduction == "mean" else (ref * v).sum()).backward()
+        a32, b32 = _t(a, torch.float32).requires_grad_(), _t(b, torch.float32).requires_grad_()
+        out = ssim(a32, b32, data_range=50.0, reduction=reduction)
+        (out if reduction == "mean" else (out * v.float()).sum()).backward()
+        for got, expected in ((a32.grad, a_ref.grad), (b32.grad, b_ref.grad)):
+            err = (got.double() - expected).abs().max()
+            assert err <= 1e-4 * expected.abs().max(), err
+
+    def test_nan_where_a_window_sees_one(self, rng):
+        a, b = self._data(rng)
+        a[70, 30] = np.nan
+        out = ssim(_t(a, torch.float32), _t(b, torch.float32), data_range=50.0)[0, 0].numpy()
+        filled = np.where(np.isnan(a), 0.0, a)
+        expected = _skimage_map(filled, b, 50.0)
+        seen = np.zeros(a.shape, bool)
+        seen[65:76, 25:36] = True  # the 11 × 11 windows that hold (70, 30)
+        assert np.array_equal(np.isnan(out), seen)
+        np.testing.assert_allclose(out[~seen], expected[~seen], rtol=0, atol=1e-4)
+
+    def test_layouts_batches_and_half_types(self, rng):
+        """channels_last, a batch of images with other offsets and float16 give what each
+        contiguous float32 image gives on its own."""
+        a, b = self._data(rng, (48, 44))
+        a32, b32 = _t(a, torch.float32), _t(b, torch.float32)
+        other_a, other_b = 3 * a32 - 500, 3 * b32 - 500
+        batch_a = torch.cat([a32, other_a, a32]).expand(3, 2, -1, -1)
+        batch_b = torch.cat([b32, other_b, b32]).expand(3, 2, -1, -1)
+        out = ssim(
+            batch_a.to(memory_format=torch.channels_last),
+            batch_b.to(memory_format=torch.channels_last),
+            data_range=50.0,
+        )
+        single = ssim(a32, b32, data_range=50.0)
+        torch.testing.assert_close(out[0:1, 0:1], single, rtol=0, atol=1e-6)
+        torch.testing.assert_close(out[2:3, 1:2], single, rtol=0, atol=1e-6)
+        other = ssim(other_a, other_b, data_range=50.0)
+        torch.testing.assert_close(out[1:2, 0:1], other, rtol=0, atol=1e-6)
+        half = ssim(a32.half(), b32.half(), data_range=50.0)
+        assert half.dtype == torch.float16
+        expected = ssim(a32.half().float(), b32.half().float(), data_range=50.0)
+        torch.testing.assert_close(half.float(), expected, rtol=0, atol=1e-3)

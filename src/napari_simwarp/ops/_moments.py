@@ -38,6 +38,13 @@ with the centered ``a`` and ``b``. With ``M`` the centered moments and ``U`` the
 
 which a metric that works with plain moments uses to convert (a shift-invariant one,
 like local NCC, needs nothing).
+
+Precision. On the CPU float32 data is summed in float64. On GPUs (float64 at 1/64 of the
+float32 rate on most) and MPS it stays float32 and the shift moves closer to each window:
+the output is cut into tiles (:class:`~._tiles.TileGrid`), each tile's input (with its
+halo) is centered on its own mean, and ``m`` becomes a per-tile map ``(N, C, *n, 1, ...)``;
+the work runs in the tiled layout and only the final map is untiled. Tiles where float32
+could still cancel (:func:`_risky_tiles`) are redone in float64 (docs/maths.md §1.3).
 """
 
 from __future__ import annotations
@@ -50,8 +57,9 @@ import torch
 from . import _kernels
 from ._autograd import first_order_backward
 from ._nonfinite import fill_nonfinite, nonfinite_mask, windows_seeing
-from ._numerics import accumulate_dtype, compute_dtype
+from ._numerics import accumulate_dtype, compute_dtype, moment_dtype
 from ._padding import centered_pads
+from ._tiles import TileGrid
 from ._validation import check_choice, check_pair, check_window
 from ._windows import Window
 
@@ -78,6 +86,9 @@ class MomentMetric:
     name: str = ""
     slots: tuple[int, int, int, int, int] = (0, 1, 2, 3, 4)
     coefficients: tuple[float, float] = (2.0, 1.0)
+    #: a constant the metric adds to the window variances (per unit of window weight)
+    #: before dividing by them; rounding well below it does not show (SSIM: C2 / 2).
+    variance_floor: float = 0.0
 
     def pointwise(
         self,
@@ -166,6 +177,29 @@ def _reflect_fold_(grad: torch.Tensor, spatial: Sequence[int], pads) -> torch.Te
     return grad[(Ellipsis, *[slice(b, b + n) for n, (b, _) in zip(spatial, pads)])]
 
 
+def _centered_padded(
+    a: torch.Tensor, b: torch.Tensor, pads, shape: Sequence[int]
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """``[a, b]`` minus their per-(N, C) means, reflect-padded, in a ``(2, N, C, *shape)``
+    buffer: the padded image ``P = S + k - 1`` at its start, zeros past it (a tiled
+    layout's extension, :class:`~._tiles.TileGrid`). Returns the buffer and the means.
+    """
+    spatial = tuple(a.shape[2:])
+    dims = tuple(range(2, a.dim()))
+    shifts = (a.mean(dims, keepdim=True), b.mean(dims, keepdim=True))
+    buf = a.new_empty((2, *a.shape[:2], *shape))
+    padded_size = [n + lo + hi for n, (lo, hi) in zip(spatial, pads)]
+    padded = buf[(Ellipsis, *[slice(0, p) for p in padded_size])]
+    interior = (Ellipsis, *[slice(lo, lo + n) for n, (lo, _) in zip(spatial, pads)])
+    torch.sub(a, shifts[0], out=padded[0][interior])
+    torch.sub(b, shifts[1], out=padded[1][interior])
+    _reflect_fill_(padded, spatial, pads)
+    for axis, (p, e) in enumerate(zip(padded_size, shape)):
+        if e > p:  # the extension: only outputs past S read it
+            buf.narrow(buf.dim() - len(spatial) + axis, p, e - p).zero_()
+    return buf, shifts
+
+
 def _centered_moments(
     a: torch.Tensor, b: torch.Tensor, window: Window, impl: ModuleType
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], list[torch.Tensor]]:
@@ -187,16 +221,34 @@ def _centered_moments(
     moments : five Tensors, shape ``(N, C, *S)``: ``W⋆a, W⋆b, W⋆a², W⋆b², W⋆ab`` of the
         centered images (buffers the caller owns).
     """
-    spatial = tuple(a.shape[2:])
     pads = centered_pads(window.sizes)
-    dims = tuple(range(2, a.dim()))
-    shifts = (a.mean(dims, keepdim=True), b.mean(dims, keepdim=True))
-    padded_shape = [n + lo + hi for n, (lo, hi) in zip(spatial, pads)]
-    centered = a.new_empty((2, *a.shape[:2], *padded_shape))
-    interior = (Ellipsis, *[slice(lo, lo + n) for n, (lo, _) in zip(spatial, pads)])
-    torch.sub(a, shifts[0], out=centered[0][interior])
-    torch.sub(b, shifts[1], out=centered[1][interior])
-    _reflect_fill_(centered, spatial, pads)
+    padded = [n + k - 1 for n, k in zip(a.shape[2:], window.sizes)]
+    centered, shifts = _centered_padded(a, b, pads, padded)
+    return centered, shifts, impl.moments5(centered, window.taps)
+
+
+def _tile_centered_moments(
+    a: torch.Tensor, b: torch.Tensor, window: Window, impl: ModuleType, grid: TileGrid
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], list[torch.Tensor]]:
+    """:func:`_centered_moments` with each tile centered on its own mean (``_tiles``).
+
+    Returns
+    -------
+    centered : Tensor, shape ``(2, N, C, *n, *(T + k - 1))``: each tile's input (the
+        reflect-padded images) minus the tile's mean.
+    shifts : two Tensors, shape ``(N, C, *n, 1, ...)``: what was subtracted, per tile.
+    moments : five Tensors, shape ``(N, C, *n, *T)``, the moments of the centered tiles
+        (outputs past ``S`` included: :meth:`TileGrid.zero_outside_`, ``untile``).
+    """
+    d = grid.dims
+    buf, (mean_a, mean_b) = _centered_padded(a, b, centered_pads(window.sizes), grid.extended)
+    tiles = grid.tiles(buf)
+    # The mean of each tile's samples inside P (the extension is 0): near every window's.
+    tile_means = tiles.sum(tuple(range(-d, 0)), keepdim=True).div_(grid.valid_counts(buf))
+    centered = torch.sub(tiles, tile_means, out=buf.new_empty(tiles.shape))
+    del buf, tiles
+    per_tile = (*mean_a.shape[:2], *(1,) * (2 * d))
+    shifts = (mean_a.view(per_tile) + tile_means[0], mean_b.view(per_tile) + tile_means[1])
     return centered, shifts, impl.moments5(centered, window.taps)
 
 
@@ -212,26 +264,101 @@ def _window_adjoint(impl: ModuleType, window: Window, y: torch.Tensor, scale: fl
     return impl.correlate(y, taps, transpose=True), 1.0
 
 
+#: A window whose sum of squares (about its tile's shift) exceeds ``FLOAT32_RISK`` times
+#: its variance (plus the metric's floor) loses about ``8 u · ratio`` of the variance to
+#: float32 rounding (u = 2^-24; measured, docs/maths.md §1.3): at 128, up to about 6e-5.
+#: Tiles holding such a window are redone in float64 (step edges, bright blobs on a flat,
+#: nearly noiseless background, very narrow Gaussian windows).
+FLOAT32_RISK = 128.0
+
+
+def _risky_tiles(moments: Sequence[torch.Tensor], total: float, floor: float) -> torch.Tensor:
+    """Tiles ``(N, C, *n)`` where float32 moments are too close to cancelling.
+
+    ``moments`` are the float32 moments ``(N, C, *n, *T)`` of the centered tiles.
+    """
+    d = (moments[0].dim() - 2) // 2
+    risky = None
+    for first, second in ((moments[0], moments[2]), (moments[1], moments[3])):
+        variance = torch.addcmul(second, first, first, value=-1.0 / total).add_(floor * total)
+        window_risky = second > variance.mul_(FLOAT32_RISK)
+        risky = window_risky if risky is None else risky.logical_or_(window_risky)
+    return risky.flatten(-d).any(-1)
+
+
+def _tiled_pointwise(centered, shifts, moments, window, metric, impl, need_partials):
+    """The metric of float32 tile moments, with the risky tiles (:func:`_risky_tiles`) redone
+    in float64 from their centered inputs.
+
+    ``centered`` ``(2, N, C, *n, *(T + k - 1))``, ``shifts`` two ``(N, C, *n, 1, ...)``,
+    ``moments`` five ``(N, C, *n, *T)`` (overwritten). Returns the map ``(N, C, *n, *T)``
+    and the partials ``(P, N, C, *n, *T)`` (or None), float32.
+    """
+    d = (moments[0].dim() - 2) // 2
+    wide = accumulate_dtype(torch.float32, centered.device)  # float32 on MPS: no redo
+    risky = None
+    if wide != torch.float32:
+        risky = _risky_tiles(moments, window.total, metric.variance_floor)
+    out, partials = metric.pointwise(moments, shifts, window.total, need_partials)
+    if risky is None:
+        return out, partials
+    # One device sync: the index of the tiles to redo (usually none, or a few).
+    redo = risky.flatten().nonzero().squeeze(1)
+    if redo.numel() == 0:
+        return out, partials
+    inputs = centered.reshape(2, -1, *centered.shape[-d:]).index_select(1, redo).to(wide)
+    tile_shifts = [s.reshape(-1, *s.shape[-d:]).index_select(0, redo).to(wide) for s in shifts]
+    out64, partials64 = metric.pointwise(
+        impl.moments5(inputs, window.taps), tile_shifts, window.total, need_partials
+    )
+    out.view(-1, *out.shape[-d:]).index_copy_(0, redo, out64.to(out.dtype))
+    if partials is not None:
+        flat = partials.view(partials.shape[0], -1, *partials.shape[-d:])
+        flat.index_copy_(1, redo, partials64.to(partials.dtype))
+    return out, partials
+
+
 class _MomentMap(torch.autograd.Function):
     """``(a, b) -> F(moments)`` with the one-adjoint-pass backward.
 
-    Inputs ``(N, C, *S)`` in the compute dtype; padding (SciPy "reflect") happens inside,
-    fused with the centering, and its adjoint folds the strips of the (fresh) gradient
-    buffers in place. ``reduction="mean"`` returns the mean of the map (0-dim), so that
+    Inputs ``(N, C, *S)`` in the dtype the sums run in; padding (SciPy "reflect") happens
+    inside, fused with the centering, and its adjoint folds the strips of the (fresh)
+    gradient buffers in place. With a ``grid`` every tile is centered on its own mean
+    (:func:`_tile_centered_moments`) and the work runs in the tiled layout, the map
+    untiled at the end. ``reduction="mean"`` returns the mean of the map (0-dim), so that
     its backward can fold ``1/numel`` into the adjoint pass.
     """
 
     @staticmethod
-    def forward(ctx, a, b, window: Window, metric: MomentMetric, reduction: str, impl: ModuleType):
+    def forward(
+        ctx,
+        a,
+        b,
+        window: Window,
+        metric: MomentMetric,
+        reduction: str,
+        impl: ModuleType,
+        grid: TileGrid | None,
+    ):
         need_partials = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         with torch.no_grad():
-            centered, shifts, moments = _centered_moments(a, b, window, impl)
-            out, partials = metric.pointwise(moments, shifts, window.total, need_partials)
+            if grid is None:
+                centered, shifts, moments = _centered_moments(a, b, window, impl)
+                out, partials = metric.pointwise(moments, shifts, window.total, need_partials)
+            else:
+                centered, shifts, moments = _tile_centered_moments(a, b, window, impl, grid)
+                out, partials = _tiled_pointwise(
+                    centered, shifts, moments, window, metric, impl, need_partials
+                )
+                out = grid.untile(out)
+                if partials is not None:  # outputs past the image must send nothing back
+                    grid.zero_outside_(partials)
             del moments
             if reduction == "mean":
                 ctx.numel = out.numel()
                 out = out.mean()
         ctx.window, ctx.metric, ctx.reduction, ctx.impl = window, metric, reduction, impl
+        ctx.grid = grid
         ctx.spatial = tuple(a.shape[2:])
         if need_partials:
             ctx.save_for_backward(centered, partials)
@@ -251,6 +378,8 @@ class _MomentMap(torch.autograd.Function):
             if g.device.type == "cpu" and float(g) == 1.0:
                 g = None
         else:
+            if ctx.grid is not None:
+                grad_out = ctx.grid.split(grad_out)
             adjoint, _ = _window_adjoint(ctx.impl, window, partials * grad_out, 1.0)
             g = None
         grad_a = grad_b = None
@@ -266,12 +395,19 @@ class _MomentMap(torch.autograd.Function):
             grad_b.addcmul_(a_c, adjoint[i_ab], value=c_ab)
         pads = centered_pads(window.sizes)
         if grad_a is not None:
-            grad_a = _reflect_fold_(grad_a, ctx.spatial, pads)
+            grad_a = _to_image(grad_a, ctx.grid, ctx.spatial, pads)
             grad_a = grad_a.mul_(g) if g is not None else grad_a
         if grad_b is not None:
-            grad_b = _reflect_fold_(grad_b, ctx.spatial, pads)
+            grad_b = _to_image(grad_b, ctx.grid, ctx.spatial, pads)
             grad_b = grad_b.mul_(g) if g is not None else grad_b
-        return grad_a, grad_b, None, None, None, None
+        return grad_a, grad_b, None, None, None, None, None
+
+
+def _to_image(grad: torch.Tensor, grid: TileGrid | None, spatial, pads) -> torch.Tensor:
+    """A gradient over the padded image (or over the tiles' inputs) back onto ``(N, C, *S)``."""
+    if grid is not None:
+        grad = grid.overlap_add(grad)
+    return _reflect_fold_(grad, spatial, pads)
 
 
 def check_moment_inputs(a, b, window, reduction: str) -> tuple[int, ...]:
@@ -308,17 +444,20 @@ def moment_map(
     impl = _kernels.implementation(metric.name, a)
     # Centering on the image mean is not enough where a window's mean sits far from it
     # (microscopy: bright blobs, smooth backgrounds): Σa² - (Σa)²/n then cancels in
-    # float32 (docs/maths.md §1.3). The moments and the metric run in float64 wherever
-    # the device has it, as local_std's sums do (float32 for half types on MPS).
-    acc = accumulate_dtype(compute_dtype(out_dtype), a.device)
+    # float32 (docs/maths.md §1.3). On the CPU the moments and the metric run in float64
+    # for float32 data; on GPUs (float64 at 1/64 rate on most) and MPS they stay in
+    # float32 and each tile of the output is centered on its own mean instead.
+    acc = moment_dtype(compute_dtype(out_dtype), a.device)
+    grid = TileGrid.for_window(a.shape[2:], window.sizes) if acc == torch.float32 else None
     invalid = (
         invalid_a
         if invalid_b is None
         else (invalid_b if invalid_a is None else invalid_a | invalid_b)
     )
     if invalid is None:
-        return _MomentMap.apply(a.to(acc), b.to(acc), window, metric, reduction, impl).to(out_dtype)
+        out = _MomentMap.apply(a.to(acc), b.to(acc), window, metric, reduction, impl, grid)
+        return out.to(out_dtype)
     # NaN exactly where a window (through the reflected border) saw a non-finite pixel.
-    out = _MomentMap.apply(a.to(acc), b.to(acc), window, metric, "none", impl)
+    out = _MomentMap.apply(a.to(acc), b.to(acc), window, metric, "none", impl, grid)
     out = out.masked_fill(windows_seeing(invalid, window.sizes, "reflect"), float("nan"))
     return (out.mean() if reduction == "mean" else out).to(out_dtype)

@@ -1,9 +1,11 @@
-"""Numerics shared by every operator: compute dtypes, the accumulation dtype, the flat rule.
+"""Numerics shared by every operator: compute dtypes, the accumulation dtypes, the flat rule.
 
 See docs/maths.md §1.3 ("Numerics"): sums of squares cancel catastrophically in float32
 when a window's mean sits far from its spread, so window sums run in float64 wherever the
-device has it, and a window whose variance is within the rounding level of its sums is
-"flat" (defined as 0, with a zero gradient) by one rule, the same for every operator.
+device has it (:func:`accumulate_dtype`), except in the moment engine on GPUs, which keeps
+float32 and centres each tile on its own mean instead (:func:`moment_dtype`); a window
+whose variance is within the rounding level of its sums is "flat" (defined as 0, with a
+zero gradient) by one rule, the same for every operator.
 """
 
 from __future__ import annotations
@@ -45,6 +47,24 @@ def accumulate_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     if dtype == torch.float32 and device.type != "mps":
         return torch.float64
     return dtype
+
+
+#: device types on which the moment engine (SSIM, local NCC) sums float32 data in float32,
+#: with per-tile centring, rather than in float64: float64 runs at 1/64 of the float32
+#: rate on most GPUs (and MPS has none). Tests add "cpu" to run that path on the CPU.
+FLOAT32_MOMENT_DEVICE_TYPES = frozenset({"cuda", "mps"})
+
+
+def moment_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype the moment engine sums in for data of compute dtype ``dtype``.
+
+    float32 on :data:`FLOAT32_MOMENT_DEVICE_TYPES` (the engine then centres each tile on
+    its own mean, which holds float64's accuracy to about 1e-5; docs/maths.md §1.3),
+    else :func:`accumulate_dtype`.
+    """
+    if dtype == torch.float32 and device.type in FLOAT32_MOMENT_DEVICE_TYPES:
+        return torch.float32
+    return accumulate_dtype(dtype, device)
 
 
 def flat_threshold_factor(dtype: torch.dtype) -> float:

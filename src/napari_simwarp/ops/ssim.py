@@ -36,6 +36,7 @@ class _SSIMMetric(MomentMetric):
 
     def __init__(self, c1: float, c2: float):
         self.c1, self.c2 = c1, c2
+        self.variance_floor = c2 / 2.0  # the denominator is σx² + σy² + C2
 
     def pointwise(self, moments, shifts, total, need_partials):
         mx, my, mxx, myy, mxy = moments  # centered: mx = G⋆(x - m_x), ...

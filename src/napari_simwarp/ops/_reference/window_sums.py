@@ -210,9 +210,10 @@ def box_sum_valid(x: torch.Tensor, window: Sequence[int], method: str = "auto") 
 
     Notes
     -----
-    Without autograd, a large input is processed in chunks of about :data:`CHUNK_BYTES`
-    (over the leading axes, then over slabs of the first spatial axis with a ``k - 1``
-    halo), each written into its slice of one output. Why: the route's temporaries are
+    Without autograd, a large input on the CPU is processed in chunks of about
+    :data:`CHUNK_BYTES` (several small images at once; or one image at a time, in slabs of
+    the first spatial axis with a ``k - 1`` halo), each written into its slice of one
+    output. Why: the route's temporaries are
     then small enough to stay in cache and to be recycled by the allocator; whole-image
     temporaries of more than 32 MiB are fresh ``mmap`` pages on glibc and cost a page
     fault per 4 KiB each time (measured 2-3x slower at 2 x 2048²).
@@ -227,13 +228,19 @@ def box_sum_valid(x: torch.Tensor, window: Sequence[int], method: str = "auto") 
         raise ValueError(
             f"window {tuple(window)} is larger than the spatial shape {tuple(spatial)}"
         )
-    if torch.is_grad_enabled() and x.requires_grad:
-        return _box_sum_separable(x, window, routes, None)  # autograd cannot follow out=
+    if (torch.is_grad_enabled() and x.requires_grad) or x.device.type != "cpu":
+        # Autograd cannot follow out=; other devices take it all at once (fewer launches).
+        return _box_sum_separable(x, window, routes, None)
     lead = x.shape[: x.dim() - d]
     out = x.new_empty((*lead, *out_spatial))
     x_flat = x.reshape(-1, *spatial)
     out_flat = out.view(-1, *out_spatial)
     slab_bytes = x.element_size() * math.prod(spatial[1:])
+    images = CHUNK_BYTES // max(slab_bytes * spatial[0], 1)
+    if images > 1:  # small images (the moment engine's tiles): several per chunk
+        for b in range(0, x_flat.shape[0], images):
+            _box_sum_separable(x_flat[b : b + images], window, routes, out_flat[b : b + images])
+        return out
     rows = max(CHUNK_BYTES // max(slab_bytes, 1), 4 * (window[0] - 1), 1)
     for b in range(x_flat.shape[0]):
         for r0 in range(0, out_spatial[0], rows):
