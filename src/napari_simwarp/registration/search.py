@@ -35,7 +35,7 @@ from .pyramid import level_anisotropy
 ANGLES_2D = tuple(range(-30, 31, 5))
 ANGLES_3D = (-30, -20, -10, 10, 20, 30)
 #: largest side of the level the search runs on
-SEARCH_SIDE = {2: 128, 3: 48}
+SEARCH_SIDE = {2: 128, 3: 32}
 
 
 def rotation_vectors(ndim: int) -> np.ndarray:
