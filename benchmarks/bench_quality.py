@@ -306,9 +306,15 @@ def cases_2d(report, quick):
             linear_case(report, rng, group, shape, m, model, elastix_kind=kind, stackreg=sr, **kw)
     if quick:
         return
-    group = "2-D smooth deformation ~4 px, 256²"
-    d, grid, u = smooth_deformation(rng, s, 4.0)
-    fixed_f = scene(rng, s)
+    dense_case(report, rng, "2-D smooth deformation ~4 px, 256²", s, 4.0, None, flows=True)
+    # Local: a field with structure 8 px wide (the smooth one's is 32 px).
+    dense_case(report, rng, "2-D local deformation ~2.5 px (σ 8 px), 256²", s, 2.5, 8.0)
+
+
+def dense_case(report, rng, group, shape, amplitude, sigma, flows=False):
+    """A pair related by a random field of ``amplitude`` px and smoothness ``sigma``."""
+    d, grid, u = smooth_deformation(rng, shape, amplitude, sigma)
+    fixed_f = scene(rng, shape)
     moving = noisy(rng, ndi.map_coordinates(fixed_f, grid + u, order=3, mode="nearest"))
     fixed = noisy(rng, fixed_f)
     acc = dense_accuracy(d, 16)
@@ -321,7 +327,12 @@ def cases_2d(report, quick):
         ours=True,
     )
     once(report, group, "simwarp diffeomorphic", ours(fixed, moving, "diffeomorphic"), acc)
+    # A coarser control grid: 16 px, against elastix's 10 px B-spline grid.
+    coarse = ours(fixed, moving, "deformable", grid_spacing=16.0)
+    once(report, group, "simwarp deformable, grid_spacing=16", coarse, acc)
     once(report, group, "itk-elastix bspline", elastix(fixed, moving, "bspline"), acc)
+    if not flows:
+        return
     from skimage.registration import optical_flow_ilk, optical_flow_tvl1
 
     # scikit-image's flows expect intensities of order 1 (tvl1's attachment weight is
