@@ -72,15 +72,21 @@ def edge_taper(position: torch.Tensor, shape) -> torch.Tensor:
     return w.prod(dim=-1)
 
 
+def precise(device) -> torch.dtype:
+    """float64, but float32 on MPS (which has no float64)."""
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64
+
+
 def intensity_fit(moving, fixed, weight):
-    """The weighted least-squares ``(α, β)`` ``(N,)`` each, float64, of ``fixed ≈ α·moving
-    + β`` over each row of ``(N, pixels)``."""
-    total = weight.sum(1, dtype=torch.float64).clamp_min(1e-12)
-    mean_m = (weight * moving).sum(1, dtype=torch.float64) / total
-    mean_f = (weight * fixed).sum(1, dtype=torch.float64) / total
-    mc = moving.double() - mean_m[:, None]
+    """The weighted least-squares ``(α, β)`` ``(N,)`` each of ``fixed ≈ α·moving + β`` over
+    each row of ``(N, pixels)``, in :func:`precise` arithmetic."""
+    wide = precise(moving.device)
+    total = weight.sum(1, dtype=wide).clamp_min(1e-12)
+    mean_m = (weight * moving).sum(1, dtype=wide) / total
+    mean_f = (weight * fixed).sum(1, dtype=wide) / total
+    mc = moving.to(wide) - mean_m[:, None]
     var = (weight * mc * mc).sum(1).clamp_min(1e-30)
-    alpha = (weight * mc * (fixed.double() - mean_f[:, None])).sum(1) / var
+    alpha = (weight * mc * (fixed.to(wide) - mean_f[:, None])).sum(1) / var
     return alpha, mean_f - alpha * mean_m
 
 
@@ -102,7 +108,7 @@ class LevelProblem:
         d = len(self.shape)
         # A level pixel is its centered coordinate plus the center.
         center = torch.tensor([(n - 1) / 2 for n in self.shape], dtype=torch.float64)
-        self.uncenter = torch.eye(d + 1, dtype=torch.float64, device=moving.device)
+        self.uncenter = torch.eye(d + 1, dtype=torch.float64)
         self.uncenter[:d, d] = center
         own = edge_taper(self.coords[:d].T + center.to(self.coords), self.shape)
         own = own.reshape(1, 1, *self.shape)
@@ -132,15 +138,18 @@ class LevelProblem:
 
     def loss(self, samples, weight=None) -> torch.Tensor:
         """The run's loss ``(N,)`` of ``samples`` (from :meth:`sample`), over their own
-        weight or ``weight``; in float64, since near the optimum a step changes the loss by
-        less than float32 resolves."""
+        weight or ``weight``, on the CPU; in float64 (:func:`precise`), since near the
+        optimum a step changes the loss by less than float32 resolves."""
         sampled, own = samples
         w = own if weight is None else weight
+        wide = precise(sampled.device)
         with torch.no_grad():
-            return self.loss_fn(self.fixed.double(), sampled[:, :1].double(), w.double())
+            loss = self.loss_fn(self.fixed.to(wide), sampled[:, :1].to(wide), w.to(wide))
+        return loss.cpu().double()
 
     def normal_equations(self, samples):
-        """The normal equations ``(H (N, Q, Q), b (N, Q))``, float64, of the linearized
+        """The normal equations ``(H (N, Q, Q), b (N, Q))``, float64 on the CPU (small), of
+        the linearized
         residual at ``samples`` (from :meth:`sample`): ``Q = P`` for "mse", ``P + 2`` for
         "ncc" (``θ``, then the intensity fit's ``α, β``)."""
         sampled, w = samples
@@ -153,14 +162,16 @@ class LevelProblem:
             # ∂w/∂A_ij = ∂_i w · x_j for the level matrix A (on centered coordinates):
             # least squares in A's D(D+1) entries, carried to θ by the chain rule below.
             rows = (grad[:, :, None] * self.coords).reshape(n, d * (d + 1), -1)
-            chain = self.level_matrices(self.model.matrix_jacobian())[:, :, :d] @ self.uncenter
+            jac = self.level_matrices(self.model.matrix_jacobian()).cpu().double()
+            chain = jac[:, :, :d] @ self.uncenter
             chain = chain.flatten(2).transpose(1, 2)  # (N, D(D+1), P)
             if self.metric == "ncc":
                 alpha, beta = intensity_fit(warped, f, weight)
-                residual = alpha[:, None].float() * warped + beta[:, None].float() - f
+                alpha, beta = alpha.to(warped.dtype), beta.to(warped.dtype)
+                residual = alpha[:, None] * warped + beta[:, None] - f
                 rows = torch.cat(
                     [
-                        alpha[:, None, None].float() * rows,
+                        alpha[:, None, None] * rows,
                         warped[:, None],
                         torch.ones_like(rows[:, :1]),
                     ],
@@ -175,8 +186,8 @@ class LevelProblem:
             else:
                 residual = warped - f
             weighted = rows * weight[:, None]
-            hessian = (weighted @ rows.transpose(1, 2)).double()
-            gradient = (weighted @ residual[..., None]).double()
+            hessian = (weighted @ rows.transpose(1, 2)).cpu().double()
+            gradient = (weighted @ residual[..., None]).cpu().double()
             hessian = chain.transpose(1, 2) @ hessian @ chain
             gradient = (chain.transpose(1, 2) @ gradient)[..., 0]
         return hessian, gradient
@@ -223,7 +234,8 @@ def run_level(problem: LevelProblem, iterations: int, history: list, report_ever
     part of the step).
     """
     model = problem.model
-    theta = model.flat_parameters()
+    # The per-pair bookkeeping (parameters, losses, systems) is small: float64 on the CPU.
+    theta = model.flat_parameters().cpu().double()
     n, p = theta.shape
     samples = problem.sample()
     loss = problem.loss(samples)
@@ -234,12 +246,12 @@ def run_level(problem: LevelProblem, iterations: int, history: list, report_ever
     for iteration in range(iterations):
         step = damped_step(hessian, gradient, damping, p)
         step = torch.where(done[:, None], torch.zeros_like(step), step)
-        before = model.matrix().detach()
+        before = model.matrix().detach().cpu().double()
         model.set_flat_parameters(theta + step)
-        moved = problem.corner_motion(before, model.matrix().detach())
+        moved = problem.corner_motion(before, model.matrix().detach().cpu().double())
         trial = problem.sample()
         better = (problem.loss(trial, samples[1]) < loss) & ~done
-        theta = torch.where(better[:, None], model.flat_parameters(), theta)
+        theta = torch.where(better[:, None], model.flat_parameters().cpu().double(), theta)
         model.set_flat_parameters(theta)
         damping = torch.where(
             better, (damping * DAMPING["shrink"]).clamp_min(1e-12), damping * DAMPING["grow"]
@@ -249,7 +261,7 @@ def run_level(problem: LevelProblem, iterations: int, history: list, report_ever
         settled = (moved < TOLERANCE) | (~better & (moved < REFUSED_TOLERANCE))
         done = done | settled | (damping > DAMPING["most"]) | ~torch.isfinite(moved)
         if bool(better.any()):
-            keep = better.view(-1, *([1] * (samples[0].dim() - 1)))
+            keep = better.view(-1, *([1] * (samples[0].dim() - 1))).to(samples[0].device)
             samples = (
                 torch.where(keep, trial[0], samples[0]),
                 torch.where(keep, trial[1], samples[1].expand_as(trial[1])),
