@@ -362,6 +362,10 @@ def run(report) -> None:
 
     warm = scene(np.random.default_rng(0), (64, 64))
     register(warm, warm, model="rigid")
+    # The first torch.optim.Adam of a process imports torch._dynamo (about 2 s here):
+    # Gauss-Newton runs use none, so the Adam rows get their own warm-up.
+    register(warm, warm, model="rigid", optimizer="adam")
+    register(warm, warm, model="affine", metric="mi")
     # ITK loads its modules (and each dimension's templates) on first use: seconds.
     for shape in ((48, 48), (24, 24, 24)):
         warm = scene(np.random.default_rng(0), shape)
