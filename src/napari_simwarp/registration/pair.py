@@ -450,9 +450,12 @@ def register(
     iterations : int or list of int, optional
         Most iterations per level (default 100 for linear, 60 for dense models).
     lr : float, optional
-        Initial step in pixels of each level (default 0.5); halved on plateaus.
+        Initial step in pixels of each level (default 0.5); halved on plateaus. Adam and
+        L-BFGS only: Gauss–Newton sizes its own steps.
     tol : float
-        Relative loss improvement under which an iteration counts as no progress.
+        Relative loss improvement under which an iteration counts as no progress (Adam
+        and L-BFGS; a Gauss–Newton level ends once a step moves no corner by 10⁻³ level
+        pixels, docs/maths.md §6.4).
     window : float, optional
         Window of "lncc" (default 9 pixels) or "ssim" (default 11), in physical units (the
         units of the spacings; pixels by default) at full resolution; each pyramid level
