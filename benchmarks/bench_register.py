@@ -54,9 +54,11 @@ def corner_error(m_est, m_true, shape) -> float:
     return float(np.linalg.norm((m_est @ h - m_true @ h)[:d], axis=0).mean())
 
 
-def smooth_deformation(rng, shape, amplitude):
-    """``(d, inverse)``: a smooth field of max magnitude ``amplitude`` and its inverse."""
-    sigma = min(shape) / 8
+def smooth_deformation(rng, shape, amplitude, sigma=None):
+    """``(d, grid, inverse)``: a smooth field of max magnitude ``amplitude`` (Gaussian-
+    filtered noise of ``sigma`` px, default an eighth of the shortest side), the pixel
+    grid, and the field's inverse."""
+    sigma = min(shape) / 8 if sigma is None else sigma
     d = np.stack([ndi.gaussian_filter(rng.standard_normal(shape), sigma) for _ in shape])
     d *= amplitude / np.linalg.norm(d, axis=0).max()
     grid = np.stack(np.meshgrid(*[np.arange(n, dtype=float) for n in shape], indexing="ij"))

@@ -231,6 +231,38 @@ class TestLinearModelWarp:
         assert model.shift.grad.abs().min() > 0 and model.linear.grad.abs().min() > 0
 
 
+class TestLinearModelJacobian:
+    """``matrix_jacobian`` (Gauss–Newton's ∂M/∂θ) against float64 autograd of ``matrix``."""
+
+    @pytest.mark.parametrize("kind", ["translation", "rigid", "similarity", "affine"])
+    @pytest.mark.parametrize("ndim", [2, 3])
+    def test_matches_autograd(self, rng, kind, ndim):
+        fixed = Grid.make(ndim, [0.5 + 0.25 * i for i in range(ndim)], [1.0] * ndim)
+        moving = Grid.make(ndim, 0.7, [-2.0] * ndim)
+        shape = (20, 24, 30)[:ndim]
+        init = np.eye(ndim + 1)
+        init[:ndim] += 0.05 * rng.standard_normal((ndim, ndim + 1))
+        model = LinearModel(kind, shape, shape, 2, init=init, fixed_grid=fixed, moving_grid=moving)
+        with torch.no_grad():
+            model.shift.copy_(torch.from_numpy(rng.normal(0, 2, model.shift.shape)))
+            model.linear.copy_(torch.from_numpy(rng.normal(0, 3, model.linear.shape)))
+        shift, linear = model.shift.detach().double(), model.linear.detach().double()
+        ref = torch.autograd.functional.jacobian(model.matrix, (shift, linear))
+        # (N, D+1, D+1, N, k) per argument: each pair depends on its own parameters only
+        per_pair = [torch.cat([r[i, :, :, i] for r in ref], dim=-1) for i in range(2)]
+        expected = torch.stack(per_pair).permute(0, 3, 1, 2)
+        got = model.matrix_jacobian()
+        assert got.shape == expected.shape == (2, model.flat_parameters().shape[1], *init.shape)
+        np.testing.assert_allclose(got.numpy(), expected.numpy(), atol=1e-12)
+
+    def test_flat_parameters_round_trip(self):
+        model = LinearModel("affine", (8, 9), (8, 9), 2)
+        theta = torch.arange(12, dtype=torch.float64).view(2, 6) / 10  # 2 shifts, 4 linear
+        model.set_flat_parameters(theta)
+        np.testing.assert_allclose(model.flat_parameters().numpy(), theta.numpy(), atol=1e-6)
+        np.testing.assert_allclose(model.shift.detach().numpy(), theta[:, :2].numpy(), atol=1e-6)
+
+
 class TestLinearModelState:
     def test_restore_only_the_selected_pairs(self):
         model = LinearModel("rigid", (10, 10), (10, 10), 3, dtype=torch.float64)

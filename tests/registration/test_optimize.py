@@ -82,7 +82,8 @@ def test_make_schedule_takes_the_users_values():
 
 def test_make_schedule_rejects_an_unknown_optimizer():
     with pytest.raises(
-        ValueError, match="optimizer must be one of 'auto', 'adam', 'lbfgs', got 'sgd'"
+        ValueError,
+        match="optimizer must be one of 'auto', 'gauss-newton', 'adam', 'lbfgs', got 'sgd'",
     ):
         make_schedule("affine", None, None, 1e-4, None, 5, "lncc", None, optimizer="sgd")
 
@@ -143,7 +144,7 @@ def _translation_case(rng, shift, shape=(48, 48), levels=2, metric="ncc", **sche
     )
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "lbfgs"])
+@pytest.mark.parametrize("optimizer", ["adam", "lbfgs", "gauss-newton"])
 def test_optimize_recovers_a_known_translation(rng, optimizer):
     shift = (2.3, -1.6)
     model, fixed, moving, weights, schedule = _translation_case(

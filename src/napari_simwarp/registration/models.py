@@ -20,6 +20,21 @@ from .pyramid import level_anisotropy, resize
 from .transforms import AffineTransform, DisplacementTransform, VelocityTransform
 
 
+def rotation_generators(ndim: int, dtype=torch.float64, device=None) -> torch.Tensor:
+    """The skew-symmetric generators ``(K, D, D)`` of the rotation parameters: the rigid
+    skew is ``Σ_k q_k G_k`` (2-D: one angle; 3-D: a rotation vector, about each array
+    axis in turn)."""
+    if ndim == 2:
+        gens = [[[0, -1], [1, 0]]]
+    else:
+        gens = [
+            [[0, 0, 0], [0, 0, -1], [0, 1, 0]],
+            [[0, 0, 1], [0, 0, 0], [-1, 0, 0]],
+            [[0, -1, 0], [1, 0, 0], [0, 0, 0]],
+        ]
+    return torch.tensor(gens, dtype=dtype, device=device)
+
+
 class LinearModel:
     """Translation, rigid, similarity or affine, in physical space about the fixed image's
     center (docs/maths.md §6.1).
@@ -101,46 +116,87 @@ class LinearModel:
     def set_level(self, shape) -> None:  # linear parameters do not depend on the level
         pass
 
-    def _linear_part(self) -> torch.Tensor:
-        n, d = self.shift.shape
-        q = self.linear / self.radius
+    def _linear_part(self, linear: torch.Tensor) -> torch.Tensor:
+        n, d = linear.shape[0], self.ndim
+        q = linear / self.radius
         eye = torch.eye(d, dtype=q.dtype, device=q.device).expand(n, d, d)
         if self.kind == "translation":
             return eye
         if self.kind == "affine":
             return eye + q.view(n, d, d)
-        k = 1 if d == 2 else 3
-        skew = torch.zeros(n, d, d, dtype=q.dtype, device=q.device)
-        if d == 2:
-            skew[:, 0, 1], skew[:, 1, 0] = -q[:, 0], q[:, 0]
-        else:
-            a, b, c = q[:, 0], q[:, 1], q[:, 2]
-            skew = torch.stack(
-                [
-                    torch.stack([0 * a, -c, b], -1),
-                    torch.stack([c, 0 * a, -a], -1),
-                    torch.stack([-b, a, 0 * a], -1),
-                ],
-                -2,
-            )
-        rot = torch.linalg.matrix_exp(skew)
+        gens = rotation_generators(d, q.dtype, q.device)
+        k = len(gens)
+        rot = torch.linalg.matrix_exp(torch.einsum("nk,kij->nij", q[:, :k], gens))
         if self.kind == "similarity":
             rot = rot * torch.exp(q[:, k]).view(n, 1, 1)
         return rot
 
-    def physical_core(self) -> torch.Tensor:
-        """``[L | u·shift]`` as homogeneous matrices ``(N, D+1, D+1)`` (about the center)."""
-        n, d = self.shift.shape
-        lin = self._linear_part()
-        top = torch.cat([lin, (self.unit * self.shift).unsqueeze(-1)], dim=-1)
+    def _linear_jacobian(self, linear: torch.Tensor) -> torch.Tensor:
+        """``∂L/∂linear`` ``(N, K, D, D)`` (no gradient). The derivative of ``exp(S)`` along a
+        generator ``G`` is the upper-right block of ``exp([[S, G], [0, S]])`` (Van Loan's
+        block formula), exact for any rotation."""
+        n, d = linear.shape[0], self.ndim
+        q = linear.detach() / self.radius
+        if self.kind == "affine":
+            basis = torch.eye(d * d, dtype=q.dtype, device=q.device).view(d * d, d, d)
+            return basis.expand(n, -1, -1, -1) / self.radius
+        gens = rotation_generators(d, q.dtype, q.device)
+        k = len(gens)
+        skew = torch.einsum("nk,kij->nij", q[:, :k], gens)
+        block = torch.zeros(n, k, 2 * d, 2 * d, dtype=q.dtype, device=q.device)
+        block[:, :, :d, :d] = block[:, :, d:, d:] = skew[:, None]
+        block[:, :, :d, d:] = gens
+        out = torch.linalg.matrix_exp(block)[:, :, :d, d:]
+        if self.kind == "similarity":
+            scale = torch.exp(q[:, k]).view(n, 1, 1, 1)
+            rot = torch.linalg.matrix_exp(skew)[:, None]
+            out = torch.cat([out * scale, rot * scale], dim=1)
+        return out / self.radius
+
+    def physical_core(self, shift=None, linear=None) -> torch.Tensor:
+        """``[L | u·shift]`` as homogeneous matrices ``(N, D+1, D+1)`` (about the center),
+        at the model's parameters or at ``shift`` ``(N, D)`` and ``linear`` ``(N, K)``."""
+        shift = self.shift if shift is None else shift
+        linear = self.linear if linear is None else linear
+        n, d = shift.shape
+        lin = self._linear_part(linear)
+        top = torch.cat([lin, (self.unit * shift).unsqueeze(-1)], dim=-1)
         bottom = torch.zeros(n, 1, d + 1, dtype=lin.dtype, device=lin.device)
         bottom[..., -1] = 1
         return torch.cat([top, bottom], dim=1)
 
-    def matrix(self) -> torch.Tensor:
+    def matrix(self, shift=None, linear=None) -> torch.Tensor:
         """Homogeneous fixed → moving *pixel* matrices ``(N, D+1, D+1)`` (float64 but on
-        MPS), full resolution; differentiable with respect to the parameters."""
-        return self.left @ self.physical_core().to(self.wide) @ self.right
+        MPS), full resolution; differentiable with respect to the parameters (the model's,
+        or ``shift`` and ``linear`` as :meth:`physical_core` takes them)."""
+        return self.left @ self.physical_core(shift, linear).to(self.wide) @ self.right
+
+    def matrix_jacobian(self) -> torch.Tensor:
+        """``∂M/∂θ`` ``(N, P, D+1, D+1)`` at the current parameters: the derivative of
+        :meth:`matrix` with respect to each of the ``P`` parameters ``θ = (shift,
+        linear)`` (the order of :meth:`parameters`, flattened), in the matrix's dtype
+        (float64 but on MPS); no gradient."""
+        with torch.no_grad():
+            linear = self.linear.detach().to(self.wide)
+            n, d = self.shift.shape
+            k = linear.shape[1]
+            core = torch.zeros(n, d + k, d + 1, d + 1, dtype=self.wide, device=linear.device)
+            for axis in range(d):
+                core[:, axis, axis, d] = self.unit
+            if k:
+                core[:, d:, :d, :d] = self._linear_jacobian(linear)
+            return self.left[:, None] @ core @ self.right
+
+    def flat_parameters(self) -> torch.Tensor:
+        """``θ = (shift, linear)`` per pair, ``(N, P)``, detached, in the matrix's dtype."""
+        return torch.cat([self.shift.detach(), self.linear.detach()], dim=1).to(self.wide)
+
+    def set_flat_parameters(self, theta: torch.Tensor) -> None:
+        """Set ``θ`` ``(N, P)`` (the layout of :meth:`flat_parameters`)."""
+        d = self.shift.shape[1]
+        with torch.no_grad():
+            self.shift.copy_(theta[:, :d])
+            self.linear.copy_(theta[:, d:])
 
     def warp(self, moving: torch.Tensor, shape) -> tuple[torch.Tensor, torch.Tensor]:
         """Warp a moving level onto a fixed level of ``shape``; return (warped, in-bounds).

@@ -29,7 +29,7 @@ from ._names import LINEAR_MODELS, METRICS, MODELS, default_metric
 from .drift import phase_correlation
 from .grid import Grid
 from .models import DenseModel, LinearModel
-from .optimize import RunResult, level_iterations, make_schedule, optimize
+from .optimize import RunResult, level_iterations, make_schedule, optimize, resolve_optimizer
 from .pyramid import auto_levels, build_pyramid, gaussian_blur, level_shapes
 from .quality import assess, masked_nmi, masked_zncc, measure_for
 from .transforms import AffineTransform, DisplacementTransform, Transform
@@ -331,12 +331,22 @@ def register_iter(
     steps = _options.steps(steps)
     grids = (fixed_spacing, fixed_origin, moving_spacing, moving_origin)
     prep = prepare_pair(fixed, moving, model, metric, mask, levels, device, grids)
-    iterations = level_iterations(iterations, model, prep["shape"], prep["levels"], full_resolution)
+    pairs = _landmark_term.check(landmarks, landmark_weight, model, len(prep["shape"]), init)
+    if pairs is not None and pairs[2] > 0 and optimizer == "auto":
+        optimizer = "adam"  # the landmark term is no part of Gauss–Newton's least squares
+    resolved = resolve_optimizer(optimizer, model, metric)
+    if resolved == "gauss-newton" and pairs is not None and pairs[2] > 0:
+        raise ValueError(
+            "optimizer='gauss-newton' does not take the landmark term: use "
+            "landmark_weight=0 (the landmarks then only place the start) or optimizer='adam'"
+        )
+    iterations = level_iterations(
+        iterations, model, prep["shape"], prep["levels"], full_resolution, resolved
+    )
     unit = min(prep["fixed_grid"].spacing)
     schedule = make_schedule(
-        model, lr, iterations, tol, regularization, report_every, metric, window, optimizer, unit
+        model, lr, iterations, tol, regularization, report_every, metric, window, resolved, unit
     )
-    pairs = _landmark_term.check(landmarks, landmark_weight, model, len(prep["shape"]), init)
     fixed_grid, moving_grid = prep["fixed_grid"], prep["moving_grid"]
     start_from = init
     if pairs is not None and init is None:
@@ -467,9 +477,12 @@ def register(
     iterations : int or list of int, optional
         Most iterations per level (default 100 for linear, 60 for dense models).
     lr : float, optional
-        Initial step in pixels of each level (default 0.5); halved on plateaus.
+        Initial step in pixels of each level (default 0.5); halved on plateaus. Adam and
+        L-BFGS only: Gauss–Newton sizes its own steps.
     tol : float
-        Relative loss improvement under which an iteration counts as no progress.
+        Relative loss improvement under which an iteration counts as no progress (Adam
+        and L-BFGS; a Gauss–Newton level ends once a step moves no corner by 10⁻³ level
+        pixels, docs/maths.md §6.4).
     window : float, optional
         Window of "lncc" (default 9 pixels) or "ssim" (default 11), in physical units (the
         units of the spacings; pixels by default) at full resolution; each pyramid level
@@ -503,11 +516,15 @@ def register(
         ``landmark_weight > 0``.
     device : "auto", "cpu", "cuda", "mps" or a torch.device
     full_resolution : bool, optional
-        Optimize on the full-resolution level too. Default (None): only for images up to
-        256² (2-D) or 64³ (3-D) pixels; larger ones stop at half resolution, several
-        times faster for a loss of a few hundredths of a pixel.
-    optimizer : {"auto", "adam", "lbfgs"}
-        auto: Adam (L-BFGS stalls on the kinks bilinear interpolation puts in the loss).
+        Optimize on the full-resolution level too. Default (None): with Gauss–Newton for
+        images up to 512² (2-D) or 80³ (3-D) pixels, with Adam up to 256² or 64³; larger
+        ones stop at half resolution, several times faster for a loss of a few hundredths
+        of a pixel.
+    optimizer : {"auto", "gauss-newton", "adam", "lbfgs"}
+        auto: Gauss–Newton (Levenberg–Marquardt steps, a few per level) for the linear
+        models with metric "ncc" or "mse" and no landmark term; Adam otherwise (L-BFGS
+        stalls on the kinks bilinear interpolation puts in the loss). "gauss-newton" with
+        another model or metric, or with ``landmark_weight > 0``, is refused.
     callback : callable(Progress) -> bool, optional
         Called every ``report_every`` iterations with level, iteration, loss and the best
         transform so far; returning True stops the run within one iteration.

@@ -42,7 +42,14 @@ from ._names import LINEAR_MODELS, METRICS, MODELS
 from .drift import clip_unit, phase_correlation, refine_translation_iter, select_shifts
 from .grid import Grid
 from .models import DenseModel, LinearModel
-from .optimize import Progress, RunResult, level_iterations, make_schedule, optimize
+from .optimize import (
+    Progress,
+    RunResult,
+    level_iterations,
+    make_schedule,
+    optimize,
+    resolve_optimizer,
+)
 from .pyramid import auto_levels, build_pyramid, gaussian_blur, level_shapes
 from .quality import emit, masked_zncc, problems
 from .transforms import AffineTransform, DisplacementTransform
@@ -839,10 +846,11 @@ def _optimizer_route(
     if reference == "mean":
         mean, ref_mask = _mean_reference(normalized, clipped, src.total, batch)
     levels_n = auto_levels(shape, spacing=grid.spacing) if levels in ("auto", None) else int(levels)
-    its = level_iterations(iterations, model, shape, levels_n, full_resolution)
+    optimizer = resolve_optimizer("auto", model, metric)
+    its = level_iterations(iterations, model, shape, levels_n, full_resolution, optimizer)
     unit = min(grid.spacing)
     schedule = make_schedule(
-        model, lr, its, tol, regularization, report_every, metric, window, unit=unit
+        model, lr, its, tol, regularization, report_every, metric, window, optimizer, unit
     )
     # register's conventions: the control grid 8 finest pixels apart unless given in
     # physical units, and a blur of one finest pixel size (fewer pixels along coarse axes).

@@ -1,0 +1,280 @@
+"""Levenberg–Marquardt (damped Gauss–Newton) steps for the linear models at one level.
+
+A linear model has few parameters ``θ`` (2 to 12) and its loss is, or has the optimum of,
+a sum of squares over the pixels (docs/maths.md §6.4): for ``metric="mse"`` the residual
+is ``r = w − f`` (``w``: the warped moving level, ``f``: the fixed level); for
+``metric="ncc"`` it is the residual after the best intensity fit, ``r = α w + β − f``,
+whose least-squares minimum over ``(α, β)`` is ``Σ W (f − f̄)² · (1 − ZNCC²)``: the
+global NCC optimum wherever the correlation is positive. Each step solves
+
+    (JᵀWJ + λ diag(JᵀWJ)) δ = −JᵀWr,    J = ∂r/∂θ = α ∇w(T(x)) · ∂T(x)/∂θ,
+
+with ``∇w`` the moving level's central-difference gradient sampled where the pixels land
+and ``∂T/∂θ`` from :meth:`~.models.LinearModel.matrix_jacobian`; for NCC, ``(α, β)`` join
+``θ`` in the system (columns ``w`` and 1): the Gauss–Newton step of the joint problem. The
+small normal equations are formed from float32 pixels and solved in float64. ``W`` is
+the fixed image's mask times :func:`edge_taper` of both images' edges. A step is kept
+when it lowers the run's loss (then ``λ`` shrinks), else ``λ`` grows and the step is
+retried; a pair is done once a step moves no corner of the fixed level by
+:data:`TOLERANCE` level pixels, or once the loss refuses a step shorter than
+:data:`REFUSED_TOLERANCE`. Near the optimum the convergence is quadratic: a few steps per
+level where Adam takes tens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..ops._sampling import affine_grid, grid_sample, level_matrix
+
+#: metrics whose loss is a sum of squares over the pixels (after the intensity fit for NCC)
+METRICS = ("ncc", "mse")
+#: a level ends once no corner of the fixed image moves this many level pixels in a step
+TOLERANCE = 1e-3
+#: ... or once the loss refuses a step that moves no corner this many level pixels
+REFUSED_TOLERANCE = 0.02
+#: width in level pixels of the weight's ramp at the edges of both images (:func:`edge_taper`)
+TAPER = 2.0
+#: Levenberg–Marquardt damping: start, shrink on success, grow on failure, give up above
+DAMPING = dict(start=1e-3, shrink=0.1, grow=10.0, most=1e6)
+
+
+def gradient_channels(moving: torch.Tensor) -> torch.Tensor:
+    """``moving`` ``(N, 1, *S)`` followed by its derivative along each array axis, central
+    differences (one-sided at the edges), in level pixels: ``(N, 1 + D, *S)``."""
+    d = moving.dim() - 2
+    grads = torch.gradient(moving, dim=tuple(range(2, 2 + d)))
+    return torch.cat([moving, *grads], dim=1)
+
+
+def pixel_coordinates(shape, dtype, device) -> torch.Tensor:
+    """Homogeneous pixel coordinates of a level about its center, ``(D + 1, prod(shape))``,
+    C order (centered: the normal equations are then far better conditioned)."""
+    axes = [torch.arange(n, dtype=dtype, device=device) - (n - 1) / 2 for n in shape]
+    grid = torch.stack(torch.meshgrid(*axes, indexing="ij")).reshape(len(shape), -1)
+    return torch.cat([grid, torch.ones_like(grid[:1])])
+
+
+def edge_taper(position: torch.Tensor, shape) -> torch.Tensor:
+    """A weight ``(..., )`` for pixel positions ``(..., D)`` (array order) in an image of
+    ``shape``: 0 from half a pixel outside it, rising linearly to 1 at :data:`TAPER` − ½
+    pixels inside, 1 beyond (axes of length 1 are ignored).
+
+    The edge pixels of a pyramid level are blurred with repeated edge values, so that they
+    match the other image less well than the inside; a hard in/out weight would add or
+    drop them whole as a step moves the image, a jump in the loss that the damped steps
+    cannot follow. The taper makes the loss continuous in the parameters.
+    """
+    sizes = torch.tensor(shape, dtype=position.dtype, device=position.device)
+    inside = torch.minimum(position, sizes - 1 - position) + 0.5
+    w = (inside / TAPER).clamp(0.0, 1.0)
+    w = torch.where(sizes > 1, w, torch.ones_like(w))
+    return w.prod(dim=-1)
+
+
+def precise(device) -> torch.dtype:
+    """float64, but float32 on MPS (which has no float64)."""
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64
+
+
+def intensity_fit(moving, fixed, weight):
+    """The weighted least-squares ``(α, β)`` ``(N,)`` each of ``fixed ≈ α·moving + β`` over
+    each row of ``(N, pixels)``, in :func:`precise` arithmetic."""
+    wide = precise(moving.device)
+    total = weight.sum(1, dtype=wide).clamp_min(1e-12)
+    mean_m = (weight * moving).sum(1, dtype=wide) / total
+    mean_f = (weight * fixed).sum(1, dtype=wide) / total
+    mc = moving.to(wide) - mean_m[:, None]
+    var = (weight * mc * mc).sum(1).clamp_min(1e-30)
+    alpha = (weight * mc * (fixed.to(wide) - mean_f[:, None])).sum(1) / var
+    return alpha, mean_f - alpha * mean_m
+
+
+class LevelProblem:
+    """The least-squares problem of one pyramid level for a :class:`~.models.LinearModel`.
+
+    fixed : ``(N or 1, 1, *S)``; moving : ``(N or 1, 1, *S_m)``; weight : ``(N or 1, 1,
+    *S)`` or None; loss_fn : the run's loss at this level (``(N,)`` per pair); metric : one
+    of :data:`METRICS`.
+    """
+
+    def __init__(self, model, fixed, moving, weight, loss_fn, metric: str):
+        self.model, self.fixed = model, fixed
+        self.loss_fn, self.metric = loss_fn, metric
+        self.shape = tuple(fixed.shape[2:])
+        self.moving_level = tuple(moving.shape[2:])
+        self.channels = gradient_channels(moving)
+        self.coords = pixel_coordinates(self.shape, moving.dtype, moving.device)
+        d = len(self.shape)
+        # A level pixel is its centered coordinate plus the center.
+        center = torch.tensor([(n - 1) / 2 for n in self.shape], dtype=torch.float64)
+        self.uncenter = torch.eye(d + 1, dtype=torch.float64)
+        self.uncenter[:d, d] = center
+        own = edge_taper(self.coords[:d].T + center.to(self.coords), self.shape)
+        own = own.reshape(1, 1, *self.shape)
+        self.weight = own if weight is None else weight * own
+
+    def level_matrices(self, matrices: torch.Tensor) -> torch.Tensor:
+        """Full-resolution pixel matrices (or their derivatives) ``(..., D+1, D+1)`` → the
+        level's (the map is linear in the matrix: derivatives carry over alike)."""
+        m = self.model
+        lead = matrices.shape[:-2]
+        flat = matrices.reshape(-1, *matrices.shape[-2:])
+        out = level_matrix(flat, m.moving_shape, self.moving_level, m.fixed_shape, self.shape)
+        return out.reshape(*lead, *out.shape[-2:])
+
+    def sample(self):
+        """At the model's current parameters: the warped level and its gradient ``(N, 1 +
+        D, *S)`` and the pixel weight ``(N or 1, 1, *S)`` (the fixed image's weight ×
+        :func:`edge_taper` of where each pixel lands in the moving level)."""
+        with torch.no_grad():
+            matrix = self.level_matrices(self.model.matrix())
+            grid = affine_grid(matrix.to(self.channels.dtype), self.moving_level, self.shape)
+            sampled = grid_sample(self.channels, grid, "linear", "nearest")
+            # align_corners=True normalized (x, y[, z]) → moving level pixels, array order
+            sizes = torch.tensor(self.moving_level[::-1], dtype=grid.dtype, device=grid.device)
+            position = ((grid + 1) * (sizes - 1) / 2).flip(-1)
+            return sampled, edge_taper(position, self.moving_level).unsqueeze(1) * self.weight
+
+    def loss(self, samples, weight=None) -> torch.Tensor:
+        """The run's loss ``(N,)`` of ``samples`` (from :meth:`sample`), over their own
+        weight or ``weight``, on the CPU; in float64 (:func:`precise`), since near the
+        optimum a step changes the loss by less than float32 resolves."""
+        sampled, own = samples
+        w = own if weight is None else weight
+        wide = precise(sampled.device)
+        with torch.no_grad():
+            loss = self.loss_fn(self.fixed.to(wide), sampled[:, :1].to(wide), w.to(wide))
+        return loss.cpu().double()
+
+    def normal_equations(self, samples):
+        """The normal equations ``(H (N, Q, Q), b (N, Q))``, float64 on the CPU (small), of
+        the linearized
+        residual at ``samples`` (from :meth:`sample`): ``Q = P`` for "mse", ``P + 2`` for
+        "ncc" (``θ``, then the intensity fit's ``α, β``)."""
+        sampled, w = samples
+        n, d = sampled.shape[0], len(self.shape)
+        with torch.no_grad():
+            warped = sampled[:, 0].reshape(n, -1)
+            grad = sampled[:, 1:].reshape(n, d, -1)
+            f = self.fixed.reshape(self.fixed.shape[0], -1).expand(n, -1)
+            weight = w.reshape(w.shape[0], -1).expand(n, -1)
+            # ∂w/∂A_ij = ∂_i w · x_j for the level matrix A (on centered coordinates):
+            # least squares in A's D(D+1) entries, carried to θ by the chain rule below.
+            rows = (grad[:, :, None] * self.coords).reshape(n, d * (d + 1), -1)
+            jac = self.level_matrices(self.model.matrix_jacobian()).cpu().double()
+            chain = jac[:, :, :d] @ self.uncenter
+            chain = chain.flatten(2).transpose(1, 2)  # (N, D(D+1), P)
+            if self.metric == "ncc":
+                alpha, beta = intensity_fit(warped, f, weight)
+                alpha, beta = alpha.to(warped.dtype), beta.to(warped.dtype)
+                residual = alpha[:, None] * warped + beta[:, None] - f
+                rows = torch.cat(
+                    [
+                        alpha[:, None, None] * rows,
+                        warped[:, None],
+                        torch.ones_like(rows[:, :1]),
+                    ],
+                    dim=1,
+                )
+                # (α, β) pass through the chain rule unchanged.
+                p = chain.shape[2]
+                wide = chain.new_zeros(n, d * (d + 1) + 2, p + 2)
+                wide[:, : d * (d + 1), :p] = chain
+                wide[:, -2:, p:] = torch.eye(2, dtype=chain.dtype, device=chain.device)
+                chain = wide
+            else:
+                residual = warped - f
+            weighted = rows * weight[:, None]
+            hessian = (weighted @ rows.transpose(1, 2)).cpu().double()
+            gradient = (weighted @ residual[..., None]).cpu().double()
+            hessian = chain.transpose(1, 2) @ hessian @ chain
+            gradient = (chain.transpose(1, 2) @ gradient)[..., 0]
+        return hessian, gradient
+
+    def corner_motion(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+        """Largest motion ``(N,)`` of a fixed-level corner between two full-resolution pixel
+        matrices ``(N, D+1, D+1)``, in moving level pixels."""
+        d = len(self.shape)
+        corners = torch.cartesian_prod(
+            *[
+                torch.tensor([0.0, n - 1.0], dtype=before.dtype, device=before.device)
+                for n in self.shape
+            ]
+        ).reshape(-1, d)
+        corners = torch.cat([corners, torch.ones_like(corners[:, :1])], dim=1)
+        delta = self.level_matrices(after - before)[:, :d]  # (N, D, D+1)
+        return torch.linalg.vector_norm(corners @ delta.transpose(1, 2), dim=-1).amax(dim=1)
+
+
+def damped_step(hessian, gradient, damping, p: int) -> torch.Tensor:
+    """The Levenberg–Marquardt step ``(N, p)`` of the model's ``p`` parameters from the
+    normal equations ``(N, Q, Q)``, ``(N, Q)`` (``Q >= p``; the intensity fit's unknowns
+    last, undamped) and the damping ``λ`` ``(N,)``. A ridge of 1e-12 of the largest
+    diagonal keeps a degenerate system (a flat image) solvable; a failed solve gives no
+    step."""
+    diag = torch.diagonal(hessian, dim1=-2, dim2=-1)
+    damp = torch.zeros_like(diag)
+    damp[:, :p] = damping[:, None] * diag[:, :p]
+    ridge = 1e-12 * diag.amax(dim=1, keepdim=True).clamp_min(1e-300)
+    step, info = torch.linalg.solve_ex(hessian + torch.diag_embed(damp + ridge), -gradient)
+    step = step[:, :p]
+    bad = (info != 0) | ~torch.isfinite(step).all(dim=1)
+    return torch.where(bad[:, None], torch.zeros_like(step), step)
+
+
+def run_level(problem: LevelProblem, iterations: int, history: list, report_every: int, progress):
+    """Levenberg–Marquardt on one level, at most ``iterations`` steps: a generator that
+    yields ``progress(iteration, loss)`` every ``report_every`` steps (a true value sent
+    back stops the run); the mean loss of every evaluation is appended to ``history``.
+
+    Returns True when stopped. The model ends at the last step kept: a step is kept where
+    it lowers that pair's loss over the weights of the point it starts from (the sum of
+    squares it minimizes; the weights follow the images' edges, and their change is no
+    part of the step).
+    """
+    model = problem.model
+    # The per-pair bookkeeping (parameters, losses, systems) is small: float64 on the CPU.
+    theta = model.flat_parameters().cpu().double()
+    n, p = theta.shape
+    samples = problem.sample()
+    loss = problem.loss(samples)
+    history.append(float(loss.mean()))
+    hessian, gradient = problem.normal_equations(samples)
+    damping = torch.full((n,), DAMPING["start"], dtype=torch.float64, device=theta.device)
+    done = torch.zeros(n, dtype=torch.bool, device=theta.device)
+    for iteration in range(iterations):
+        step = damped_step(hessian, gradient, damping, p)
+        step = torch.where(done[:, None], torch.zeros_like(step), step)
+        before = model.matrix().detach().cpu().double()
+        model.set_flat_parameters(theta + step)
+        moved = problem.corner_motion(before, model.matrix().detach().cpu().double())
+        trial = problem.sample()
+        better = (problem.loss(trial, samples[1]) < loss) & ~done
+        theta = torch.where(better[:, None], model.flat_parameters().cpu().double(), theta)
+        model.set_flat_parameters(theta)
+        damping = torch.where(
+            better, (damping * DAMPING["shrink"]).clamp_min(1e-12), damping * DAMPING["grow"]
+        )
+        # Done: a step too small to matter, or a small step the loss refuses (the loss
+        # cannot tell points this close apart: its minimum lies within half the step).
+        settled = (moved < TOLERANCE) | (~better & (moved < REFUSED_TOLERANCE))
+        done = done | settled | (damping > DAMPING["most"]) | ~torch.isfinite(moved)
+        if bool(better.any()):
+            keep = better.view(-1, *([1] * (samples[0].dim() - 1))).to(samples[0].device)
+            samples = (
+                torch.where(keep, trial[0], samples[0]),
+                torch.where(keep, trial[1], samples[1].expand_as(trial[1])),
+            )
+            loss = torch.where(better, problem.loss(samples), loss)
+            if not bool(done.all()):
+                system = problem.normal_equations(samples)
+                hessian = torch.where(better[:, None, None], system[0], hessian)
+                gradient = torch.where(better[:, None], system[1], gradient)
+        total = float(loss.mean())
+        history.append(total)
+        if report_every and iteration % report_every == 0 and (yield progress(iteration, total)):
+            return True
+        if bool(done.all()):
+            break
+    return False

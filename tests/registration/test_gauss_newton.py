@@ -1,0 +1,260 @@
+"""The Gauss–Newton optimizer of the linear models (registration/gauss_newton.py).
+
+Its normal equations are checked against float64 autograd of the residual through the
+same warp (on a moving image where bilinear interpolation and central differences are
+both exact), its damped step against NumPy's solve, and whole runs against the known
+transforms that made each pair, 2-D and 3-D, across the capture range.
+"""
+
+import numpy as np
+import pytest
+import torch
+from scipy.spatial.transform import Rotation
+
+from napari_simwarp import register
+from napari_simwarp.ops._sampling import affine_grid, grid_sample
+from napari_simwarp.ops.losses import loss_for
+from napari_simwarp.registration import gauss_newton as gn
+from napari_simwarp.registration._driver import drive
+from napari_simwarp.registration.models import LinearModel
+from napari_simwarp.registration.optimize import (
+    Schedule,
+    level_iterations,
+    optimize,
+    resolve_optimizer,
+)
+from tests.registration.cases import affine_pair, centered_affine, corner_error
+
+
+def rotation_2d(degrees):
+    th = np.deg2rad(degrees)
+    return np.array([[np.cos(th), -np.sin(th)], [np.sin(th), np.cos(th)]])
+
+
+# -- the pieces -------------------------------------------------------------------------
+
+
+def test_edge_taper_ramps_from_half_a_pixel_outside():
+    shape = (10, 1)  # the axis of length 1 is ignored
+    rows = torch.tensor([-1.0, -0.5, 0.0, 0.5, 1.5, 4.5, 8.5, 9.5, 10.0], dtype=torch.float64)
+    position = torch.stack([rows, torch.full_like(rows, 7.0)], dim=-1)
+    expected = [0.0, 0.0, 0.25, 0.5, 1.0, 1.0, 0.5, 0.0, 0.0]
+    np.testing.assert_allclose(gn.edge_taper(position, shape).numpy(), expected, atol=1e-12)
+
+
+def test_intensity_fit_is_weighted_least_squares():
+    rng = np.random.default_rng(0)
+    m = rng.normal(size=(2, 50))
+    f = 3.0 * m - 0.5 + 0.1 * rng.normal(size=(2, 50))
+    w = rng.uniform(0, 1, size=(2, 50))
+    alpha, beta = gn.intensity_fit(*(torch.from_numpy(a) for a in (m, f, w)))
+    for i in range(2):
+        a = np.stack([m[i], np.ones(50)], 1) * np.sqrt(w[i])[:, None]
+        ref = np.linalg.lstsq(a, f[i] * np.sqrt(w[i]), rcond=None)[0]
+        np.testing.assert_allclose([alpha[i].item(), beta[i].item()], ref, rtol=1e-10)
+
+
+def test_damped_step_solves_the_system_and_damps_only_the_model():
+    rng = np.random.default_rng(1)
+    a = rng.normal(size=(2, 7, 5))
+    h = torch.from_numpy(a.transpose(0, 2, 1) @ a)
+    g = torch.from_numpy(rng.normal(size=(2, 5)))
+    step = gn.damped_step(h, g, torch.zeros(2, dtype=torch.float64), 3)
+    ref = np.linalg.solve(h.numpy(), -g.numpy()[..., None])[..., 0][:, :3]
+    np.testing.assert_allclose(step.numpy(), ref, rtol=1e-8)
+    lam = torch.tensor([0.5, 2.0], dtype=torch.float64)
+    damped = h.numpy().copy()
+    for i in range(2):
+        damped[i, :3, :3] += lam[i].item() * np.diag(np.diag(h.numpy()[i, :3, :3]))
+    ref = np.linalg.solve(damped, -g.numpy()[..., None])[..., 0][:, :3]
+    np.testing.assert_allclose(gn.damped_step(h, g, lam, 3).numpy(), ref, rtol=1e-8)
+
+
+def test_damped_step_of_a_flat_image_is_no_step():
+    h = torch.zeros(1, 4, 4, dtype=torch.float64)
+    step = gn.damped_step(h, torch.zeros(1, 4, dtype=torch.float64), torch.ones(1), 2)
+    assert step.shape == (1, 2) and not step.any()
+
+
+# -- the normal equations against autograd ----------------------------------------------
+
+
+def _ramp(shape):
+    """A moving image linear in the pixel position: bilinear interpolation and central
+    differences are both exact on it, so the Gauss–Newton Jacobian is the true one."""
+    axes = np.meshgrid(*[np.arange(n, dtype=float) for n in shape], indexing="ij")
+    return sum((0.3 + 0.2 * i) * a / n for i, (a, n) in enumerate(zip(axes, shape)))
+
+
+@pytest.mark.parametrize("metric", ["mse", "ncc"])
+@pytest.mark.parametrize(
+    "kind,fixed_shape", [("rigid", (14, 18)), ("affine", (14, 18)), ("similarity", (8, 9, 10))]
+)
+def test_normal_equations_match_autograd(kind, fixed_shape, metric):
+    rng = np.random.default_rng(2)
+    d = len(fixed_shape)
+    moving_shape = tuple(2 * n for n in fixed_shape)
+    # The fixed image lands in the middle of a moving image twice its size: every sample
+    # falls well inside it (no clamping at the border).
+    init = np.eye(d + 1)
+    init[:d, d] = [n / 2 for n in fixed_shape]
+    model = LinearModel(kind, fixed_shape, moving_shape, 2, init=init, dtype=torch.float32)
+    with torch.no_grad():
+        model.shift.copy_(torch.from_numpy(rng.uniform(-1, 1, model.shift.shape)))
+        model.linear.copy_(torch.from_numpy(rng.uniform(-0.5, 0.5, model.linear.shape)))
+    fixed = torch.from_numpy(rng.uniform(0, 1, (1, 1, *fixed_shape))).float()
+    moving = torch.from_numpy(_ramp(moving_shape))[None, None].float()
+    problem = gn.LevelProblem(
+        model, fixed, moving, None, loss_for(metric, reduction="none"), metric
+    )
+    samples = problem.sample()
+    hessian, gradient = problem.normal_equations(samples)
+    weight = samples[1].double().flatten(1)
+
+    theta = model.flat_parameters().requires_grad_(True)
+    p = theta.shape[1]
+
+    def warped_of(theta):
+        matrix = model.matrix(theta[:, :d], theta[:, d:])
+        grid = affine_grid(matrix, moving_shape, fixed_shape)
+        return grid_sample(moving.double(), grid, "linear", "nearest").flatten(1)
+
+    w = warped_of(theta).detach()
+    f = fixed.double().flatten(1).expand(2, -1)
+    for i in range(2):
+        jac = torch.autograd.functional.jacobian(lambda t, i=i: warped_of(t)[i], theta)[:, i]
+        if metric == "ncc":
+            alpha, beta = gn.intensity_fit(w, f, weight)
+            residual = alpha[i] * w[i] + beta[i] - f[i]
+            jac = torch.cat([alpha[i] * jac, w[i][:, None], torch.ones_like(w[i])[:, None]], 1)
+        else:
+            residual = w[i] - f[i]
+        h_ref = jac.T @ (weight[i][:, None] * jac)
+        g_ref = jac.T @ (weight[i] * residual)
+        # The pixels are float32: errors relative to the sums of absolute terms.
+        h_scale = (jac.abs().T @ (weight[i][:, None] * jac.abs())).max()
+        g_scale = (jac.abs().T @ (weight[i] * residual.abs())).max()
+        np.testing.assert_allclose(hessian[i].numpy(), h_ref.numpy(), atol=1e-5 * h_scale)
+        np.testing.assert_allclose(gradient[i].numpy(), g_ref.numpy(), atol=1e-5 * g_scale)
+        assert hessian.shape[1:] == (p + 2 * (metric == "ncc"),) * 2
+
+
+# -- whole runs -------------------------------------------------------------------------
+
+
+def test_auto_is_gauss_newton_for_linear_models_with_a_sum_of_squares_metric():
+    for model in ("translation", "rigid", "similarity", "affine"):
+        assert resolve_optimizer("auto", model, "ncc") == "gauss-newton"
+        assert resolve_optimizer("auto", model, "mse") == "gauss-newton"
+        assert resolve_optimizer("auto", model, "lncc") == "adam"
+    assert resolve_optimizer("auto", "deformable", "lncc") == "adam"
+    assert resolve_optimizer("adam", "rigid", "ncc") == "adam"
+
+
+@pytest.mark.parametrize(
+    "model,metric",
+    [("deformable", "ncc"), ("rigid", "lncc"), ("affine", "mi"), ("diffeomorphic", "mse")],
+)
+def test_gauss_newton_refuses_what_it_cannot_optimize(model, metric):
+    with pytest.raises(ValueError, match="optimizer='gauss-newton' needs a linear model"):
+        resolve_optimizer("gauss-newton", model, metric)
+
+
+def test_gauss_newton_refuses_the_landmark_term():
+    fixed, moving = affine_pair(np.random.default_rng(4), (48, 48), np.eye(3))
+    points = np.array([[10.0, 10.0], [30.0, 12.0], [20.0, 35.0]])
+    with pytest.raises(ValueError, match="does not take the landmark term"):
+        register(
+            fixed,
+            moving,
+            model="rigid",
+            landmarks=(points, points),
+            landmark_weight=1.0,
+            optimizer="gauss-newton",
+        )
+
+
+def test_full_resolution_auto_reaches_further_with_gauss_newton():
+    # 384×303 (116k pixels): skipped with Adam (> 256²), optimized with Gauss–Newton.
+    assert level_iterations(None, "rigid", (384, 303), 4, None, "adam")[-1] == 0
+    assert level_iterations(None, "rigid", (384, 303), 4, None, "gauss-newton")[-1] == 100
+    assert level_iterations(None, "rigid", (64, 72, 80), 3, None, "gauss-newton")[-1] == 100
+    assert level_iterations(None, "rigid", (96, 96, 96), 3, None, "gauss-newton")[-1] == 0
+
+
+CASES_2D = {
+    "translation": (np.eye(2), (9.3, -5.6)),
+    "rigid": (rotation_2d(28), (-6.2, 4.1)),
+    "similarity": (0.94 * rotation_2d(-12), (3.7, 7.4)),
+    "affine": (rotation_2d(20) @ np.array([[1.1, 0.08], [0.0, 0.9]]), (5.5, -2.5)),
+}
+
+
+# "mse" compares the two images as each was normalized (by its own percentiles): only a
+# transform that keeps the intensity statistics (rigid) has its optimum at the truth.
+@pytest.mark.parametrize("model,metric", [(m, "ncc") for m in CASES_2D] + [("rigid", "mse")])
+def test_2d_models_recover_known_transforms(model, metric):
+    shape = (128, 120)
+    linear, shift = CASES_2D[model]
+    matrix = centered_affine(linear, shift, shape)
+    fixed, moving = affine_pair(np.random.default_rng(5), shape, matrix)
+    result = register(fixed, moving, model=model, metric=metric, device="cpu")
+    assert corner_error(result.transform.matrix, matrix, shape) < 0.015
+
+
+CASES_3D = {
+    "translation": (np.eye(3), (3.4, -2.2, 5.1)),
+    "rigid": (Rotation.from_rotvec([0.0, 0.0, np.deg2rad(20)]).as_matrix(), (2.0, 1.5, -3.0)),
+    "similarity": (1.05 * Rotation.from_rotvec([0.1, -0.05, 0.0]).as_matrix(), (-1.5, 2.0, 1.0)),
+    "affine": (
+        Rotation.from_rotvec([0.0, 0.1, 0.0]).as_matrix() @ np.diag([1.06, 0.95, 1.0]),
+        (2.5, -3.0, 1.5),
+    ),
+}
+
+
+@pytest.mark.parametrize("model", list(CASES_3D))
+def test_3d_models_recover_known_transforms(model):
+    shape = (36, 40, 44)
+    linear, shift = CASES_3D[model]
+    matrix = centered_affine(linear, shift, shape)
+    fixed, moving = affine_pair(np.random.default_rng(6), shape, matrix)
+    result = register(fixed, moving, model=model, device="cpu")
+    assert corner_error(result.transform.matrix, matrix, shape) < 0.02
+
+
+def test_gauss_newton_is_more_accurate_than_adam_on_the_same_pair():
+    shape = (96, 96)
+    matrix = centered_affine(rotation_2d(-6) @ np.diag([1.08, 0.93]), (5.0, -7.0), shape)
+    fixed, moving = affine_pair(np.random.default_rng(7), shape, matrix)
+    errors = {
+        opt: corner_error(register(fixed, moving, optimizer=opt).transform.matrix, matrix, shape)
+        for opt in ("gauss-newton", "adam")
+    }
+    assert errors["gauss-newton"] < 0.5 * errors["adam"]
+
+
+def test_a_batch_of_pairs_converges_each_to_its_own_shift(rng):
+    shape = (40, 44)
+    shifts = [(1.7, -2.4), (-0.6, 3.1)]
+    fixed = affine_pair(rng, shape, np.eye(3))[0]
+    from scipy import ndimage as ndi
+
+    movings = [ndi.shift(fixed, s, order=3, mode="nearest") for s in shifts]
+    as_t = lambda a: torch.from_numpy(np.asarray(a, np.float32))
+    model = LinearModel("translation", shape, shape, 2)
+    schedule = Schedule(metric="ncc", optimizer="gauss-newton", iterations=30)
+    history = []
+    stopped, _ = drive(
+        optimize(
+            model,
+            [as_t(fixed)[None, None]],
+            [as_t(np.stack(movings))[:, None]],
+            [None],
+            schedule,
+            history,
+        )
+    )
+    assert not stopped
+    np.testing.assert_allclose(model.matrix()[:, :2, 2].detach().numpy(), shifts, atol=0.01)
+    assert history[-1] < history[0]
