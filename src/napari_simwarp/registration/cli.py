@@ -169,7 +169,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--regularization",
         type=float,
         default=None,
-        help="deformable: smoothness weight (default 0.05)",
+        help="deformable: smoothness weight (default 0.2)",
     )
     p.add_argument("--mask", default=None, help="mask file for the fixed image (non-zero = use)")
     p.add_argument(
