@@ -51,8 +51,28 @@ def put_layer(viewer, kind: str, name: str, data, like=None, **props):
     if features is not None:
         layer.features = features
     for key, value in {**geometry, **props}.items():
-        setattr(layer, key, value)
+        # Each property set refreshes the layer (a vectors thumbnail is a Python loop per
+        # arrow): set only what differs.
+        if _differs(getattr(layer, key, None), value):
+            setattr(layer, key, value)
     return layer
+
+
+def _differs(current, value) -> bool:
+    """Whether a layer property holding ``current`` must be set to ``value``: a colormap
+    compares by name, per-item colours with the colour named, arrays by their values,
+    anything not comparable differs."""
+    current = getattr(current, "name", current) if isinstance(value, str) else current
+    try:
+        if isinstance(value, str) and isinstance(current, np.ndarray):  # edge colours
+            from napari.utils.colormaps.standardize_color import transform_color
+
+            return not (current.size and np.allclose(current, transform_color(value)[0]))
+        if isinstance(current, str) or isinstance(value, str):
+            return str(getattr(current, "value", current)) != value
+        return not np.array_equal(np.asarray(current), np.asarray(value))
+    except (TypeError, ValueError):
+        return True
 
 
 def same_kind(layer, kind: str, data) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import time
 from dataclasses import replace
@@ -177,6 +178,11 @@ class RegisterWidget(WorkerWidget):
         self._display_timer.setSingleShot(True)
         self._display_timer.setInterval(DISPLAY_MS)
         self._display_timer.timeout.connect(self._display_waiting)
+        self._steps: collections.deque = collections.deque()  # display steps to run
+        self._step_timer = QTimer()
+        self._step_timer.setSingleShot(True)
+        self._step_timer.setInterval(0)
+        self._step_timer.timeout.connect(self._next_step)
         self.native.destroyed.connect(on_destroyed(self, _stop_run))
         self._update_visibility()
         self._backend.refresh()
@@ -230,7 +236,7 @@ class RegisterWidget(WorkerWidget):
 
     # -- running ------------------------------------------------------------------------
     def run(self, *_):
-        if self._closed or self._worker is not None:
+        if self._closed or self.busy:
             return
         if not after_kernel_build(self, self.run):
             return  # the kernels build first (a visible step), then the run starts
@@ -271,7 +277,8 @@ class RegisterWidget(WorkerWidget):
         self._waiting, self._last_vectors = None, -np.inf
         self._plot.set_values([])
         worker = create_worker(
-            run.snapshots,
+            _snapshots,
+            run,
             _ignore_errors=True,
             _progress={"total": run.expected_steps() + 1, "desc": "Registering"},
         )
@@ -300,22 +307,38 @@ class RegisterWidget(WorkerWidget):
         )
         self._affine_btn.enabled = linear
 
-    def _put(self, kind: str, name: str, data, **props):
-        """Show ``data`` in the result layer ``name``: its properties (geometry, colours,
-        widths) are set on the run's first snapshot only; later snapshots assign only the
-        data (re-setting scale, edge width... redrew the layer each time, the main cost of
-        the live display)."""
+    def _put(self, kind: str, name: str, data, **props) -> list:
+        """The display steps that show ``data`` in the result layer ``name``.
+
+        Its properties (geometry, colours, widths) are set on the run's first snapshot
+        only; later snapshots assign only the data (re-setting scale, edge width...
+        redrew the layer each time). A Vectors layer is made empty, with its style, and
+        given its arrows in a second step: napari draws its thumbnail (a Python loop per
+        arrow) at each of the construction's refreshes.
+        """
         layer = layer_by_name(self._viewer, name)
         if name in self._styled and same_kind(layer, kind, data):
-            layer.data = data
-            return layer
+
+            def assign():
+                layer.data = data
+
+            return [assign]
         self._styled.add(name)
         if kind == "vectors" and data.shape[-1] == 3:
             props.setdefault("visible", False)  # 3-D arrows hide the volume: opt in
-        layer = put_layer(self._viewer, kind, name, data, **props)
-        layers = self._viewer.layers
-        layers.move(layers.index(layer), len(layers))  # results stay on top
-        return layer
+        new = not same_kind(layer, kind, data)
+        first = np.zeros((0, *data.shape[1:]), data.dtype) if kind == "vectors" and new else data
+
+        def add():
+            added = put_layer(self._viewer, kind, name, first, **props)
+            layers = self._viewer.layers
+            if layers.index(added) != len(layers) - 1:
+                layers.move(layers.index(added), len(layers))  # results stay on top
+
+        def fill():
+            layer_by_name(self._viewer, name).data = data
+
+        return [add, fill] if first is not data else [add]
 
     def _receive(self, snap):
         """A snapshot from the worker: kept (merged with any not yet shown) and shown by
@@ -330,14 +353,40 @@ class RegisterWidget(WorkerWidget):
             self._display_timer.start()
 
     def _display_waiting(self):
-        snap, self._waiting = self._waiting, None
-        if snap is not None and not self._closed:
-            self._display_timer.stop()
-            self._show(snap)
-
-    def _show(self, snap):
-        if self._closed or self._run is None:
+        """Queue the display of the waiting snapshot, unless the previous display is still
+        being drawn (then it waits; newer snapshots merge into it). The final snapshot is
+        queued after it."""
+        if self._closed or self._waiting is None:
             return
+        if self._steps and not self._waiting.final:
+            self._display_timer.start()
+            return
+        snap, self._waiting = self._waiting, None
+        self._display_timer.stop()
+        self._queue(self._show(snap))
+
+    def _queue(self, steps) -> None:
+        """Run ``steps`` (callables) one per turn of the event loop, after those queued:
+        the GUI thread is never held for more than one layer update at a time."""
+        self._steps.extend(steps)
+        if self._steps and not self._step_timer.isActive():
+            self._step_timer.start()
+
+    def _next_step(self):
+        if self._closed or not self._steps:
+            return
+        step = self._steps.popleft()
+        try:
+            step()
+        finally:
+            if self._steps and not self._closed:
+                self._step_timer.start()
+
+    def _show(self, snap) -> list:
+        """The display steps of one snapshot: the loss curve and status, the registered
+        image, each Vectors layer."""
+        if self._closed or self._run is None:
+            return []
         now = time.perf_counter()
         has_vectors = snap.displacement is not None or snap.gradient is not None
         if has_vectors and not snap.final and now - self._last_vectors < VECTORS_MS / 1000:
@@ -347,13 +396,24 @@ class RegisterWidget(WorkerWidget):
             self._display_timer.start()
         elif has_vectors:
             self._last_vectors = now
-        self._plot.set_values(snap.losses, snap.loss_levels)
+        self.snapshots_shown += 1
+
+        def curve():
+            self._plot.set_values(snap.losses, snap.loss_levels)
+            self._status.value = snap.describe()
+
+        steps = [curve]
         moving, fixed = self._moving_layer, self._fixed_layer
         name = WARPED_LAYER.format(moving=moving.name if moving is not None else "moving")
         if snap.warped is not None:
             limits = tuple(moving.contrast_limits) if moving is not None else None
-            first = name not in self._styled
-            self._put(
+            if name not in self._styled and moving is not None and moving is not fixed:
+
+                def hide_moving():
+                    moving.visible = False  # the registered layer replaces it on screen
+
+                steps.append(hide_moving)
+            steps += self._put(
                 "image",
                 name,
                 snap.warped,
@@ -362,8 +422,6 @@ class RegisterWidget(WorkerWidget):
                 blending="additive",
                 **({"contrast_limits": limits} if limits else {}),
             )
-            if first and moving is not None and moving is not fixed:
-                moving.visible = False  # the registered layer replaces it on screen
         if snap.displacement is not None:
             # Display length: the longest arrow spans about one grid cell (data unscaled);
             # re-set only when it changes by more than half (a property set redraws).
@@ -374,7 +432,7 @@ class RegisterWidget(WorkerWidget):
             )
             top = float(norms.max()) if norms.size else 0.0
             length = min(max(0.9 * self._run.spacing / top, 1.0), 20.0) if top > 0 else 1.0
-            layer = self._put(
+            steps += self._put(
                 "vectors",
                 DISPLACEMENT_LAYER,
                 snap.displacement,
@@ -383,10 +441,15 @@ class RegisterWidget(WorkerWidget):
                 edge_width=1.5,
                 length=length,
             )
-            if layer is not None and not 2 / 3 <= layer.length / length <= 1.5:
-                layer.length = length
+
+            def relength():
+                layer = layer_by_name(self._viewer, DISPLACEMENT_LAYER)
+                if layer is not None and not 2 / 3 <= layer.length / length <= 1.5:
+                    layer.length = length
+
+            steps.append(relength)
         if snap.gradient is not None:
-            self._put(
+            steps += self._put(
                 "vectors",
                 GRADIENT_LAYER,
                 snap.gradient,
@@ -395,13 +458,19 @@ class RegisterWidget(WorkerWidget):
                 edge_width=1.0,
                 length=1.0,
             )
-        self.snapshots_shown += 1
-        self._status.value = snap.describe()
+        return steps
 
     def _on_finished(self):
         super()._on_finished()
-        if self._closed:
-            return
+        if not self._closed:
+            self._queue([self._report_result])  # after the final snapshot's display
+
+    @property
+    def busy(self) -> bool:
+        """Whether a run is under way or its last display not yet drawn."""
+        return self._worker is not None or bool(self._steps)
+
+    def _report_result(self):
         self._set_running(False)
         if self._run is not None and self._run.result is not None:
             res = self._run.result
@@ -497,6 +566,14 @@ class RegisterWidget(WorkerWidget):
             self._report(exc, "showing the affine")
 
 
+def _snapshots(run):
+    """The run's snapshots, in the worker thread. napari's Vectors layers import pandas
+    on first use: imported here, off the GUI thread (a 0.2 s pause at the first arrows)."""
+    import pandas  # noqa: F401
+
+    yield from run.snapshots()
+
+
 def _contrasting(fixed) -> str:
     """The registered layer's colormap: magenta over a gray or green fixed layer, green
     over a magenta or red one (two layers in one colour cannot be told apart)."""
@@ -508,7 +585,9 @@ def _stop_run(widget) -> None:
     """Stop the registration loop itself (its generator), not only the worker thread, and
     the display timer (snapshots still queued are then dropped by ``_closed``)."""
     widget._waiting = None
+    widget._steps.clear()
     with contextlib.suppress(RuntimeError):  # already deleted with the widget
         widget._display_timer.stop()
+        widget._step_timer.stop()
     if widget._run is not None:
         widget._run.stop()

@@ -42,7 +42,7 @@ class RunSettings:
         for dense ones) or a name of ``registration.METRICS``
     levels : 0 or "auto" for automatic, else the number of pyramid levels
     iterations : per level; None for the engine's default
-    vector_spacing : pixels between displayed arrows; None: about 32 per axis
+    vector_spacing : pixels between displayed arrows; None: about 20 per axis
     show_gradient : also compute the similarity-gradient field (pairs only)
     landmark_weight : weight of the landmarks' soft constraint (0: they only start the run)
     min_interval : seconds between two snapshots' heavy display data (warped image,
@@ -253,6 +253,9 @@ class RegistrationRun:
         """Yield :class:`Snapshot` s; the last one has ``final=True`` (``self.result`` set)."""
         from ..registration import register_iter, register_stack_iter
 
+        # The first arrows come one interval into the run (its first snapshots show an
+        # almost untouched field; a short run gets its arrows with the final snapshot).
+        self._last_vectors = time.perf_counter()
         if self.settings.mode == "pair":
             run = register_iter(self.fixed, self.moving, **self._engine_kwargs())
             fill = self._fill_pair_progress

@@ -33,8 +33,12 @@ def field_to_vectors(
     return np.stack([pos, vec], axis=1)
 
 
-def auto_spacing(shape, target: int = 32) -> int:
-    """A grid spacing giving about ``target`` arrows along the longest axis (≥ 1)."""
+def auto_spacing(shape, target: int = 20) -> int:
+    """A grid spacing giving about ``target`` arrows along the longest axis (≥ 1).
+
+    20 per axis (400 arrows in 2-D) stays readable on screen, and napari draws a Vectors
+    layer's thumbnail with a Python loop per arrow (up to 1024) at every data change.
+    """
     return max(1, round(max(shape) / target))
 
 
