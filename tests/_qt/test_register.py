@@ -97,6 +97,40 @@ def test_drift_stack(viewer, qtbot):
     np.testing.assert_array_equal(m.data, stack)
 
 
+def test_drift_live_display_warps_only_the_frame_on_screen_and_follows_it(
+    viewer, qtbot, monkeypatch
+):
+    import threading
+
+    from napari_simwarp.widgets_logic.registration import RegistrationRun
+
+    stack, shifts = data.drifting_timelapse(frames=12, size=64)
+    w, _, _ = _setup(viewer, None, stack, mode="time-lapse (drift)", iterations=30)
+    settings = w.settings
+    w.settings = lambda: dataclasses.replace(settings(), min_interval=0.0)  # every snapshot
+    viewer.dims.set_current_step(0, 4)
+    warps, moved = [], threading.Event()
+    real = RegistrationRun._warp_frame
+
+    def counted(run, t, transform, frame):
+        warps.append((run._step, t))
+        moved.wait(30)  # the first snapshot waits until the test has moved the slider
+        return real(run, t, transform, frame)
+
+    monkeypatch.setattr(RegistrationRun, "_warp_frame", counted)
+    w.run()
+    qtbot.waitUntil(lambda: len(warps) >= 1, timeout=60000)
+    viewer.dims.set_current_step(0, 9)  # the user moves the slider mid-run
+    assert w._run.focus == 9
+    moved.set()
+    qtbot.waitUntil(lambda: w.result is not None and not w.busy, timeout=120000)
+    np.testing.assert_allclose(w.result.shifts, shifts, atol=0.25)
+    steps = [step for step, _ in warps]
+    assert len(steps) == len(set(steps))  # one frame warped per snapshot at most, not 12
+    assert warps[0][1] == 4 and warps[-1][1] == 9 and {t for _, t in warps} == {4, 9}
+    assert viewer.layers["moving registered"].data.shape == stack.shape
+
+
 def test_drift_of_a_lazy_stack_reads_it_only_in_the_worker(viewer, qtbot):
     import threading
 

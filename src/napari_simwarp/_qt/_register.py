@@ -183,6 +183,8 @@ class RegisterWidget(WorkerWidget):
         self._step_timer.setSingleShot(True)
         self._step_timer.setInterval(0)
         self._step_timer.timeout.connect(self._next_step)
+        # Drift correction shows live the frame the viewer is on: follow the slider.
+        napari_viewer.dims.events.current_step.connect(self._on_step)
         self.native.destroyed.connect(on_destroyed(self, _stop_run))
         self._update_visibility()
         self._backend.refresh()
@@ -268,6 +270,7 @@ class RegisterWidget(WorkerWidget):
             self._on_error(exc)  # the status line says why, not a stale message
             return
         self._run, self._moving_layer = run, moving
+        self._on_step()  # the frame on screen is the one the live display warps
         self._fixed_layer = self._fixed.value if self.mode == "pair" else moving
         if not (self.mode == "pair" and run.settings.show_gradient):
             # This run draws no gradient field: drop an earlier run's, which would look current.
@@ -289,6 +292,14 @@ class RegisterWidget(WorkerWidget):
         self._set_running(True)
         self._status.value = f"registering ({run.settings.model}, {run.levels} levels)…"
         worker.start()
+
+    def _on_step(self, *_):
+        """The viewer moved: in time-lapse mode, the live display warps that frame next."""
+        run, layer = self._run, self._moving_layer
+        if self._closed or run is None or run.settings.mode != "stack" or layer is None:
+            return
+        with contextlib.suppress(ValueError, IndexError):  # a layer out of the dims
+            run.focus = int(np.round(layer.world_to_data(self._viewer.dims.point)[0]))
 
     def cancel(self, *_):
         """Stop the run within one iteration; the best result so far is kept."""
@@ -586,6 +597,8 @@ def _stop_run(widget) -> None:
     the display timer (snapshots still queued are then dropped by ``_closed``)."""
     widget._waiting = None
     widget._steps.clear()
+    with contextlib.suppress(Exception):  # the viewer may outlive the widget
+        widget._viewer.dims.events.current_step.disconnect(widget._on_step)
     with contextlib.suppress(RuntimeError):  # already deleted with the widget
         widget._display_timer.stop()
         widget._step_timer.stop()
