@@ -117,6 +117,32 @@ def layer_image(layer, name: str) -> np.ndarray:
     return rgb_to_gray(data) if getattr(layer, "rgb", False) else data
 
 
+def plane_geometry(layer, src) -> dict:
+    """Scale and translate of a result computed on a plane of ``layer`` (a
+    :class:`~napari_simwarp.widgets_logic.planes.PlaneSource`'s spatial axes; a multiscale
+    level's pixels are ``factors`` full-resolution pixels wide)."""
+    if layer is None:
+        return {}
+    d = src.d
+    scale = np.asarray(layer.scale)[-d:] * np.asarray(src.factors[-d:])
+    return {"scale": scale, "translate": np.asarray(layer.translate)[-d:]}
+
+
+def level_choice(layer, spin, d: int) -> None:
+    """Show ``spin`` (a level SpinBox) for a multiscale ``layer`` only, with its levels as
+    the range and, as the value, the first level whose ``d``-D plane holds at most 2048²
+    pixels (the user may change it)."""
+    multiscale = bool(getattr(layer, "multiscale", False))
+    spin.visible = multiscale
+    if multiscale:
+        levels = list(layer.data)
+        sizes = [np.prod(lv.shape[layer.ndim - d : layer.ndim]) for lv in levels]
+        fits = [i for i, n in enumerate(sizes) if n <= 2048 * 2048]
+        with spin.changed.blocked():
+            spin.max = len(levels) - 1
+            spin.value = fits[0] if fits else len(levels) - 1
+
+
 class BackendLabel(Label):
     """Shows "device: … · kernels: …". Cheap (it never triggers a build); widgets call
     :meth:`refresh` after each computation, when the kernels have been loaded."""
