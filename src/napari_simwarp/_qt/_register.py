@@ -21,6 +21,7 @@ from magicgui.widgets import (
 from napari.qt.threading import create_worker
 from qtpy.QtCore import QTimer
 
+from ..registration.grid import Grid
 from ..registration.quality import MEASURES
 from ..widgets_logic.geometry import (
     apply_transforms,
@@ -28,6 +29,7 @@ from ..widgets_logic.geometry import (
     layer_affine,
     layer_grid,
 )
+from ..widgets_logic.planes import mode_for, plane_at
 from ..widgets_logic.registration import (
     DISPLACEMENT_LAYER,
     GRADIENT_LAYER,
@@ -42,10 +44,12 @@ from ._common import (
     after_kernel_build,
     layer_by_name,
     layer_image,
+    level_choice,
     notify_error,
     notify_info,
     notify_warning,
     on_destroyed,
+    plane_geometry,
     put_layer,
     remove_layer,
     same_kind,
@@ -100,6 +104,8 @@ class RegisterWidget(WorkerWidget):
         self._levels = SpinBox(
             name="levels", value=0, min=0, max=8, label="pyramid levels (0: auto)"
         )
+        self._level = SpinBox(name="level", value=0, min=0, max=0, label="level (multiscale)")
+        self._level.visible = False
         self._iterations = SpinBox(
             name="iterations", value=0, min=0, max=10000, label="iterations / level (0: default)"
         )
@@ -141,6 +147,7 @@ class RegisterWidget(WorkerWidget):
                 self._mode,
                 self._fixed,
                 self._moving,
+                self._level,
                 self._reference,
                 self._model,
                 self._metric,
@@ -162,6 +169,9 @@ class RegisterWidget(WorkerWidget):
         self.extend([self._save_btn, self._apply_to, self._apply_btn, self._affine_btn])
 
         self._mode.changed.connect(self._update_visibility)
+        self._fixed.changed.connect(self._on_layers)
+        self._moving.changed.connect(self._on_layers)
+        self._geometry: dict = {}  # scale and translate of the results (the fixed grid's)
         self._run_btn.changed.connect(self.run)
         self._cancel_btn.changed.connect(self.cancel)
         self._save_btn.changed.connect(self._ask_save)
@@ -187,6 +197,7 @@ class RegisterWidget(WorkerWidget):
         napari_viewer.dims.events.current_step.connect(self._on_step)
         self.native.destroyed.connect(on_destroyed(self, _stop_run))
         self._update_visibility()
+        self._on_layers()
         self._backend.refresh()
 
     def _report(self, exc, what: str) -> None:
@@ -215,6 +226,7 @@ class RegisterWidget(WorkerWidget):
             control.visible = not stack
         if stack:  # drift correction: translation (phase correlation + Gauss-Newton)
             self._model.value = "translation"
+        self._on_layers()
 
     def settings(self) -> RunSettings:
         return RunSettings(
@@ -251,22 +263,28 @@ class RegisterWidget(WorkerWidget):
                     "layers, or the time-lapse mode to align the frames of one"
                 )
             if self.mode == "pair":
-                fixed_data = layer_image(self._fixed.value, "fixed")
-                # Layers aligned on screen must stay aligned: register in their world space.
-                fixed_grid = layer_grid(self._fixed.value, "fixed")
-                moving_grid = layer_grid(moving, "moving")
+                fixed_plane, moving_plane = self._pair_planes(self._fixed.value, moving)
+                fixed_data = _in_memory(fixed_plane)
+                moving_data = _in_memory(moving_plane)
+                # Layers aligned on screen must stay aligned: register in their world space
+                # (a multiscale level's pixels are its factors wide).
+                fixed_grid = _plane_grid(self._fixed.value, fixed_plane, "fixed")
+                moving_grid = _plane_grid(moving, moving_plane, "moving")
                 landmarks = self.landmarks()
-            elif moving is not None:  # the frames' grid: the stack layer's, time left out
+                self._geometry = plane_geometry(self._fixed.value, fixed_plane.source)
+            else:  # the frames' grid: the stack layer's, time left out
+                moving_data = layer_image(moving, "moving")
                 moving_grid = layer_grid(moving, "moving", skip=1)
+                self._geometry = {"scale": moving.scale, "translate": moving.translate}
             run = RegistrationRun(
                 fixed_data,
-                layer_image(moving, "moving"),
+                moving_data,
                 self.settings(),
                 fixed_grid=fixed_grid,
                 moving_grid=moving_grid,
                 landmarks=landmarks,
             )
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, MemoryError) as exc:
             self._on_error(exc)  # the status line says why, not a stale message
             return
         self._run, self._moving_layer = run, moving
@@ -292,6 +310,45 @@ class RegisterWidget(WorkerWidget):
         self._set_running(True)
         self._status.value = f"registering ({run.settings.model}, {run.levels} levels)…"
         worker.start()
+
+    def _pair_planes(self, fixed, moving):
+        """The fixed and moving :class:`~..widgets_logic.planes.Plane` s of a pair run:
+        the layers' last 2 or 3 axes (a layer of more axes: the volume the viewer is on),
+        a multiscale layer at the chosen level. Nothing is read."""
+        if fixed is None:
+            raise ValueError("choose a fixed layer (or the time-lapse mode for a stack)")
+        if moving is None:
+            raise ValueError("choose a moving layer")
+        if fixed.ndim != moving.ndim:
+            raise ValueError(
+                f"fixed and moving must have the same dimensionality, got {fixed.ndim}-D "
+                f"{fixed.name!r} and {moving.ndim}-D {moving.name!r}"
+            )
+        mode = mode_for(max(2, min(fixed.ndim, 3)))
+        planes = []
+        for layer, role in ((fixed, "fixed"), (moving, "moving")):
+            level = None
+            if getattr(layer, "multiscale", False):
+                level = min(int(self._level.value), len(layer.data) - 1)
+            planes.append(
+                plane_at(
+                    layer.data,
+                    layer.world_to_data(self._viewer.dims.point),
+                    rgb=bool(getattr(layer, "rgb", False)),
+                    mode=mode,
+                    level=level,
+                    name=f"the {role} layer {layer.name!r}",
+                )
+            )
+        return planes
+
+    def _on_layers(self, *_):
+        """A level choice when the fixed or moving layer is multiscale."""
+        layers = [lay for lay in (self._fixed.value, self._moving.value) if lay is not None]
+        multiscale = [lay for lay in layers if getattr(lay, "multiscale", False)]
+        self._level.visible = bool(multiscale) and self.mode == "pair"
+        if multiscale:
+            level_choice(multiscale[0], self._level, min(3, multiscale[0].ndim))
 
     def _on_step(self, *_):
         """The viewer moved: in time-lapse mode, the live display warps that frame next."""
@@ -350,6 +407,11 @@ class RegisterWidget(WorkerWidget):
             layer_by_name(self._viewer, name).data = data
 
         return [add, fill] if first is not data else [add]
+
+    def _vector_geometry(self, vectors) -> dict:
+        """The result geometry for Vectors data ``(n, 2, D)`` (its last D axes)."""
+        d = vectors.shape[-1]
+        return {key: np.asarray(value)[-d:] for key, value in self._geometry.items()}
 
     def _receive(self, snap):
         """A snapshot from the worker: kept (merged with any not yet shown) and shown by
@@ -428,7 +490,7 @@ class RegisterWidget(WorkerWidget):
                 "image",
                 name,
                 snap.warped,
-                like=fixed,
+                **self._geometry,
                 colormap=_contrasting(fixed),
                 blending="additive",
                 **({"contrast_limits": limits} if limits else {}),
@@ -447,7 +509,7 @@ class RegisterWidget(WorkerWidget):
                 "vectors",
                 DISPLACEMENT_LAYER,
                 snap.displacement,
-                like=fixed,
+                **self._vector_geometry(snap.displacement),
                 edge_color="yellow",
                 edge_width=1.5,
                 length=length,
@@ -464,7 +526,7 @@ class RegisterWidget(WorkerWidget):
                 "vectors",
                 GRADIENT_LAYER,
                 snap.gradient,
-                like=fixed,
+                **self._vector_geometry(snap.gradient),
                 edge_color="cyan",
                 edge_width=1.0,
                 length=1.0,
@@ -546,7 +608,7 @@ class RegisterWidget(WorkerWidget):
             if fixed is not None:  # the layer may sit on another grid than the moving one
                 skip = max(0, layer.ndim - ts[0].ndim)  # leading channel axes
                 ts = [for_moving_grid(ts[0], layer_grid(layer, "apply-to", skip=skip))]
-            shape = tuple(np.shape(fixed.data)) if fixed is not None else None
+            shape = tuple(self._run.shape) if fixed is not None else None
             out = apply_transforms(ts, layer.data, labels=labels, output_shape=shape)
         except (ValueError, TypeError, RuntimeError) as exc:
             self._report(exc, "applying the transform")
@@ -569,12 +631,31 @@ class RegisterWidget(WorkerWidget):
             layer = self._moving_layer
             if layer is None or layer not in self._viewer.layers:
                 raise ValueError("the moving layer is gone")
-            fixed = self._fixed_layer
+            fixed_grid, moving_grid = ts[0].grids()
             layer.affine = layer_affine(
-                ts[0], (fixed.scale, fixed.translate), (layer.scale, layer.translate)
+                ts[0],
+                (fixed_grid.spacing, fixed_grid.origin),
+                (moving_grid.spacing, moving_grid.origin),
             )
         except ValueError as exc:
             self._report(exc, "showing the affine")
+
+
+def _in_memory(plane):
+    """A pair's plane read now when it is in memory (a view: errors in its values are
+    reported before the run), else the plane itself, read in the worker."""
+    return plane if plane.source.lazy else plane.read()
+
+
+def _plane_grid(layer, plane, role: str):
+    """Where a plane's pixels are: the layer's scale and translate over its spatial axes,
+    the scale times a multiscale level's factors."""
+    d = plane.source.d
+    grid = layer_grid(layer, role, skip=layer.ndim - d)
+    factors = tuple(float(f) for f in plane.source.factors[-d:])
+    if all(f == 1 for f in factors):
+        return grid
+    return Grid.make(d, np.multiply(grid.spacing, factors), grid.origin, name=role)
 
 
 def _snapshots(run):

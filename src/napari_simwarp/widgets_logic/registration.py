@@ -151,15 +151,19 @@ class RegistrationRun:
         if s.mode == "pair":
             if fixed is None:
                 raise ValueError("choose a fixed layer (or the time-lapse mode for a stack)")
-            self.fixed = as_float_array(fixed, "fixed")
-            self.moving = as_float_array(moving, "moving")
-            if self.fixed.ndim != self.moving.ndim:
+            # A Plane (widgets_logic.planes) of a lazy or multiscale layer is read in the
+            # worker (snapshots()), after the budget check below; arrays are checked now.
+            self.fixed = fixed if _is_plane(fixed) else as_float_array(fixed, "fixed")
+            self.moving = moving if _is_plane(moving) else as_float_array(moving, "moving")
+            fixed_shape, moving_shape = tuple(self.fixed.shape), tuple(self.moving.shape)
+            if len(fixed_shape) != len(moving_shape):
                 raise ValueError(
                     f"fixed and moving must have the same dimensionality, got "
-                    f"{self.fixed.shape} and {self.moving.shape}"
+                    f"{fixed_shape} and {moving_shape}"
                 )
-            self.shape = self.fixed.shape
-            self.landmarks = check_landmarks(landmarks, s, self.fixed.ndim)
+            self.shape = fixed_shape
+            self.landmarks = check_landmarks(landmarks, s, len(fixed_shape))
+            self._refuse_beyond_budget(moving_shape)
         else:
             if landmarks is not None:
                 raise ValueError("landmarks apply to pairs; the time-lapse mode takes none")
@@ -190,6 +194,25 @@ class RegistrationRun:
         self._last_heavy = self._last_vectors = -np.inf
 
     # -- sizes ---------------------------------------------------------------------------
+    def _refuse_beyond_budget(self, moving_shape) -> None:
+        """A pair whose run would exceed the memory budget is refused before anything is
+        read, with the figures and what to do."""
+        from .._devices import resolve_device
+        from ..io import budget
+        from ..registration._inputs import estimate_bytes
+        from ..registration._names import LINEAR_MODELS
+
+        s = self.settings
+        metric = default_metric(s.model) if s.metric == "auto" else s.metric
+        need = estimate_bytes(1, self.shape, metric, s.model not in LINEAR_MODELS)
+        need += 4 * (int(np.prod(self.shape)) + int(np.prod(moving_shape)))  # the images read
+        budget.refuse(
+            need,
+            budget.memory_budget(None, resolve_device(s.device)),
+            what=f"registering a pair of shape {self.shape} ({s.model}, metric {metric!r})",
+            advice="pick a coarser level of a multiscale layer, or crop the layers",
+        )
+
     def _levels(self) -> int:
         lv = self.settings.levels
         if lv in ("auto", None, 0):
@@ -255,6 +278,10 @@ class RegistrationRun:
         """Yield :class:`Snapshot` s; the last one has ``final=True`` (``self.result`` set)."""
         from ..registration import register_iter, register_stack_iter
 
+        if _is_plane(self.fixed):  # a lazy or multiscale layer's plane: read here, once
+            self.fixed = self.fixed.read()
+        if _is_plane(self.moving):
+            self.moving = self.moving.read()
         # The first arrows come one interval into the run (its first snapshots show an
         # almost untouched field; a short run gets its arrows with the final snapshot).
         self._last_vectors = time.perf_counter()
@@ -534,3 +561,9 @@ def focus_stack(stack, total: int, t: int, frame: np.ndarray):
         meta=np.empty((0,) * (1 + len(shape)), np.float32),
         name=f"simwarp-live-{uuid.uuid4().hex}",
     )
+
+
+def _is_plane(x) -> bool:
+    """Whether ``x`` is a :class:`~napari_simwarp.widgets_logic.planes.Plane` (read on
+    demand) rather than an array."""
+    return hasattr(x, "source") and hasattr(x, "read")
