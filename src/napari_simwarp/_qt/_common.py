@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 from magicgui.widgets import ComboBox, Container, Label
 from napari.utils.notifications import show_error, show_info, show_warning
@@ -161,13 +163,40 @@ class BackendLabel(Label):
             self.value = f"device: ? ({exc})"
 
 
+def start_worker(worker) -> None:
+    """Start ``worker`` and note, from its own thread, when it has ended (see
+    :func:`wait_for`)."""
+    import threading
+
+    from qtpy.QtCore import Qt
+
+    done = threading.Event()
+    # Direct: set in the worker's thread as it finishes, even while the GUI thread is
+    # busy closing (a queued signal would wait for the event loop).
+    worker.finished.connect(done.set, type=Qt.ConnectionType.DirectConnection)
+    worker._simwarp_done = done
+    worker.start()
+
+
 def wait_for(worker, msecs: int = 10000) -> None:
     """Block (bounded) until ``worker`` has left its thread; used when the viewer closes,
-    so that no worker outlives the widgets it reports to."""
+    so that no worker outlives the widgets it reports to. A worker still queued in the
+    thread pool (two cores run two at a time) is taken out: it will never start. Only
+    this worker is waited for, not every worker of the pool (the others' widgets may not
+    have asked theirs to stop yet)."""
     from qtpy.QtCore import QThreadPool
 
-    if worker is not None:
-        QThreadPool.globalInstance().waitForDone(msecs)
+    if worker is None:
+        return
+    pool = QThreadPool.globalInstance()
+    with contextlib.suppress(RuntimeError):  # a finished worker may be deleted already
+        if pool.tryTake(worker):
+            return
+    done = getattr(worker, "_simwarp_done", None)
+    if done is not None:
+        done.wait(msecs / 1000)
+    else:
+        pool.waitForDone(msecs)
 
 
 def device_choices() -> list[str]:
@@ -246,7 +275,7 @@ def after_kernel_build(widget, then) -> bool:
         worker.errored.connect(lambda exc: notify_error("building the kernels", exc))
         worker.finished.connect(done)
         _KERNEL_BUILD["worker"] = worker
-        worker.start()
+        start_worker(worker)
     return False
 
 
@@ -276,6 +305,8 @@ class WorkerWidget(Container):
 
     def _on_error(self, exc):
         """The whole message in the status label (a toast cuts long ones) and a toast."""
+        if self._closed:  # a worker's last word after the close: its widget is gone
+            return
         msg = str(exc).strip() or type(exc).__name__
         self._status.value = f"error: {msg}"
         notify_error(self.task, exc)

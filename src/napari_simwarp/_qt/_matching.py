@@ -33,6 +33,7 @@ from ._common import (
     plane_geometry,
     put_layer,
     remove_layer,
+    start_worker,
 )
 
 if TYPE_CHECKING:
@@ -214,7 +215,7 @@ class TemplateMatchingWidget(WorkerWidget):
         worker.errored.connect(self._on_error)
         worker.finished.connect(self._on_finished)
         self._worker = worker
-        worker.start()
+        start_worker(worker)
 
     def _show(self, result):
         if self._closed:

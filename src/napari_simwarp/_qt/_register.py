@@ -53,6 +53,7 @@ from ._common import (
     put_layer,
     remove_layer,
     same_kind,
+    start_worker,
 )
 from ._plot import LossPlot
 
@@ -309,7 +310,7 @@ class RegisterWidget(WorkerWidget):
         self._worker = worker
         self._set_running(True)
         self._status.value = f"registering ({run.settings.model}, {run.levels} levels)…"
-        worker.start()
+        start_worker(worker)
 
     def _pair_planes(self, fixed, moving):
         """The fixed and moving :class:`~..widgets_logic.planes.Plane` s of a pair run:

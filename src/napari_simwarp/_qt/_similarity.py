@@ -38,6 +38,7 @@ from ._common import (
     on_destroyed,
     plane_geometry,
     put_layer,
+    start_worker,
 )
 
 if TYPE_CHECKING:
@@ -270,7 +271,7 @@ class SimilarityMapWidget(WorkerWidget):
         worker.errored.connect(self._on_error)
         worker.finished.connect(self._on_finished)
         self._worker = worker
-        worker.start()
+        start_worker(worker)
 
     def _show(self, result):
         if self._closed or not self._model.is_current(result.request_id):
