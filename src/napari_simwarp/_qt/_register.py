@@ -19,6 +19,7 @@ from magicgui.widgets import (
     create_widget,
 )
 from napari.qt.threading import create_worker
+from napari.utils import progress
 from qtpy.QtCore import QTimer
 
 from ..registration.grid import Grid
@@ -173,6 +174,7 @@ class RegisterWidget(WorkerWidget):
         self._fixed.changed.connect(self._on_layers)
         self._moving.changed.connect(self._on_layers)
         self._geometry: dict = {}  # scale and translate of the results (the fixed grid's)
+        self._progress = None  # napari's progress bar of the run
         self._run_btn.changed.connect(self.run)
         self._cancel_btn.changed.connect(self.cancel)
         self._save_btn.changed.connect(self._ask_save)
@@ -242,6 +244,7 @@ class RegisterWidget(WorkerWidget):
             landmark_weight=float(self._landmark_weight.value),
             min_interval=0.2,
             vectors_interval=VECTORS_MS / 1000,
+            yield_interval=DISPLAY_MS / 1000,
         )
 
     def landmarks(self):
@@ -298,12 +301,10 @@ class RegisterWidget(WorkerWidget):
         self._styled = set()  # result layers whose properties this run has set
         self._waiting, self._last_vectors = None, -np.inf
         self._plot.set_values([])
-        worker = create_worker(
-            _snapshots,
-            run,
-            _ignore_errors=True,
-            _progress={"total": run.expected_steps() + 1, "desc": "Registering"},
-        )
+        # napari's progress bar, advanced by the steps each snapshot covers (snapshots are
+        # merged in the worker, so one yield may stand for several steps).
+        self._progress = progress(total=run.expected_steps() + 1, desc="Registering")
+        worker = create_worker(_snapshots, run, _ignore_errors=True)
         worker.yielded.connect(self._receive)
         worker.errored.connect(self._on_error)
         worker.finished.connect(self._on_finished)
@@ -425,6 +426,11 @@ class RegisterWidget(WorkerWidget):
             self._display_waiting()
         elif not self._display_timer.isActive():
             self._display_timer.start()
+        # Last: napari's bar processes events as it moves (the worker's "finished" may be
+        # handled in there), so this snapshot must be queued before.
+        bar = self._progress
+        if bar is not None and snap.step > bar.n:
+            bar.update(min(snap.step, bar.total) - bar.n)
 
     def _display_waiting(self):
         """Queue the display of the waiting snapshot, unless the previous display is still
@@ -544,7 +550,13 @@ class RegisterWidget(WorkerWidget):
         """Whether a run is under way or its last display not yet drawn."""
         return self._worker is not None or bool(self._steps)
 
+    def _close_progress(self):
+        bar, self._progress = self._progress, None
+        if bar is not None:
+            bar.close()
+
     def _report_result(self):
+        self._close_progress()
         self._set_running(False)
         if self._run is not None and self._run.result is not None:
             res = self._run.result
@@ -679,6 +691,8 @@ def _stop_run(widget) -> None:
     the display timer (snapshots still queued are then dropped by ``_closed``)."""
     widget._waiting = None
     widget._steps.clear()
+    with contextlib.suppress(Exception):  # napari's bar may be gone with the window
+        widget._close_progress()
     with contextlib.suppress(Exception):  # the viewer may outlive the widget
         widget._viewer.dims.events.current_step.disconnect(widget._on_step)
     with contextlib.suppress(RuntimeError):  # already deleted with the widget

@@ -50,6 +50,8 @@ class RunSettings:
     vectors_interval : seconds between two snapshots' fields (displacement and similarity
         gradient arrows, costlier to compute and to draw than the warped image); None: as
         ``min_interval``
+    yield_interval : least seconds between two snapshots yielded without display data
+        (those in between are merged into the next): each crosses to the GUI thread
     """
 
     mode: str = "pair"
@@ -65,6 +67,7 @@ class RunSettings:
     landmark_weight: float = 0.0
     min_interval: float = 0.0
     vectors_interval: float | None = None
+    yield_interval: float = 0.0
 
 
 @dataclass
@@ -294,8 +297,8 @@ class RegistrationRun:
                 self.moving, reference=self.settings.reference, **self._engine_kwargs()
             )
             fill = self._fill_stack_progress
-        res = self.result = yield from relay(
-            run, lambda p: self._snapshot(p, fill), self._stop.is_set
+        res = self.result = yield from self._coalesced(
+            relay(run, lambda p: self._snapshot(p, fill), self._stop.is_set)
         )
         history = [float(v) for v in res.loss_history]
         last_level = self.loss_levels[-1] if self.loss_levels else 0
@@ -318,6 +321,30 @@ class RegistrationRun:
             snap.warped = res.warped
             snap.displacement = self._stack_vectors(dict(enumerate(res.transforms)))
         yield snap
+
+    def _coalesced(self, snapshots):
+        """``snapshots`` passed on when one carries display data (warped image, arrows) or
+        ``settings.yield_interval`` has passed since the last; the others are merged into
+        the next (the losses are cumulative): each yield crosses to the GUI thread.
+        Returns what ``snapshots`` returns."""
+        interval, pending, last = self.settings.yield_interval, None, -np.inf
+        try:
+            while True:
+                try:
+                    snap = next(snapshots)
+                except StopIteration as done:
+                    return done.value
+                pending = snap.merged_into(pending)
+                now = time.perf_counter()
+                heavy = any(
+                    getattr(pending, name) is not None
+                    for name in ("warped", "displacement", "gradient")
+                )
+                if heavy or now - last >= interval:
+                    last, out, pending = now, pending, None
+                    yield out
+        finally:
+            snapshots.close()
 
     def _heavy_due(self, final: bool) -> bool:
         now = time.perf_counter()
