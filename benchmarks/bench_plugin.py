@@ -28,7 +28,7 @@ def run(report) -> None:
     register_widget_vs_api(report)
 
 
-def register_widget_vs_api(report, pairs: int = 5) -> None:
+def register_widget_vs_api(report, pairs: int = 7) -> None:
     import os
     import statistics
     import time
