@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import time
 from dataclasses import replace
@@ -65,6 +64,8 @@ MODES = {"pair (2D / 3D)": "pair", "time-lapse (drift)": "stack"}
 #: least time between two displays of snapshots (snapshots in between are merged: the
 #: screen cannot show more, and a display that fell behind starved the GUI thread)
 DISPLAY_MS = 100
+#: display steps run in one turn of the event loop until this many ms have passed
+STEP_MS = 40
 #: least time between two updates of the Vectors layers (napari redraws their thumbnail,
 #: one Python loop per arrow, at each data change: ~85 ms for 1000 arrows)
 VECTORS_MS = 1000
@@ -191,7 +192,9 @@ class RegisterWidget(WorkerWidget):
         self._display_timer.setSingleShot(True)
         self._display_timer.setInterval(DISPLAY_MS)
         self._display_timer.timeout.connect(self._display_waiting)
-        self._steps: collections.deque = collections.deque()  # display steps to run
+        # display steps to run, by what they update: a newer display's step for a layer
+        # replaces one still waiting (its data is older), so the queue stays short
+        self._steps: dict = {}
         self._step_timer = QTimer()
         self._step_timer.setSingleShot(True)
         self._step_timer.setInterval(0)
@@ -382,9 +385,9 @@ class RegisterWidget(WorkerWidget):
 
         Its properties (geometry, colours, widths) are set on the run's first snapshot
         only; later snapshots assign only the data (re-setting scale, edge width...
-        redrew the layer each time). A Vectors layer is made empty, with its style, and
-        given its arrows in a second step: napari draws its thumbnail (a Python loop per
-        arrow) at each of the construction's refreshes.
+        redrew the layer each time). A Vectors layer is made with one arrow and its style,
+        and given its arrows in a second step: napari draws its thumbnail (a Python loop
+        per arrow) at each of the construction's refreshes.
         """
         layer = layer_by_name(self._viewer, name)
         if name in self._styled and same_kind(layer, kind, data):
@@ -392,12 +395,14 @@ class RegisterWidget(WorkerWidget):
             def assign():
                 layer.data = data
 
-            return [assign]
+            return [(f"data {name}", assign)]
         self._styled.add(name)
         if kind == "vectors" and data.shape[-1] == 3:
             props.setdefault("visible", False)  # 3-D arrows hide the volume: opt in
         new = not same_kind(layer, kind, data)
-        first = np.zeros((0, *data.shape[1:]), data.dtype) if kind == "vectors" and new else data
+        # One arrow first (not none: napari keeps the colour given for the arrows to come
+        # only when there is one to colour).
+        first = data[:1] if kind == "vectors" and new else data
 
         def add():
             added = put_layer(self._viewer, kind, name, first, **props)
@@ -408,7 +413,8 @@ class RegisterWidget(WorkerWidget):
         def fill():
             layer_by_name(self._viewer, name).data = data
 
-        return [add, fill] if first is not data else [add]
+        steps = [(f"add {name}", add)]
+        return [*steps, (f"data {name}", fill)] if first is not data else steps
 
     def _vector_geometry(self, vectors) -> dict:
         """The result geometry for Vectors data ``(n, 2, D)`` (its last D axes)."""
@@ -433,31 +439,34 @@ class RegisterWidget(WorkerWidget):
             bar.update(min(snap.step, bar.total) - bar.n)
 
     def _display_waiting(self):
-        """Queue the display of the waiting snapshot, unless the previous display is still
-        being drawn (then it waits; newer snapshots merge into it). The final snapshot is
-        queued after it."""
+        """Queue the display of the waiting snapshot (its steps replace those of an earlier
+        display not yet drawn)."""
         if self._closed or self._waiting is None:
-            return
-        if self._steps and not self._waiting.final:
-            self._display_timer.start()
             return
         snap, self._waiting = self._waiting, None
         self._display_timer.stop()
         self._queue(self._show(snap))
 
     def _queue(self, steps) -> None:
-        """Run ``steps`` (callables) one per turn of the event loop, after those queued:
-        the GUI thread is never held for more than one layer update at a time."""
-        self._steps.extend(steps)
+        """Run ``steps`` (``(key, callable)``) one per turn of the event loop, after those
+        queued (a step under a key already queued takes its place): the GUI thread is never
+        held for more than one layer update at a time."""
+        for key, step in steps:
+            self._steps[key] = step
         if self._steps and not self._step_timer.isActive():
             self._step_timer.start()
 
     def _next_step(self):
+        """Run queued steps until :data:`STEP_MS` have passed (then the event loop turns:
+        the canvas repaints once per batch, not once per step)."""
         if self._closed or not self._steps:
             return
-        step = self._steps.popleft()
+        deadline = time.perf_counter() + STEP_MS / 1000
         try:
-            step()
+            while self._steps and not self._closed:
+                self._steps.pop(next(iter(self._steps)))()
+                if time.perf_counter() >= deadline:
+                    break
         finally:
             if self._steps and not self._closed:
                 self._step_timer.start()
@@ -482,7 +491,7 @@ class RegisterWidget(WorkerWidget):
             self._plot.set_values(snap.losses, snap.loss_levels)
             self._status.value = snap.describe()
 
-        steps = [curve]
+        steps = [("curve", curve)]
         moving, fixed = self._moving_layer, self._fixed_layer
         name = WARPED_LAYER.format(moving=moving.name if moving is not None else "moving")
         if snap.warped is not None:
@@ -492,7 +501,7 @@ class RegisterWidget(WorkerWidget):
                 def hide_moving():
                     moving.visible = False  # the registered layer replaces it on screen
 
-                steps.append(hide_moving)
+                steps.append(("hide moving", hide_moving))
             steps += self._put(
                 "image",
                 name,
@@ -527,7 +536,7 @@ class RegisterWidget(WorkerWidget):
                 if layer is not None and not 2 / 3 <= layer.length / length <= 1.5:
                     layer.length = length
 
-            steps.append(relength)
+            steps.append(("arrow length", relength))
         if snap.gradient is not None:
             steps += self._put(
                 "vectors",
@@ -543,7 +552,7 @@ class RegisterWidget(WorkerWidget):
     def _on_finished(self):
         super()._on_finished()
         if not self._closed:
-            self._queue([self._report_result])  # after the final snapshot's display
+            self._queue([("result", self._report_result)])  # after the final display
 
     @property
     def busy(self) -> bool:
