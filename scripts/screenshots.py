@@ -31,7 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/images")
     parser.add_argument(
-        "--iterations", type=int, default=20, help="registration iterations per level (default 20)"
+        "--iterations", type=int, default=60, help="registration iterations per level (default 60)"
     )
     args = parser.parse_args()
     out = pathlib.Path(args.out)
