@@ -123,9 +123,10 @@ def register_widget_vs_api(report, pairs: int = 7) -> None:
         f"{pairs} alternating pairs ({min(ratios):.2f}-{max(ratios):.2f}x; sample pair, "
         "deformable, LNCC, gradient field shown; widget time until its last display is "
         "drawn). Live display: warped image at most every 200 ms, arrows every 1 s (the "
-        "first one second into the run), displays coalesced to one per 100 ms, each drawn "
-        "one layer update per turn of the event loop; result layers styled once per run, "
-        "then only their data assigned. Was 7-27x (issue 13).",
+        "first one second into the run), displays coalesced to one per 100 ms, drawn as "
+        "steps (one per layer) in batches of at most 40 ms per turn of the event loop; "
+        "result layers styled once per run, then only their data assigned; snapshots "
+        "without display data merged in the worker. Was 7-27x (issue 13).",
     )
     viewer.close()
 
