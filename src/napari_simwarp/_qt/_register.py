@@ -448,9 +448,9 @@ class RegisterWidget(WorkerWidget):
         self._queue(self._show(snap))
 
     def _queue(self, steps) -> None:
-        """Run ``steps`` (``(key, callable)``) one per turn of the event loop, after those
-        queued (a step under a key already queued takes its place): the GUI thread is never
-        held for more than one layer update at a time."""
+        """Run ``steps`` (``(key, callable)``) after those queued, in batches (see
+        :meth:`_next_step`); a step under a key already queued takes its place. The GUI
+        thread is held for one batch at a time, never for a whole display."""
         for key, step in steps:
             self._steps[key] = step
         if self._steps and not self._step_timer.isActive():
