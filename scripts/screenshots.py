@@ -31,7 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/images")
     parser.add_argument(
-        "--iterations", type=int, default=20, help="registration iterations per level (default 20)"
+        "--iterations", type=int, default=60, help="registration iterations per level (default 60)"
     )
     args = parser.parse_args()
     out = pathlib.Path(args.out)
@@ -83,7 +83,12 @@ def main() -> None:
     raise_dock("Register")
     reg._iterations.value = args.iterations
     reg.run()
-    wait(lambda: reg.snapshots_received >= 3 and reg.snapshots_shown >= 1)
+    # the arrows come one second into a run (or with its end, for a shorter one)
+    wait(
+        lambda: (
+            reg.snapshots_shown >= 1 and ("similarity gradient" in viewer.layers or not reg.busy)
+        )
+    )
     show_only("fixed", "moving registered", "displacement", "similarity gradient")
     viewer.screenshot(str(out / "register_live.png"), canvas_only=False, flash=False)
     wait(lambda: reg.result is not None and not reg.busy)

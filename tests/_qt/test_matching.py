@@ -51,6 +51,7 @@ def test_template_layer_3d(viewer, qtbot):
     wdg = dock(viewer, TemplateMatchingWidget(viewer))
     wdg._source.value = "image layer"
     wdg._image.value, wdg._template.value = layer, tpl
+    wdg._mode.value = "3D volume"  # in a 2-D view, "2D per plane" is proposed
     wdg.run()
     qtbot.waitUntil(lambda: wdg.result is not None and not wdg.busy, timeout=30000)
     np.testing.assert_array_equal(viewer.layers["matches"].data[0], (14, 16, 12))
@@ -77,6 +78,95 @@ def test_a_3d_run_removes_the_2d_boxes(viewer, qtbot):
     w = dock(viewer, TemplateMatchingWidget(viewer))
     w._source.value = "image layer"
     w._image.value, w._template.value = image, template
+    w._mode.value = "3D volume"
     w.run()
     qtbot.waitUntil(lambda: w.result is not None and not w.busy, timeout=30000)
     assert BOXES_LAYER not in viewer.layers and "matches" in viewer.layers
+
+
+def _counted(array, chunks):
+    """A dask array over ``array`` that records each chunk read: ``(chunk location,
+    thread id)``."""
+    import threading
+
+    import dask.array as da
+
+    reads = []
+
+    def counted(block, block_info=None):
+        reads.append((tuple(block_info[0]["chunk-location"]), threading.get_ident()))
+        return block
+
+    lazy = da.from_array(array, chunks=chunks).map_blocks(counted, dtype=array.dtype)
+    return lazy, reads
+
+
+def test_rectangle_on_a_frame_of_a_lazy_stack_reads_that_frame_only_in_the_worker(viewer, qtbot):
+    import threading
+
+    frames = [np.ascontiguousarray(data.camera()[40 * t : 40 * t + 160, 150:310]) for t in range(5)]
+    stack = np.stack(frames)  # (5, 160, 160): frames that differ
+    lazy, reads = _counted(stack, (1, 160, 160))
+    layer = viewer.add_image(lazy, name="stack", contrast_limits=(0, 1))
+    y0, x0, h, w = 60, 40, 24, 30
+    shapes = viewer.add_shapes(  # a 2-D rectangle drawn over the stack
+        [np.array([[y0, x0], [y0, x0 + w], [y0 + h, x0 + w], [y0 + h, x0]], float) - 0.5],
+        shape_type="rectangle",
+        name="box",
+    )
+    viewer.dims.set_current_step(0, 3)
+    wdg = dock(viewer, TemplateMatchingWidget(viewer))
+    wdg._image.value, wdg._shapes.value = layer, shapes
+    assert wdg._mode.value == "2D per plane"
+    gui = threading.get_ident()
+    reads.clear()  # napari reads the plane it shows, on its own
+    wdg.run()
+    assert not reads  # starting the run read nothing (on the GUI thread or elsewhere yet)
+    qtbot.waitUntil(lambda: wdg.result is not None and not wdg.busy, timeout=30000)
+    assert {loc for loc, _ in reads} <= {(3, 0, 0)}  # only frame 3, never the stack
+    assert all(thread != gui for _, thread in reads[:1])
+    np.testing.assert_array_equal(wdg.template(), stack[3, y0 : y0 + h, x0 : x0 + w])
+    center = (y0 + h // 2, x0 + w // 2)
+    np.testing.assert_array_equal(viewer.layers["matches"].data[0], center)
+    assert viewer.layers["matches"].features["score"][0] > 0.999
+    assert "plane (3,)" in wdg._status.value
+
+
+def test_multiscale_layer_is_matched_at_the_chosen_level_only(viewer, qtbot):
+    full = np.ascontiguousarray(data.camera()[100:356, 150:406])  # 256²
+    half = np.ascontiguousarray(full.reshape(128, 2, 128, 2).mean(axis=(1, 3)))
+    lazy_full, reads_full = _counted(full, (64, 64))
+    lazy_half, reads_half = _counted(half, (64, 64))
+    layer = viewer.add_image([lazy_full, lazy_half], name="pyramid", contrast_limits=(0, 1))
+    y0, x0, h, w = 30, 20, 16, 20  # at level 1 (full-resolution coordinates are twice these)
+    shapes = viewer.add_shapes(
+        [np.array([[y0, x0], [y0, x0 + w], [y0 + h, x0 + w], [y0 + h, x0]], float) * 2 - 0.5],
+        shape_type="rectangle",
+    )
+    wdg = dock(viewer, TemplateMatchingWidget(viewer))
+    wdg._image.value, wdg._shapes.value = layer, shapes
+    assert not wdg._level.native.isHidden()  # a level choice, for multiscale layers
+    wdg._level.value = 1
+    reads_full.clear()
+    reads_half.clear()
+    wdg.run()
+    qtbot.waitUntil(lambda: wdg.result is not None and not wdg.busy, timeout=30000)
+    assert not reads_full  # the full-resolution level is never read
+    np.testing.assert_array_equal(wdg.template(), half[y0 : y0 + h, x0 : x0 + w])
+    np.testing.assert_array_equal(viewer.layers["matches"].data[0], (y0 + h // 2, x0 + w // 2))
+    np.testing.assert_array_equal(viewer.layers["ZNCC map"].scale, (2.0, 2.0))  # on screen
+
+
+def test_a_plane_beyond_the_memory_budget_is_refused_before_reading(viewer, qtbot, monkeypatch):
+    stack = np.stack([data.camera()[:128, :128]] * 3)
+    lazy, reads = _counted(stack, (1, 128, 128))
+    layer = viewer.add_image(lazy, name="stack", contrast_limits=(0, 1))
+    shapes = viewer.add_shapes([np.array([[10, 10], [10, 30], [30, 30], [30, 10]], float)])
+    wdg = dock(viewer, TemplateMatchingWidget(viewer))
+    wdg._image.value, wdg._shapes.value = layer, shapes
+    monkeypatch.setenv("SIMWARP_MEMORY_BUDGET", "100KiB")
+    reads.clear()
+    wdg.run()
+    assert not wdg.busy and not reads and wdg.result is None
+    status = wdg._status.value
+    assert "needs about" in status and "100.0 KiB" in status and "coarser level" in status

@@ -123,3 +123,71 @@ def test_stack_mode_keeps_a_lazy_stack_lazy():
     for lazy_t, eager_t in zip(run.result.transforms, eager.result.transforms):
         np.testing.assert_allclose(lazy_t.matrix, eager_t.matrix, atol=1e-4)
     np.testing.assert_allclose(frame, eager.result.warped[3], atol=1e-4)
+
+
+def _counting_warps(run):
+    """Record ``(snapshot step, frame)`` of each frame the run warps for the display."""
+    warps = []
+    real = run._warp_frame
+
+    def counted(t, transform, frame):
+        warps.append((run._step, t))
+        return real(t, transform, frame)
+
+    run._warp_frame = counted
+    return warps
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_drift_display_warps_only_the_focused_frame_and_follows_it(lazy):
+    from scipy import ndimage as ndi
+
+    stack, _ = data.drifting_timelapse(frames=8, size=64)
+    moving = stack
+    if lazy:
+        import dask.array as da
+
+        moving = da.from_array(stack, chunks=(1, 64, 64))
+    settings = RunSettings(mode="stack", model="translation", iterations=30, min_interval=0.0)
+    run = RegistrationRun(None, moving, settings)
+    warps = _counting_warps(run)
+    run.focus = 3
+    gen = run.snapshots()
+    shown = []
+    for i, snap in enumerate(gen):
+        if snap.final:
+            break
+        if i == 0:  # the user moves the slider while the first snapshot is shown
+            run.focus = 6
+        live = snap.warped
+        assert live.shape == stack.shape
+        t = run._focus_shown[0]
+        tr = run._current[t]
+        # the focused frame, warped by its current transform (SciPy: linear, zeros outside)
+        expected = ndi.affine_transform(stack[t], tr.matrix, order=1, mode="grid-constant")
+        np.testing.assert_allclose(np.asarray(live[t]), expected, atol=1e-4)
+        other = 0 if t else 1
+        # the other frames as they are (NumPy) or blank (lazy: nothing read for them)
+        np.testing.assert_array_equal(np.asarray(live[other]), 0 if lazy else stack[other])
+        shown.append(t)
+    steps = [step for step, _ in warps]
+    assert len(steps) == len(set(steps))  # at most one frame warped per snapshot
+    assert len(shown) >= 2 and shown[0] == 3 and set(shown[1:]) == {6}
+    assert {t for _, t in warps} == {3, 6}
+    assert run.result.warped.shape == stack.shape  # the final result: every frame
+
+
+def test_stack_arrows_of_linear_transforms_equal_the_dense_field_at_their_positions():
+    from napari_simwarp.widgets_logic.vectors import field_to_vectors
+
+    stack, _ = data.drifting_timelapse(frames=3, size=64)
+    run = RegistrationRun(None, stack, RunSettings(mode="stack", model="affine"))
+    m = np.array([[1.02, 0.05, 1.5], [-0.03, 0.98, -2.0], [0, 0, 1]])
+    arrows = run._stack_vectors({2: AffineTransform(m, "affine")})
+    # the dense field d(x) = A x + b - x, by NumPy, then sampled where the arrows start
+    grid = np.stack(np.meshgrid(np.arange(64.0), np.arange(64.0), indexing="ij"))
+    dense = np.tensordot(m[:2, :2], grid, axes=1) + m[:2, 2, None, None] - grid
+    expected = field_to_vectors(dense, run.spacing)
+    np.testing.assert_allclose(arrows[:, 0, 1:], expected[:, 0])
+    np.testing.assert_allclose(arrows[:, 1, 1:], expected[:, 1], atol=1e-5)
+    assert (arrows[:, 0, 0] == 2).all() and (arrows[:, 1, 0] == 0).all()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 from magicgui.widgets import ComboBox, Container, Label
 from napari.utils.notifications import show_error, show_info, show_warning
@@ -51,8 +53,28 @@ def put_layer(viewer, kind: str, name: str, data, like=None, **props):
     if features is not None:
         layer.features = features
     for key, value in {**geometry, **props}.items():
-        setattr(layer, key, value)
+        # Each property set refreshes the layer (a vectors thumbnail is a Python loop per
+        # arrow): set only what differs.
+        if _differs(getattr(layer, key, None), value):
+            setattr(layer, key, value)
     return layer
+
+
+def _differs(current, value) -> bool:
+    """Whether a layer property holding ``current`` must be set to ``value``: a colormap
+    compares by name, per-item colours with the colour named, arrays by their values,
+    anything not comparable differs."""
+    current = getattr(current, "name", current) if isinstance(value, str) else current
+    try:
+        if isinstance(value, str) and isinstance(current, np.ndarray):  # edge colours
+            from napari.utils.colormaps.standardize_color import transform_color
+
+            return not (current.size and np.allclose(current, transform_color(value)[0]))
+        if isinstance(current, str) or isinstance(value, str):
+            return str(getattr(current, "value", current)) != value
+        return not np.array_equal(np.asarray(current), np.asarray(value))
+    except (TypeError, ValueError):
+        return True
 
 
 def same_kind(layer, kind: str, data) -> bool:
@@ -97,6 +119,32 @@ def layer_image(layer, name: str) -> np.ndarray:
     return rgb_to_gray(data) if getattr(layer, "rgb", False) else data
 
 
+def plane_geometry(layer, src) -> dict:
+    """Scale and translate of a result computed on a plane of ``layer`` (a
+    :class:`~napari_simwarp.widgets_logic.planes.PlaneSource`'s spatial axes; a multiscale
+    level's pixels are ``factors`` full-resolution pixels wide)."""
+    if layer is None:
+        return {}
+    d = src.d
+    scale = np.asarray(layer.scale)[-d:] * np.asarray(src.factors[-d:])
+    return {"scale": scale, "translate": np.asarray(layer.translate)[-d:]}
+
+
+def level_choice(layer, spin, d: int) -> None:
+    """Show ``spin`` (a level SpinBox) for a multiscale ``layer`` only, with its levels as
+    the range and, as the value, the first level whose ``d``-D plane holds at most 2048²
+    pixels (the user may change it)."""
+    multiscale = bool(getattr(layer, "multiscale", False))
+    spin.visible = multiscale
+    if multiscale:
+        levels = list(layer.data)
+        sizes = [np.prod(lv.shape[layer.ndim - d : layer.ndim]) for lv in levels]
+        fits = [i for i, n in enumerate(sizes) if n <= 2048 * 2048]
+        with spin.changed.blocked():
+            spin.max = len(levels) - 1
+            spin.value = fits[0] if fits else len(levels) - 1
+
+
 class BackendLabel(Label):
     """Shows "device: … · kernels: …". Cheap (it never triggers a build); widgets call
     :meth:`refresh` after each computation, when the kernels have been loaded."""
@@ -115,13 +163,40 @@ class BackendLabel(Label):
             self.value = f"device: ? ({exc})"
 
 
+def start_worker(worker) -> None:
+    """Start ``worker`` and note, from its own thread, when it has ended (see
+    :func:`wait_for`)."""
+    import threading
+
+    from qtpy.QtCore import Qt
+
+    done = threading.Event()
+    # Direct: set in the worker's thread as it finishes, even while the GUI thread is
+    # busy closing (a queued signal would wait for the event loop).
+    worker.finished.connect(done.set, type=Qt.ConnectionType.DirectConnection)
+    worker._simwarp_done = done
+    worker.start()
+
+
 def wait_for(worker, msecs: int = 10000) -> None:
     """Block (bounded) until ``worker`` has left its thread; used when the viewer closes,
-    so that no worker outlives the widgets it reports to."""
+    so that no worker outlives the widgets it reports to. A worker still queued in the
+    thread pool (two cores run two at a time) is taken out: it will never start. Only
+    this worker is waited for, not every worker of the pool (the others' widgets may not
+    have asked theirs to stop yet)."""
     from qtpy.QtCore import QThreadPool
 
-    if worker is not None:
-        QThreadPool.globalInstance().waitForDone(msecs)
+    if worker is None:
+        return
+    pool = QThreadPool.globalInstance()
+    with contextlib.suppress(RuntimeError):  # a finished worker may be deleted already
+        if pool.tryTake(worker):
+            return
+    done = getattr(worker, "_simwarp_done", None)
+    if done is not None:
+        done.wait(msecs / 1000)
+    else:
+        pool.waitForDone(msecs)
 
 
 def device_choices() -> list[str]:
@@ -200,7 +275,7 @@ def after_kernel_build(widget, then) -> bool:
         worker.errored.connect(lambda exc: notify_error("building the kernels", exc))
         worker.finished.connect(done)
         _KERNEL_BUILD["worker"] = worker
-        worker.start()
+        start_worker(worker)
     return False
 
 
@@ -230,6 +305,8 @@ class WorkerWidget(Container):
 
     def _on_error(self, exc):
         """The whole message in the status label (a toast cuts long ones) and a toast."""
+        if self._closed:  # a worker's last word after the close: its widget is gone
+            return
         msg = str(exc).strip() or type(exc).__name__
         self._status.value = f"error: {msg}"
         notify_error(self.task, exc)

@@ -15,19 +15,25 @@ from magicgui.widgets import (
 )
 from napari.qt.threading import create_worker
 
+from ..maps import MAPS_PER_PIXEL
+from ..widgets_logic.device import resolve_device
 from ..widgets_logic.matching import (
     BOXES_LAYER,
     MAP_LAYER,
     POINTS_LAYER,
-    match,
-    rectangle_slices,
+    match_planes,
+    read_template,
+    template_box,
 )
+from ..widgets_logic.planes import MODES, default_mode, plane_at
 from ._common import (
     WorkerWidget,
-    layer_image,
+    level_choice,
     on_destroyed,
+    plane_geometry,
     put_layer,
     remove_layer,
+    start_worker,
 )
 
 if TYPE_CHECKING:
@@ -39,11 +45,15 @@ SOURCES = ("rectangle in a Shapes layer", "image layer")
 class TemplateMatchingWidget(WorkerWidget):
     """Find a template in an image by ZNCC.
 
+    The image is the plane the viewer is on ("2D per plane": a time-lapse's frame, a
+    volume's plane) or the volume ("3D volume"); a multiscale layer at the level chosen.
     The template is the rectangle selected in a Shapes layer (else its last shape), cut
-    from the image, or a whole image layer. Results: the ``"ZNCC map"`` image (value at a
-    pixel: the template centered there), the ``"matches"`` points (the top k local maxima
-    above the threshold, with their ``score`` as a feature) and, in 2-D, the
-    ``"match boxes"`` rectangles.
+    from that plane, or an image layer (its plane or volume). Only that plane is read, in
+    the worker: a lazy (dask, zarr) or multiscale layer is never read whole, and a plane
+    too large for the memory budget is refused before the run. Results: the
+    ``"ZNCC map"`` image (value at a pixel: the template centered there), the
+    ``"matches"`` points (the top k local maxima above the threshold, with their
+    ``score`` as a feature) and, in 2-D, the ``"match boxes"`` rectangles.
     """
 
     task = "template matching"
@@ -52,6 +62,11 @@ class TemplateMatchingWidget(WorkerWidget):
         super().__init__()
         self._viewer = napari_viewer
         self._image = create_widget(name="image", annotation=napari.layers.Image, label="image")
+        self._mode = ComboBox(
+            name="mode", choices=list(MODES), value="2D per plane", label="spatial axes"
+        )
+        self._level = SpinBox(name="level", value=0, min=0, max=0, label="level")
+        self._level.visible = False
         self._source = ComboBox(
             name="source", choices=list(SOURCES), value=SOURCES[0], label="template from"
         )
@@ -78,6 +93,8 @@ class TemplateMatchingWidget(WorkerWidget):
         self.extend(
             [
                 self._image,
+                self._mode,
+                self._level,
                 self._source,
                 self._shapes,
                 self._template,
@@ -91,10 +108,14 @@ class TemplateMatchingWidget(WorkerWidget):
             ]
         )
         self._source.changed.connect(self._update_visibility)
+        self._image.changed.connect(self._on_image)
+        self._mode.changed.connect(self._adapt_to_layer)
         self._run.changed.connect(self.run)
         self.result = None
+        self._plane = None  # the image plane of the last run (its geometry places results)
         self.native.destroyed.connect(on_destroyed(self))
         self._update_visibility()
+        self._on_image()
         self._backend.refresh()
 
     def _update_visibility(self, *_):
@@ -102,37 +123,87 @@ class TemplateMatchingWidget(WorkerWidget):
         self._shapes.visible = from_shapes
         self._template.visible = not from_shapes
 
-    def template(self) -> np.ndarray:
-        """The template's pixels (a copy), from the rectangle or the template layer."""
+    def _on_image(self, *_):
+        """The mode that suits the image layer (3D only for a volume shown in 3D)."""
+        layer = self._image.value
+        if layer is not None:
+            with self._mode.changed.blocked():
+                self._mode.value = default_mode(layer.ndim, self._viewer.dims.ndisplay)
+        self._adapt_to_layer()
+
+    def _adapt_to_layer(self, *_):
+        """A level choice for multiscale layers (the first whose plane fits 2048²)."""
+        layer = self._image.value
+        if layer is not None:
+            level_choice(layer, self._level, MODES[self._mode.value])
+
+    def _plane_of(self, layer, name: str):
+        """The plane of ``layer`` the viewer is on (nothing read)."""
+        level = None
+        if getattr(layer, "multiscale", False):
+            level = min(int(self._level.value), len(layer.data) - 1)
+        return plane_at(
+            layer.data,
+            layer.world_to_data(self._viewer.dims.point),
+            rgb=bool(getattr(layer, "rgb", False)),
+            mode=self._mode.value,
+            level=level,
+            name=f"the {name} layer {layer.name!r}",
+        )
+
+    def plan(self):
+        """``(image plane, template plane or None, box or None)``: what a run reads,
+        decided here without reading anything."""
         image = self._image.value
-        data = np.asarray(layer_image(image, "image"))
+        if image is None:
+            raise ValueError("choose an image layer")
+        plane = self._plane_of(image, "image")
         if self._source.value == SOURCES[1]:
-            return np.array(layer_image(self._template.value, "template"), dtype=np.float32)
+            if self._template.value is None:
+                raise ValueError("choose a template layer (or a rectangle in a Shapes layer)")
+            return plane, self._plane_of(self._template.value, "template"), None
         shapes = self._shapes.value
         if shapes is None or len(shapes.data) == 0:
             raise ValueError("draw a rectangle in a Shapes layer (or choose a template layer)")
         selected = sorted(shapes.selected_data)
         vertices = np.asarray(shapes.data[selected[-1] if selected else -1])
-        # Shape data coordinates → image data coordinates (through world coordinates).
-        world = [shapes.data_to_world(v) for v in vertices]
-        pixel = np.array([image.world_to_data(w) for w in world], np.float64)
-        box = rectangle_slices(pixel, data.shape)
-        return np.array(data[box], dtype=np.float32)
+        # Shape data coordinates → world → the image's data coordinates; a 2-D rectangle
+        # over a stack lies on the plane the viewer is on.
+        point = np.asarray(self._viewer.dims.point, np.float64)
+        pixels = []
+        for v in vertices:
+            world = np.array(point)
+            w = np.asarray(shapes.data_to_world(v), np.float64)
+            world[len(world) - len(w) :] = w
+            pixels.append(image.world_to_data(world))
+        return plane, None, template_box(np.array(pixels, np.float64), plane)
+
+    def template(self) -> np.ndarray:
+        """The template's pixels (a copy), read now, from the rectangle or the template layer."""
+        return read_template(*self.plan())[1]
 
     def run(self, *_):
         if self._closed or self._worker is not None:
             return
         try:
-            image = np.asarray(layer_image(self._image.value, "image"))
-            template = self.template()
-        except ValueError as exc:
+            plane, template, box = self.plan()
+            plane.source.refuse_beyond_budget(
+                MAPS_PER_PIXEL["zncc"],
+                resolve_device(self._device.value),
+                what="template matching",
+                advice="pick a coarser level, '2D per plane', or a smaller layer",
+            )
+        except (ValueError, TypeError, MemoryError) as exc:
             self._on_error(exc)  # the whole message in the status line, and a toast
             return
-        self._status.value = f"matching a {'×'.join(map(str, template.shape))} template…"
+        shape = [b.stop - b.start for b in box] if box is not None else template.shape
+        self._status.value = f"matching a {'×'.join(map(str, shape))} template…"
+        self._plane = plane
         worker = create_worker(
-            match,
-            image,
+            match_planes,
+            plane,
             template,
+            box,
             k=int(self._k.value),
             threshold=float(self._threshold.value),
             min_distance=int(self._distance.value) or None,
@@ -144,23 +215,23 @@ class TemplateMatchingWidget(WorkerWidget):
         worker.errored.connect(self._on_error)
         worker.finished.connect(self._on_finished)
         self._worker = worker
-        worker.start()
+        start_worker(worker)
 
     def _show(self, result):
         if self._closed:
             return
         self.result = result
-        image = self._image.value
+        geometry = plane_geometry(self._image.value, self._plane.source)
         put_layer(
             self._viewer,
             "image",
             MAP_LAYER,
             result.zncc,
-            like=image,
             colormap="bwr",
             contrast_limits=(-1.0, 1.0),
             opacity=0.6,
             blending="translucent",
+            **geometry,
         )
         features = {"score": result.scores.astype(np.float32)}
         ndim = result.zncc.ndim
@@ -169,11 +240,11 @@ class TemplateMatchingWidget(WorkerWidget):
             "points",
             POINTS_LAYER,
             result.centers.astype(np.float32).reshape(-1, ndim),
-            like=image,
             features=features,
             size=max(4, min(result.template_shape) // 4),
             face_color="yellow",
             text={"string": "{score:.2f}", "color": "yellow", "anchor": "upper_left", "size": 9},
+            **geometry,
         )
         if ndim == 2:
             put_layer(
@@ -181,11 +252,11 @@ class TemplateMatchingWidget(WorkerWidget):
                 "shapes",
                 BOXES_LAYER,
                 list(result.boxes()),
-                like=image,
                 shape_type="rectangle",
                 edge_color="yellow",
                 face_color="transparent",
                 edge_width=2,
+                **geometry,
             )
         else:  # no boxes in 3D: an earlier 2D run's boxes would no longer match the points
             remove_layer(self._viewer, BOXES_LAYER)
@@ -195,4 +266,5 @@ class TemplateMatchingWidget(WorkerWidget):
             if n
             else ""
         )
-        self._status.value = f"{n} match(es){best} in {result.seconds:.2f} s"
+        where = f" in plane {self._plane.index}" if self._plane.index else ""
+        self._status.value = f"{n} match(es){best}{where} in {result.seconds:.2f} s"

@@ -18,8 +18,10 @@ from magicgui.widgets import (
     create_widget,
 )
 from napari.qt.threading import create_worker
+from napari.utils import progress
 from qtpy.QtCore import QTimer
 
+from ..registration.grid import Grid
 from ..registration.quality import MEASURES
 from ..widgets_logic.geometry import (
     apply_transforms,
@@ -27,6 +29,7 @@ from ..widgets_logic.geometry import (
     layer_affine,
     layer_grid,
 )
+from ..widgets_logic.planes import mode_for, plane_at
 from ..widgets_logic.registration import (
     DISPLACEMENT_LAYER,
     GRADIENT_LAYER,
@@ -41,13 +44,16 @@ from ._common import (
     after_kernel_build,
     layer_by_name,
     layer_image,
+    level_choice,
     notify_error,
     notify_info,
     notify_warning,
     on_destroyed,
+    plane_geometry,
     put_layer,
     remove_layer,
     same_kind,
+    start_worker,
 )
 from ._plot import LossPlot
 
@@ -58,6 +64,8 @@ MODES = {"pair (2D / 3D)": "pair", "time-lapse (drift)": "stack"}
 #: least time between two displays of snapshots (snapshots in between are merged: the
 #: screen cannot show more, and a display that fell behind starved the GUI thread)
 DISPLAY_MS = 100
+#: display steps run in one turn of the event loop until this many ms have passed
+STEP_MS = 40
 #: least time between two updates of the Vectors layers (napari redraws their thumbnail,
 #: one Python loop per arrow, at each data change: ~85 ms for 1000 arrows)
 VECTORS_MS = 1000
@@ -99,6 +107,8 @@ class RegisterWidget(WorkerWidget):
         self._levels = SpinBox(
             name="levels", value=0, min=0, max=8, label="pyramid levels (0: auto)"
         )
+        self._level = SpinBox(name="level", value=0, min=0, max=0, label="level (multiscale)")
+        self._level.visible = False
         self._iterations = SpinBox(
             name="iterations", value=0, min=0, max=10000, label="iterations / level (0: default)"
         )
@@ -140,6 +150,7 @@ class RegisterWidget(WorkerWidget):
                 self._mode,
                 self._fixed,
                 self._moving,
+                self._level,
                 self._reference,
                 self._model,
                 self._metric,
@@ -161,6 +172,10 @@ class RegisterWidget(WorkerWidget):
         self.extend([self._save_btn, self._apply_to, self._apply_btn, self._affine_btn])
 
         self._mode.changed.connect(self._update_visibility)
+        self._fixed.changed.connect(self._on_layers)
+        self._moving.changed.connect(self._on_layers)
+        self._geometry: dict = {}  # scale and translate of the results (the fixed grid's)
+        self._progress = None  # napari's progress bar of the run
         self._run_btn.changed.connect(self.run)
         self._cancel_btn.changed.connect(self.cancel)
         self._save_btn.changed.connect(self._ask_save)
@@ -177,8 +192,18 @@ class RegisterWidget(WorkerWidget):
         self._display_timer.setSingleShot(True)
         self._display_timer.setInterval(DISPLAY_MS)
         self._display_timer.timeout.connect(self._display_waiting)
+        # display steps to run, by what they update: a newer display's step for a layer
+        # replaces one still waiting (its data is older), so the queue stays short
+        self._steps: dict = {}
+        self._step_timer = QTimer()
+        self._step_timer.setSingleShot(True)
+        self._step_timer.setInterval(0)
+        self._step_timer.timeout.connect(self._next_step)
+        # Drift correction shows live the frame the viewer is on: follow the slider.
+        napari_viewer.dims.events.current_step.connect(self._on_step)
         self.native.destroyed.connect(on_destroyed(self, _stop_run))
         self._update_visibility()
+        self._on_layers()
         self._backend.refresh()
 
     def _report(self, exc, what: str) -> None:
@@ -207,6 +232,7 @@ class RegisterWidget(WorkerWidget):
             control.visible = not stack
         if stack:  # drift correction: translation (phase correlation + Gauss-Newton)
             self._model.value = "translation"
+        self._on_layers()
 
     def settings(self) -> RunSettings:
         return RunSettings(
@@ -221,6 +247,7 @@ class RegisterWidget(WorkerWidget):
             landmark_weight=float(self._landmark_weight.value),
             min_interval=0.2,
             vectors_interval=VECTORS_MS / 1000,
+            yield_interval=DISPLAY_MS / 1000,
         )
 
     def landmarks(self):
@@ -230,7 +257,7 @@ class RegisterWidget(WorkerWidget):
 
     # -- running ------------------------------------------------------------------------
     def run(self, *_):
-        if self._closed or self._worker is not None:
+        if self._closed or self.busy:
             return
         if not after_kernel_build(self, self.run):
             return  # the kernels build first (a visible step), then the run starts
@@ -243,25 +270,32 @@ class RegisterWidget(WorkerWidget):
                     "layers, or the time-lapse mode to align the frames of one"
                 )
             if self.mode == "pair":
-                fixed_data = layer_image(self._fixed.value, "fixed")
-                # Layers aligned on screen must stay aligned: register in their world space.
-                fixed_grid = layer_grid(self._fixed.value, "fixed")
-                moving_grid = layer_grid(moving, "moving")
+                fixed_plane, moving_plane = self._pair_planes(self._fixed.value, moving)
+                fixed_data = _in_memory(fixed_plane)
+                moving_data = _in_memory(moving_plane)
+                # Layers aligned on screen must stay aligned: register in their world space
+                # (a multiscale level's pixels are its factors wide).
+                fixed_grid = _plane_grid(self._fixed.value, fixed_plane, "fixed")
+                moving_grid = _plane_grid(moving, moving_plane, "moving")
                 landmarks = self.landmarks()
-            elif moving is not None:  # the frames' grid: the stack layer's, time left out
+                self._geometry = plane_geometry(self._fixed.value, fixed_plane.source)
+            else:  # the frames' grid: the stack layer's, time left out
+                moving_data = layer_image(moving, "moving")
                 moving_grid = layer_grid(moving, "moving", skip=1)
+                self._geometry = {"scale": moving.scale, "translate": moving.translate}
             run = RegistrationRun(
                 fixed_data,
-                layer_image(moving, "moving"),
+                moving_data,
                 self.settings(),
                 fixed_grid=fixed_grid,
                 moving_grid=moving_grid,
                 landmarks=landmarks,
             )
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, MemoryError) as exc:
             self._on_error(exc)  # the status line says why, not a stale message
             return
         self._run, self._moving_layer = run, moving
+        self._on_step()  # the frame on screen is the one the live display warps
         self._fixed_layer = self._fixed.value if self.mode == "pair" else moving
         if not (self.mode == "pair" and run.settings.show_gradient):
             # This run draws no gradient field: drop an earlier run's, which would look current.
@@ -270,18 +304,64 @@ class RegisterWidget(WorkerWidget):
         self._styled = set()  # result layers whose properties this run has set
         self._waiting, self._last_vectors = None, -np.inf
         self._plot.set_values([])
-        worker = create_worker(
-            run.snapshots,
-            _ignore_errors=True,
-            _progress={"total": run.expected_steps() + 1, "desc": "Registering"},
-        )
+        # napari's progress bar, advanced by the steps each snapshot covers (snapshots are
+        # merged in the worker, so one yield may stand for several steps).
+        self._progress = progress(total=run.expected_steps() + 1, desc="Registering")
+        worker = create_worker(_snapshots, run, _ignore_errors=True)
         worker.yielded.connect(self._receive)
         worker.errored.connect(self._on_error)
         worker.finished.connect(self._on_finished)
         self._worker = worker
         self._set_running(True)
         self._status.value = f"registering ({run.settings.model}, {run.levels} levels)…"
-        worker.start()
+        start_worker(worker)
+
+    def _pair_planes(self, fixed, moving):
+        """The fixed and moving :class:`~..widgets_logic.planes.Plane` s of a pair run:
+        the layers' last 2 or 3 axes (a layer of more axes: the volume the viewer is on),
+        a multiscale layer at the chosen level. Nothing is read."""
+        if fixed is None:
+            raise ValueError("choose a fixed layer (or the time-lapse mode for a stack)")
+        if moving is None:
+            raise ValueError("choose a moving layer")
+        if fixed.ndim != moving.ndim:
+            raise ValueError(
+                f"fixed and moving must have the same dimensionality, got {fixed.ndim}-D "
+                f"{fixed.name!r} and {moving.ndim}-D {moving.name!r}"
+            )
+        mode = mode_for(max(2, min(fixed.ndim, 3)))
+        planes = []
+        for layer, role in ((fixed, "fixed"), (moving, "moving")):
+            level = None
+            if getattr(layer, "multiscale", False):
+                level = min(int(self._level.value), len(layer.data) - 1)
+            planes.append(
+                plane_at(
+                    layer.data,
+                    layer.world_to_data(self._viewer.dims.point),
+                    rgb=bool(getattr(layer, "rgb", False)),
+                    mode=mode,
+                    level=level,
+                    name=f"the {role} layer {layer.name!r}",
+                )
+            )
+        return planes
+
+    def _on_layers(self, *_):
+        """A level choice when the fixed or moving layer is multiscale."""
+        layers = [lay for lay in (self._fixed.value, self._moving.value) if lay is not None]
+        multiscale = [lay for lay in layers if getattr(lay, "multiscale", False)]
+        self._level.visible = bool(multiscale) and self.mode == "pair"
+        if multiscale:
+            level_choice(multiscale[0], self._level, min(3, multiscale[0].ndim))
+
+    def _on_step(self, *_):
+        """The viewer moved: in time-lapse mode, the live display warps that frame next."""
+        run, layer = self._run, self._moving_layer
+        if self._closed or run is None or run.settings.mode != "stack" or layer is None:
+            return
+        with contextlib.suppress(ValueError, IndexError):  # a layer out of the dims
+            run.focus = int(np.round(layer.world_to_data(self._viewer.dims.point)[0]))
 
     def cancel(self, *_):
         """Stop the run within one iteration; the best result so far is kept."""
@@ -300,22 +380,46 @@ class RegisterWidget(WorkerWidget):
         )
         self._affine_btn.enabled = linear
 
-    def _put(self, kind: str, name: str, data, **props):
-        """Show ``data`` in the result layer ``name``: its properties (geometry, colours,
-        widths) are set on the run's first snapshot only; later snapshots assign only the
-        data (re-setting scale, edge width... redrew the layer each time, the main cost of
-        the live display)."""
+    def _put(self, kind: str, name: str, data, **props) -> list:
+        """The display steps that show ``data`` in the result layer ``name``.
+
+        Its properties (geometry, colours, widths) are set on the run's first snapshot
+        only; later snapshots assign only the data (re-setting scale, edge width...
+        redrew the layer each time). A Vectors layer is made with one arrow and its style,
+        and given its arrows in a second step: napari draws its thumbnail (a Python loop
+        per arrow) at each of the construction's refreshes.
+        """
         layer = layer_by_name(self._viewer, name)
         if name in self._styled and same_kind(layer, kind, data):
-            layer.data = data
-            return layer
+
+            def assign():
+                layer.data = data
+
+            return [(f"data {name}", assign)]
         self._styled.add(name)
         if kind == "vectors" and data.shape[-1] == 3:
             props.setdefault("visible", False)  # 3-D arrows hide the volume: opt in
-        layer = put_layer(self._viewer, kind, name, data, **props)
-        layers = self._viewer.layers
-        layers.move(layers.index(layer), len(layers))  # results stay on top
-        return layer
+        new = not same_kind(layer, kind, data)
+        # One arrow first (not none: napari keeps the colour given for the arrows to come
+        # only when there is one to colour).
+        first = data[:1] if kind == "vectors" and new else data
+
+        def add():
+            added = put_layer(self._viewer, kind, name, first, **props)
+            layers = self._viewer.layers
+            if layers.index(added) != len(layers) - 1:
+                layers.move(layers.index(added), len(layers))  # results stay on top
+
+        def fill():
+            layer_by_name(self._viewer, name).data = data
+
+        steps = [(f"add {name}", add)]
+        return [*steps, (f"data {name}", fill)] if first is not data else steps
+
+    def _vector_geometry(self, vectors) -> dict:
+        """The result geometry for Vectors data ``(n, 2, D)`` (its last D axes)."""
+        d = vectors.shape[-1]
+        return {key: np.asarray(value)[-d:] for key, value in self._geometry.items()}
 
     def _receive(self, snap):
         """A snapshot from the worker: kept (merged with any not yet shown) and shown by
@@ -328,16 +432,50 @@ class RegisterWidget(WorkerWidget):
             self._display_waiting()
         elif not self._display_timer.isActive():
             self._display_timer.start()
+        # Last: napari's bar processes events as it moves (the worker's "finished" may be
+        # handled in there), so this snapshot must be queued before.
+        bar = self._progress
+        if bar is not None and snap.step > bar.n:
+            bar.update(min(snap.step, bar.total) - bar.n)
 
     def _display_waiting(self):
-        snap, self._waiting = self._waiting, None
-        if snap is not None and not self._closed:
-            self._display_timer.stop()
-            self._show(snap)
-
-    def _show(self, snap):
-        if self._closed or self._run is None:
+        """Queue the display of the waiting snapshot (its steps replace those of an earlier
+        display not yet drawn)."""
+        if self._closed or self._waiting is None:
             return
+        snap, self._waiting = self._waiting, None
+        self._display_timer.stop()
+        self._queue(self._show(snap))
+
+    def _queue(self, steps) -> None:
+        """Run ``steps`` (``(key, callable)``) after those queued, in batches (see
+        :meth:`_next_step`); a step under a key already queued takes its place. The GUI
+        thread is held for one batch at a time, never for a whole display."""
+        for key, step in steps:
+            self._steps[key] = step
+        if self._steps and not self._step_timer.isActive():
+            self._step_timer.start()
+
+    def _next_step(self):
+        """Run queued steps until :data:`STEP_MS` have passed (then the event loop turns:
+        the canvas repaints once per batch, not once per step)."""
+        if self._closed or not self._steps:
+            return
+        deadline = time.perf_counter() + STEP_MS / 1000
+        try:
+            while self._steps and not self._closed:
+                self._steps.pop(next(iter(self._steps)))()
+                if time.perf_counter() >= deadline:
+                    break
+        finally:
+            if self._steps and not self._closed:
+                self._step_timer.start()
+
+    def _show(self, snap) -> list:
+        """The display steps of one snapshot: the loss curve and status, the registered
+        image, each Vectors layer."""
+        if self._closed or self._run is None:
+            return []
         now = time.perf_counter()
         has_vectors = snap.displacement is not None or snap.gradient is not None
         if has_vectors and not snap.final and now - self._last_vectors < VECTORS_MS / 1000:
@@ -347,23 +485,32 @@ class RegisterWidget(WorkerWidget):
             self._display_timer.start()
         elif has_vectors:
             self._last_vectors = now
-        self._plot.set_values(snap.losses, snap.loss_levels)
+        self.snapshots_shown += 1
+
+        def curve():
+            self._plot.set_values(snap.losses, snap.loss_levels)
+            self._status.value = snap.describe()
+
+        steps = [("curve", curve)]
         moving, fixed = self._moving_layer, self._fixed_layer
         name = WARPED_LAYER.format(moving=moving.name if moving is not None else "moving")
         if snap.warped is not None:
             limits = tuple(moving.contrast_limits) if moving is not None else None
-            first = name not in self._styled
-            self._put(
+            if name not in self._styled and moving is not None and moving is not fixed:
+
+                def hide_moving():
+                    moving.visible = False  # the registered layer replaces it on screen
+
+                steps.append(("hide moving", hide_moving))
+            steps += self._put(
                 "image",
                 name,
                 snap.warped,
-                like=fixed,
+                **self._geometry,
                 colormap=_contrasting(fixed),
                 blending="additive",
                 **({"contrast_limits": limits} if limits else {}),
             )
-            if first and moving is not None and moving is not fixed:
-                moving.visible = False  # the registered layer replaces it on screen
         if snap.displacement is not None:
             # Display length: the longest arrow spans about one grid cell (data unscaled);
             # re-set only when it changes by more than half (a property set redraws).
@@ -374,34 +521,51 @@ class RegisterWidget(WorkerWidget):
             )
             top = float(norms.max()) if norms.size else 0.0
             length = min(max(0.9 * self._run.spacing / top, 1.0), 20.0) if top > 0 else 1.0
-            layer = self._put(
+            steps += self._put(
                 "vectors",
                 DISPLACEMENT_LAYER,
                 snap.displacement,
-                like=fixed,
+                **self._vector_geometry(snap.displacement),
                 edge_color="yellow",
                 edge_width=1.5,
                 length=length,
             )
-            if layer is not None and not 2 / 3 <= layer.length / length <= 1.5:
-                layer.length = length
+
+            def relength():
+                layer = layer_by_name(self._viewer, DISPLACEMENT_LAYER)
+                if layer is not None and not 2 / 3 <= layer.length / length <= 1.5:
+                    layer.length = length
+
+            steps.append(("arrow length", relength))
         if snap.gradient is not None:
-            self._put(
+            steps += self._put(
                 "vectors",
                 GRADIENT_LAYER,
                 snap.gradient,
-                like=fixed,
+                **self._vector_geometry(snap.gradient),
                 edge_color="cyan",
                 edge_width=1.0,
                 length=1.0,
             )
-        self.snapshots_shown += 1
-        self._status.value = snap.describe()
+        return steps
 
     def _on_finished(self):
         super()._on_finished()
-        if self._closed:
-            return
+        if not self._closed:
+            self._queue([("result", self._report_result)])  # after the final display
+
+    @property
+    def busy(self) -> bool:
+        """Whether a run is under way or its last display not yet drawn."""
+        return self._worker is not None or bool(self._steps)
+
+    def _close_progress(self):
+        bar, self._progress = self._progress, None
+        if bar is not None:
+            bar.close()
+
+    def _report_result(self):
+        self._close_progress()
         self._set_running(False)
         if self._run is not None and self._run.result is not None:
             res = self._run.result
@@ -466,7 +630,7 @@ class RegisterWidget(WorkerWidget):
             if fixed is not None:  # the layer may sit on another grid than the moving one
                 skip = max(0, layer.ndim - ts[0].ndim)  # leading channel axes
                 ts = [for_moving_grid(ts[0], layer_grid(layer, "apply-to", skip=skip))]
-            shape = tuple(np.shape(fixed.data)) if fixed is not None else None
+            shape = tuple(self._run.shape) if fixed is not None else None
             out = apply_transforms(ts, layer.data, labels=labels, output_shape=shape)
         except (ValueError, TypeError, RuntimeError) as exc:
             self._report(exc, "applying the transform")
@@ -489,12 +653,39 @@ class RegisterWidget(WorkerWidget):
             layer = self._moving_layer
             if layer is None or layer not in self._viewer.layers:
                 raise ValueError("the moving layer is gone")
-            fixed = self._fixed_layer
+            fixed_grid, moving_grid = ts[0].grids()
             layer.affine = layer_affine(
-                ts[0], (fixed.scale, fixed.translate), (layer.scale, layer.translate)
+                ts[0],
+                (fixed_grid.spacing, fixed_grid.origin),
+                (moving_grid.spacing, moving_grid.origin),
             )
         except ValueError as exc:
             self._report(exc, "showing the affine")
+
+
+def _in_memory(plane):
+    """A pair's plane read now when it is in memory (a view: errors in its values are
+    reported before the run), else the plane itself, read in the worker."""
+    return plane if plane.source.lazy else plane.read()
+
+
+def _plane_grid(layer, plane, role: str):
+    """Where a plane's pixels are: the layer's scale and translate over its spatial axes,
+    the scale times a multiscale level's factors."""
+    d = plane.source.d
+    grid = layer_grid(layer, role, skip=layer.ndim - d)
+    factors = tuple(float(f) for f in plane.source.factors[-d:])
+    if all(f == 1 for f in factors):
+        return grid
+    return Grid.make(d, np.multiply(grid.spacing, factors), grid.origin, name=role)
+
+
+def _snapshots(run):
+    """The run's snapshots, in the worker thread. napari's Vectors layers import pandas
+    on first use: imported here, off the GUI thread (a 0.2 s pause at the first arrows)."""
+    import pandas  # noqa: F401
+
+    yield from run.snapshots()
 
 
 def _contrasting(fixed) -> str:
@@ -508,7 +699,13 @@ def _stop_run(widget) -> None:
     """Stop the registration loop itself (its generator), not only the worker thread, and
     the display timer (snapshots still queued are then dropped by ``_closed``)."""
     widget._waiting = None
+    widget._steps.clear()
+    with contextlib.suppress(Exception):  # napari's bar may be gone with the window
+        widget._close_progress()
+    with contextlib.suppress(Exception):  # the viewer may outlive the widget
+        widget._viewer.dims.events.current_step.disconnect(widget._on_step)
     with contextlib.suppress(RuntimeError):  # already deleted with the widget
         widget._display_timer.stop()
+        widget._step_timer.stop()
     if widget._run is not None:
         widget._run.stop()

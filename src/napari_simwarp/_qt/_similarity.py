@@ -11,7 +11,6 @@ import contextlib
 from typing import TYPE_CHECKING
 
 import napari.layers
-import numpy as np
 from magicgui.widgets import (
     CheckBox,
     ComboBox,
@@ -23,7 +22,7 @@ from magicgui.widgets import (
 from napari.qt.threading import create_worker
 from qtpy.QtCore import QTimer
 
-from ..widgets_logic.planes import MODES, Plane, default_mode, source
+from ..widgets_logic.planes import MODES, default_mode, plane_at
 from ..widgets_logic.similarity import (
     METRICS,
     RESULT_LAYER,
@@ -34,9 +33,12 @@ from ..widgets_logic.similarity import (
 from ._common import (
     WorkerWidget,
     after_kernel_build,
+    level_choice,
     notify_error,
     on_destroyed,
+    plane_geometry,
     put_layer,
+    start_worker,
 )
 
 if TYPE_CHECKING:
@@ -164,16 +166,7 @@ class SimilarityMapWidget(WorkerWidget):
             return
         with self._mode.changed.blocked():
             self._mode.value = default_mode(layer.ndim, self._viewer.dims.ndisplay)
-        multiscale = bool(getattr(layer, "multiscale", False))
-        self._level.visible = multiscale
-        if multiscale:
-            levels = list(layer.data)
-            d = 3 if self._mode.value == "3D volume" else 2
-            sizes = [np.prod(lv.shape[layer.ndim - d : layer.ndim]) for lv in levels]
-            fits = [i for i, n in enumerate(sizes) if n <= 2048 * 2048]
-            with self._level.changed.blocked():
-                self._level.max = len(levels) - 1
-                self._level.value = fits[0] if fits else len(levels) - 1
+        level_choice(layer, self._level, MODES[self._mode.value])
 
     def _on_ndisplay(self, *_):
         if not self._closed:
@@ -216,14 +209,16 @@ class SimilarityMapWidget(WorkerWidget):
         for name, layer in layers:
             if layer is None:
                 raise ValueError(f"choose a {name} layer")
-            src = source(
-                layer.data,
-                rgb=bool(getattr(layer, "rgb", False)),
-                mode=self._mode.value,
-                level=int(self._level.value) if getattr(layer, "multiscale", False) else None,
-                name=f"the {name} layer {layer.name!r}",
+            planes.append(
+                plane_at(
+                    layer.data,
+                    layer.world_to_data(point),
+                    rgb=bool(getattr(layer, "rgb", False)),
+                    mode=self._mode.value,
+                    level=int(self._level.value) if getattr(layer, "multiscale", False) else None,
+                    name=f"the {name} layer {layer.name!r}",
+                )
             )
-            planes.append(Plane(src, src.index_at(layer.world_to_data(point))))
         return tuple(planes)
 
     def params(self) -> SimilarityParams:
@@ -276,7 +271,7 @@ class SimilarityMapWidget(WorkerWidget):
         worker.errored.connect(self._on_error)
         worker.finished.connect(self._on_finished)
         self._worker = worker
-        worker.start()
+        start_worker(worker)
 
     def _show(self, result):
         if self._closed or not self._model.is_current(result.request_id):
@@ -288,7 +283,7 @@ class SimilarityMapWidget(WorkerWidget):
             result.data,
             colormap=result.colormap,
             contrast_limits=result.contrast_limits,
-            **_geometry(self._image.value, self._planes[0].source),
+            **plane_geometry(self._image.value, self._planes[0].source),
         )
         self.results_shown += 1
         where = f" at {result.index}" if result.index else ""
@@ -317,16 +312,6 @@ class SimilarityMapWidget(WorkerWidget):
     @property
     def busy(self) -> bool:
         return self._worker is not None or self._timer.isActive() or self._pending
-
-
-def _geometry(layer, src) -> dict:
-    """Scale and translate of the map (the layer's spatial axes; a multiscale level's
-    pixels are ``factors`` full-resolution pixels wide)."""
-    if layer is None:
-        return {}
-    d = src.d
-    scale = np.asarray(layer.scale)[-d:] * np.asarray(src.factors[-d:])
-    return {"scale": scale, "translate": np.asarray(layer.translate)[-d:]}
 
 
 def _refresh_stopper(timer, dims, *callbacks):

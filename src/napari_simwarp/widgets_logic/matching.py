@@ -24,8 +24,8 @@ def rectangle_slices(vertices, image_shape) -> tuple[slice, ...]:
         raise ValueError(f"a rectangle needs at least 2 vertices, got shape {v.shape}")
     if len(image_shape) != 2:
         raise ValueError(
-            "a template from a rectangle needs a 2-D image layer; for 3-D "
-            "images, use an image layer as the template"
+            "a template from a rectangle is cut from a 2-D plane: choose '2D per plane' "
+            "(the plane the viewer is on), or an image layer as the template of a 3-D volume"
         )
     v = v[:, -2:]
     lo = np.floor(v.min(axis=0) + 0.5).astype(int)
@@ -131,3 +131,33 @@ def match(
     centers, scores = find_peaks(zmap, k=k, threshold=threshold, min_distance=md)
     corners = centers - np.asarray([t // 2 for t in tpl.shape], int)
     return MatchResult(zmap, centers, scores, corners, tpl.shape, time.perf_counter() - start)
+
+
+def template_box(vertices, plane) -> tuple[slice, ...]:
+    """The box a rectangle cuts from ``plane`` (a
+    :class:`~napari_simwarp.widgets_logic.planes.Plane`): ``vertices`` ``(n, D)`` in the
+    image layer's full-resolution data coordinates, their last two axes divided by the
+    plane's level factors (:func:`rectangle_slices` on the plane's shape)."""
+    v = np.asarray(vertices, np.float64)
+    if v.ndim == 2 and v.shape[1] >= 2:
+        v = v[:, -2:] / np.asarray(plane.source.factors[-2:], np.float64)
+    return rectangle_slices(v, plane.shape)
+
+
+def read_template(image, template=None, box=None) -> tuple[np.ndarray, np.ndarray]:
+    """``(image, template)`` as float32 NumPy: the image's plane (only it is read), and the
+    ``box`` of that plane or the ``template`` plane (:class:`Plane` s, or arrays)."""
+    from ._arrays import as_float_array
+
+    img = image.read() if hasattr(image, "read") else as_float_array(image, "image")
+    if box is not None:
+        return img, np.array(img[box], dtype=np.float32)
+    if template is None:
+        raise ValueError("choose a template: a rectangle in a Shapes layer or an image layer")
+    tpl = template.read() if hasattr(template, "read") else as_float_array(template, "template")
+    return img, tpl
+
+
+def match_planes(image, template=None, box=None, **options) -> MatchResult:
+    """:func:`match` on what :func:`read_template` reads (in the caller's thread: a worker)."""
+    return match(*read_template(image, template, box), **options)

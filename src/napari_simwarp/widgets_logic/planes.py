@@ -76,6 +76,24 @@ class PlaneSource:
         """float32 bytes of one plane (or volume)."""
         return 4 * math.prod(self.spatial_shape)
 
+    @property
+    def lazy(self) -> bool:
+        """Whether reading costs I/O (a dask or zarr array, or a multiscale level)."""
+        return not isinstance(self.data, np.ndarray)
+
+    def refuse_beyond_budget(self, per_pixel: float, device, *, what: str, advice: str) -> None:
+        """Raise a MemoryError with the figures, before anything is read, when work on one
+        plane needing ``per_pixel`` float32 maps exceeds the memory budget of ``device``
+        (:func:`napari_simwarp.io.budget.memory_budget`)."""
+        from ..io import budget
+
+        budget.refuse(
+            int(self.nbytes() * per_pixel),
+            budget.memory_budget(None, device),
+            what=f"{what} of one {self.d}-D plane {self.spatial_shape}",
+            advice=advice,
+        )
+
     def read(self, index) -> np.ndarray:
         """The plane at ``index`` (leading axes) as float32 NumPy ``S`` (RGB: luminance);
         only that plane of a lazy array is read."""
@@ -132,3 +150,17 @@ class Plane:
     @property
     def shape(self) -> tuple[int, ...]:
         return self.source.spatial_shape
+
+
+def plane_at(data, data_position, *, rgb: bool, mode: str, level=None, name: str = "image"):
+    """The :class:`Plane` of a layer's ``data`` at ``data_position`` (the layer's data
+    coordinates of the viewer's point, ``layer.world_to_data(viewer.dims.point)``): the
+    plane (``mode`` "2D per plane") or volume ("3D volume") the viewer is on. Nothing is
+    read."""
+    src = source(data, rgb=rgb, mode=mode, level=level, name=name)
+    return Plane(src, src.index_at(data_position))
+
+
+def mode_for(ndim: int) -> str:
+    """The :data:`MODES` name of ``ndim`` (2 or 3) spatial axes."""
+    return next(name for name, d in MODES.items() if d == ndim)

@@ -21,7 +21,7 @@ import numpy as np
 from ..registration._driver import relay
 from ..registration._names import default_metric
 from ._arrays import as_float_array
-from .vectors import auto_spacing, field_to_vectors, normalized_scale
+from .vectors import auto_spacing, field_to_vectors, grid_positions, normalized_scale
 
 MODES = ("pair", "stack")
 REFERENCES = ("first", "mean", "previous")
@@ -42,7 +42,7 @@ class RunSettings:
         for dense ones) or a name of ``registration.METRICS``
     levels : 0 or "auto" for automatic, else the number of pyramid levels
     iterations : per level; None for the engine's default
-    vector_spacing : pixels between displayed arrows; None: about 32 per axis
+    vector_spacing : pixels between displayed arrows; None: about 20 per axis
     show_gradient : also compute the similarity-gradient field (pairs only)
     landmark_weight : weight of the landmarks' soft constraint (0: they only start the run)
     min_interval : seconds between two snapshots' heavy display data (warped image,
@@ -50,6 +50,8 @@ class RunSettings:
     vectors_interval : seconds between two snapshots' fields (displacement and similarity
         gradient arrows, costlier to compute and to draw than the warped image); None: as
         ``min_interval``
+    yield_interval : least seconds between two snapshots yielded without display data
+        (those in between are merged into the next): each crosses to the GUI thread
     """
 
     mode: str = "pair"
@@ -65,6 +67,7 @@ class RunSettings:
     landmark_weight: float = 0.0
     min_interval: float = 0.0
     vectors_interval: float | None = None
+    yield_interval: float = 0.0
 
 
 @dataclass
@@ -151,15 +154,19 @@ class RegistrationRun:
         if s.mode == "pair":
             if fixed is None:
                 raise ValueError("choose a fixed layer (or the time-lapse mode for a stack)")
-            self.fixed = as_float_array(fixed, "fixed")
-            self.moving = as_float_array(moving, "moving")
-            if self.fixed.ndim != self.moving.ndim:
+            # A Plane (widgets_logic.planes) of a lazy or multiscale layer is read in the
+            # worker (snapshots()), after the budget check below; arrays are checked now.
+            self.fixed = fixed if _is_plane(fixed) else as_float_array(fixed, "fixed")
+            self.moving = moving if _is_plane(moving) else as_float_array(moving, "moving")
+            fixed_shape, moving_shape = tuple(self.fixed.shape), tuple(self.moving.shape)
+            if len(fixed_shape) != len(moving_shape):
                 raise ValueError(
                     f"fixed and moving must have the same dimensionality, got "
-                    f"{self.fixed.shape} and {self.moving.shape}"
+                    f"{fixed_shape} and {moving_shape}"
                 )
-            self.shape = self.fixed.shape
-            self.landmarks = check_landmarks(landmarks, s, self.fixed.ndim)
+            self.shape = fixed_shape
+            self.landmarks = check_landmarks(landmarks, s, len(fixed_shape))
+            self._refuse_beyond_budget(moving_shape)
         else:
             if landmarks is not None:
                 raise ValueError("landmarks apply to pairs; the time-lapse mode takes none")
@@ -181,13 +188,34 @@ class RegistrationRun:
         self.loss_levels: list[int] = []
         self._stop = threading.Event()
         self._normalized = None
-        self._warped = None  # drift correction: the stack as warped so far
-        self._warped_by: dict = {}  # frame -> the transform that warped it
+        #: drift correction: the stack frame the viewer is on, the one frame the live
+        #: display warps (set from the GUI thread when the user moves the slider)
+        self.focus = 0
+        self._focus_shown = None  # (frame, its transform, the frame warped) last shown
         self._current: dict = {}
         self._step = 0
         self._last_heavy = self._last_vectors = -np.inf
 
     # -- sizes ---------------------------------------------------------------------------
+    def _refuse_beyond_budget(self, moving_shape) -> None:
+        """A pair whose run would exceed the memory budget is refused before anything is
+        read, with the figures and what to do."""
+        from .._devices import resolve_device
+        from ..io import budget
+        from ..registration._inputs import estimate_bytes
+        from ..registration._names import LINEAR_MODELS
+
+        s = self.settings
+        metric = default_metric(s.model) if s.metric == "auto" else s.metric
+        need = estimate_bytes(1, self.shape, metric, s.model not in LINEAR_MODELS)
+        need += 4 * (int(np.prod(self.shape)) + int(np.prod(moving_shape)))  # the images read
+        budget.refuse(
+            need,
+            budget.memory_budget(None, resolve_device(s.device)),
+            what=f"registering a pair of shape {self.shape} ({s.model}, metric {metric!r})",
+            advice="pick a coarser level of a multiscale layer, or crop the layers",
+        )
+
     def _levels(self) -> int:
         lv = self.settings.levels
         if lv in ("auto", None, 0):
@@ -253,6 +281,13 @@ class RegistrationRun:
         """Yield :class:`Snapshot` s; the last one has ``final=True`` (``self.result`` set)."""
         from ..registration import register_iter, register_stack_iter
 
+        if _is_plane(self.fixed):  # a lazy or multiscale layer's plane: read here, once
+            self.fixed = self.fixed.read()
+        if _is_plane(self.moving):
+            self.moving = self.moving.read()
+        # The first arrows come one interval into the run (its first snapshots show an
+        # almost untouched field; a short run gets its arrows with the final snapshot).
+        self._last_vectors = time.perf_counter()
         if self.settings.mode == "pair":
             run = register_iter(self.fixed, self.moving, **self._engine_kwargs())
             fill = self._fill_pair_progress
@@ -262,8 +297,8 @@ class RegistrationRun:
                 self.moving, reference=self.settings.reference, **self._engine_kwargs()
             )
             fill = self._fill_stack_progress
-        res = self.result = yield from relay(
-            run, lambda p: self._snapshot(p, fill), self._stop.is_set
+        res = self.result = yield from self._coalesced(
+            relay(run, lambda p: self._snapshot(p, fill), self._stop.is_set)
         )
         history = [float(v) for v in res.loss_history]
         last_level = self.loss_levels[-1] if self.loss_levels else 0
@@ -286,6 +321,30 @@ class RegistrationRun:
             snap.warped = res.warped
             snap.displacement = self._stack_vectors(dict(enumerate(res.transforms)))
         yield snap
+
+    def _coalesced(self, snapshots):
+        """``snapshots`` passed on when one carries display data (warped image, arrows) or
+        ``settings.yield_interval`` has passed since the last; the others are merged into
+        the next (the losses are cumulative): each yield crosses to the GUI thread.
+        Returns what ``snapshots`` returns."""
+        interval, pending, last = self.settings.yield_interval, None, -np.inf
+        try:
+            while True:
+                try:
+                    snap = next(snapshots)
+                except StopIteration as done:
+                    return done.value
+                pending = snap.merged_into(pending)
+                now = time.perf_counter()
+                heavy = any(
+                    getattr(pending, name) is not None
+                    for name in ("warped", "displacement", "gradient")
+                )
+                if heavy or now - last >= interval:
+                    last, out, pending = now, pending, None
+                    yield out
+        finally:
+            snapshots.close()
 
     def _heavy_due(self, final: bool) -> bool:
         now = time.perf_counter()
@@ -375,41 +434,49 @@ class RegistrationRun:
         return field_to_vectors(g, self.spacing, normalized_scale(sub, 0.8 * self.spacing))
 
     def _fill_stack(self, snap: Snapshot, current: dict) -> None:
-        if self.lazy:
-            snap.warped = self._lazy_warped(current)
-            snap.displacement = self._stack_vectors(current)
-            return
-        # Only frames whose transform changed since the last snapshot are warped again
-        # (warping every frame at each snapshot cost O(T) per snapshot, O(T²) a run).
-        if self._warped is None:
-            self._warped = np.array(self.moving, dtype=np.float32, copy=True)
-        for t, tr in current.items():
-            if self._warped_by.get(t) is not tr:
-                self._warped[t] = tr.apply(self.moving[t], order=1)
-                self._warped_by[t] = tr
-        # The buffer itself, not a copy (a copy of a long stack at every snapshot cost as
-        # much as the warps): the viewer reads only the plane it shows, and a frame being
-        # rewritten meanwhile is drawn right at the next display. The final snapshot
-        # carries the engine's own result.
-        snap.warped = self._warped
+        snap.warped = self._live_stack(current)
         snap.displacement = self._stack_vectors(current)
 
-    def _lazy_warped(self, current: dict):
-        """The stack as aligned so far, as a lazy dask array ``(T, *S)``: frames without a
-        transform yet are shown as they are; the viewer computes only the frame it shows."""
-        from .._devices import resolve_device
-        from ..registration.stack import lazy_warped
-        from ..registration.transforms import AffineTransform
+    def _live_stack(self, current: dict):
+        """The stack as shown during the run, ``(T, *S)`` lazy: the frame the viewer is on
+        (:attr:`focus`) warped by its current transform, warped again only when the frame
+        or its transform changed; the other frames as they are (NumPy stacks) or blank
+        (lazy ones: nothing is read for the display but the focused frame, here)."""
+        t = min(max(int(self.focus), 0), int(self.moving.shape[0]) - 1)
+        tr = current.get(t)
+        shown = self._focus_shown
+        if shown is None or shown[0] != t or shown[1] is not tr:
+            frame = self._read_frame(t)
+            image = frame if tr is None else self._warp_frame(t, tr, frame)
+            shown = self._focus_shown = (t, tr, image)
+        raw = None if self.lazy else self.moving
+        return focus_stack(raw, int(self.moving.shape[0]), shown[0], shown[2])
 
-        identity = AffineTransform(np.eye(len(self.shape) + 1))
-        total = int(self.moving.shape[0])
-        transforms = [current.get(t, identity) for t in range(total)]
-        return lazy_warped(self.moving, transforms, resolve_device(self.settings.device))
+    def _read_frame(self, t: int) -> np.ndarray:
+        if not self.lazy:
+            return self.moving[t]
+        from ..io import lazy
+
+        return as_float_array(lazy.read(self.moving, (t,)), "the frame")
+
+    def _warp_frame(self, t: int, transform, frame: np.ndarray) -> np.ndarray:
+        """Frame ``t`` ``S`` warped by its transform (the live display's only warp)."""
+        return transform.apply(frame, order=1).astype(np.float32, copy=False)
 
     def _stack_vectors(self, transforms: dict) -> np.ndarray:
+        """One set of arrows per frame ``(n, 2, 1 + D)`` (time first); linear transforms are
+        evaluated at the arrows' positions only (no dense field per frame)."""
         parts = []
+        positions = grid_positions(self.shape, self.spacing)
         for t, tr in sorted(transforms.items()):
-            v = field_to_vectors(tr.to_displacement(self.shape), self.spacing)
+            matrix = getattr(tr, "matrix", None)
+            if matrix is not None:
+                d = len(self.shape)
+                m = np.asarray(matrix, np.float64)
+                vec = (positions @ m[:d, :d].T + m[:d, d] - positions).astype(np.float32)
+                v = np.stack([positions.astype(np.float32), vec], axis=1)
+            else:
+                v = field_to_vectors(tr.to_displacement(self.shape), self.spacing)
             pos = np.concatenate([np.full((len(v), 1), t, np.float32), v[:, 0]], axis=1)
             vec = np.concatenate([np.zeros((len(v), 1), np.float32), v[:, 1]], axis=1)
             parts.append(np.stack([pos, vec], axis=1))
@@ -493,3 +560,37 @@ def check_landmarks(landmarks, settings: RunSettings, ndim: int):
             "moving points"
         )
     return fixed_points, moving_points
+
+
+def focus_stack(stack, total: int, t: int, frame: np.ndarray):
+    """A ``(total, *S)`` float32 dask array, one frame per chunk: ``frame`` at ``t``, the
+    other frames of ``stack`` (an in-memory float32 NumPy stack) or blank (``stack``
+    None). Computing a frame copies nothing but that frame; each call makes a new array
+    (a new name), so a viewer never shows an earlier call's frames from its cache."""
+    import uuid
+
+    import dask.array as da
+
+    shape = tuple(frame.shape)
+
+    def block(block_id):
+        i = block_id[0]
+        if i == t:
+            return frame[None]
+        if stack is not None:
+            return stack[i : i + 1]
+        return np.zeros((1, *shape), np.float32)
+
+    return da.map_blocks(
+        block,
+        chunks=((1,) * int(total), *((n,) for n in shape)),
+        dtype=np.float32,
+        meta=np.empty((0,) * (1 + len(shape)), np.float32),
+        name=f"simwarp-live-{uuid.uuid4().hex}",
+    )
+
+
+def _is_plane(x) -> bool:
+    """Whether ``x`` is a :class:`~napari_simwarp.widgets_logic.planes.Plane` (read on
+    demand) rather than an array."""
+    return hasattr(x, "source") and hasattr(x, "read")

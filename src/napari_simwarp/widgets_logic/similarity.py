@@ -97,16 +97,15 @@ def _odd_window(window: int, shape) -> int:
 
 def _check_budget(inputs, metric: str, device) -> None:
     """Refuse, before reading, a plane (or volume) whose map would not fit in memory."""
-    from ..io import budget
     from ..maps import MAPS_PER_PIXEL
 
     kind = {"local std": "local_std", "local NCC": "local_ncc", "SSIM": "ssim"}.get(metric, "zncc")
     for x in inputs:
         if hasattr(x, "source"):  # a Plane: only its plane is read
-            budget.refuse(
-                x.source.nbytes() * MAPS_PER_PIXEL[kind],
-                budget.memory_budget(None, device),
-                what=f"the {metric} map of one {len(x.shape)}-D plane {x.shape}",
+            x.source.refuse_beyond_budget(
+                MAPS_PER_PIXEL[kind],
+                device,
+                what=f"the {metric} map",
                 advice="pick a coarser level or a smaller layer",
             )
 

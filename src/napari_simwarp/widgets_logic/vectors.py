@@ -22,19 +22,30 @@ def field_to_vectors(
     d = field.shape[0]
     if field.ndim != d + 1:
         raise ValueError(f"field must be (D, *S) with D spatial axes, got shape {field.shape}")
-    spacing = max(int(spacing), 1)
-    axes = [np.arange(min(spacing // 2, n - 1), n, spacing) for n in field.shape[1:]]
-    grid = np.meshgrid(*axes, indexing="ij")
-    idx = tuple(g.ravel() for g in grid)
-    pos = np.stack(idx, axis=1).astype(np.float32)
+    positions = grid_positions(field.shape[1:], spacing)
+    idx = tuple(positions.T)
+    pos = positions.astype(np.float32)
     if offset is not None:
         pos = pos + np.asarray(offset, np.float32)
     vec = np.stack([c[idx] for c in field], axis=1).astype(np.float32) * float(scale)
     return np.stack([pos, vec], axis=1)
 
 
-def auto_spacing(shape, target: int = 32) -> int:
-    """A grid spacing giving about ``target`` arrows along the longest axis (≥ 1)."""
+def grid_positions(shape, spacing: int = 16) -> np.ndarray:
+    """The arrows' positions ``(n, D)`` int: every ``spacing`` pixels along each axis of
+    ``shape``, centered in their cell."""
+    spacing = max(int(spacing), 1)
+    axes = [np.arange(min(spacing // 2, n - 1), n, spacing) for n in shape]
+    grid = np.meshgrid(*axes, indexing="ij")
+    return np.stack([g.ravel() for g in grid], axis=1)
+
+
+def auto_spacing(shape, target: int = 20) -> int:
+    """A grid spacing giving about ``target`` arrows along the longest axis (≥ 1).
+
+    20 per axis (400 arrows in 2-D) stays readable on screen, and napari draws a Vectors
+    layer's thumbnail with a Python loop per arrow (up to 1024) at every data change.
+    """
     return max(1, round(max(shape) / target))
 
 
