@@ -403,4 +403,5 @@ def test_default_rigid_stack_recovers_known_drift_under_photobleaching(bleach, r
     mats = [t.matrix for t in result.transforms]
     mats = [m @ np.linalg.inv(mats[0]) for m in mats]  # "mean": relative to frame 0's
     errors = [corner_error(m, t, (96, 96)) for m, t in zip(mats[1:], truths[1:])]
-    assert max(errors) < 0.1, errors
+    # "mean": looser, the mean is slightly blurred by resampling (as above)
+    assert max(errors) < (0.1 if reference == "first" else 0.15), errors
