@@ -139,10 +139,12 @@ def register_stack(
     metric : {"ncc", "lncc", "ssim", "mse", "mi"}, optional
         Default (None): "ncc" (global normalized cross-correlation, solved by
         Gauss–Newton) for the linear models, "lncc" (local NCC, Adam) for the dense ones,
-        as in ``register``. Chosen by measurement on rigid drift (docs/benchmarks.md,
-        "Drift correction of rigid drift"): against "lncc", 4 to 7 times faster and more
-        accurate with every reference and under photobleaching; "mse" fails when the
-        intensity decays over the stack. ``result.metric`` says which ran.
+        as in ``register``. Chosen by measurement on rigid drift with every reference,
+        photobleaching and noise (docs/benchmarks.md, "Drift correction: register_stack's
+        metric"): 4.5 to 7.4 times faster than "lncc", as accurate or more but with
+        bleaching and heavy noise; "mse" fails when the intensity decays over the stack.
+        A bright object moving over the scene is followed instead of the drift, whatever
+        the metric. ``result.metric`` says which ran.
     spacing : float or sequence of float, optional
         Pixel size per spatial axis, array order (napari's layer ``scale`` without the
         time axis: ``(z, y, x)`` of a ``(T, Z, Y, X)`` stack); default 1. One grid is
