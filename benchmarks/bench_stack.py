@@ -27,7 +27,7 @@ from scipy import ndimage as ndi
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _harness import Report
+from _harness import Report, print_markdown
 from bench_quality import once, rotation
 from bench_register import centered_affine, corner_error, drift_stack, noisy, scene
 
@@ -208,12 +208,7 @@ def main(argv=None) -> int:
         large_case(report)
     else:
         run(report, args.large)
-    text = report.markdown(SECTION)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
-    return 0
+    return print_markdown(report, SECTION, args.out)
 
 
 if __name__ == "__main__":
