@@ -54,13 +54,13 @@ def truth_of(drift):
     return np.stack([np.linalg.inv(a) @ drift[0] for a in drift])
 
 
-def make_stack(rng, drift, *, noise=10.0, bleach=1.0, blob=False):
+def make_stack(rng, drift, *, noise=10.0, bleach=1.0, blob=0.0):
     """A uint16 time-lapse ``(T, *SHAPE)`` of one scene under ``drift``.
 
     bleach : the signal's fraction left at the last frame (exponential decay; the camera
         offset of 100 does not decay)
-    blob : a bright object (Gaussian, σ 6 px) crossing the field of view diagonally,
-        independently of the drift
+    blob : peak intensity of a bright object (Gaussian, σ 6 px) crossing the field of
+        view diagonally, independently of the drift (0: none)
     """
     big = scene(rng, tuple(n + 2 * PAD for n in SHAPE))
     pad = np.eye(3)
@@ -73,7 +73,7 @@ def make_stack(rng, drift, *, noise=10.0, bleach=1.0, blob=False):
         f = 100 + (f - 900) * np.exp(-rate * t)
         if blob:
             c = 20 + (SHAPE[0] - 40) * t / (len(drift) - 1)
-            f = f + 1500 * np.exp(-((yy - c) ** 2 + (xx - c) ** 2) / (2 * 6.0**2))
+            f = f + blob * np.exp(-((yy - c) ** 2 + (xx - c) ** 2) / (2 * 6.0**2))
         out.append(f)
     return noisy(rng, np.stack(out), noise)
 
@@ -182,7 +182,8 @@ def run(report, large=False) -> None:
         ("photobleaching to 25 %", dict(bleach=0.25), ("first", "previous", "mean")),
         ("low SNR (noise σ 100)", dict(noise=100.0), ("first",)),
         ("photobleaching to 25 % and noise σ 60", dict(bleach=0.25, noise=60.0), ("first",)),
-        ("bright object crossing the field", dict(blob=True), ("first",)),
+        ("bright object (peak 700) crossing the field", dict(blob=700.0), ("first",)),
+        ("bright object (peak 1500) crossing the field", dict(blob=1500.0), ("first",)),
     ]
     for i, (label, kw, references) in enumerate(cases):
         rng = np.random.default_rng(2026 + i)

@@ -375,9 +375,9 @@ def _rigid_drift_stack(rng, frames, shape, bleach=1.0):
 
 
 def test_default_metric_is_global_ncc_for_linear_models_and_local_ncc_for_dense_ones():
-    """The default the stack benchmark chose (docs/benchmarks.md, "Drift correction of
-    rigid drift"): metric=None runs "ncc" (Gauss–Newton) for the linear models and "lncc"
-    for the dense ones, as ``register`` does; an explicit metric is kept."""
+    """The default the stack benchmark chose (docs/benchmarks.md, "Drift correction:
+    register_stack's metric"): metric=None runs "ncc" (Gauss–Newton) for the linear models
+    and "lncc" for the dense ones, as ``register`` does; an explicit metric is kept."""
     import inspect
 
     from napari_simwarp.registration import register_stack_iter

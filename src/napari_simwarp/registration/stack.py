@@ -141,10 +141,12 @@ def register_stack(
         Gauss–Newton) for the linear models, "lncc" (local NCC, Adam) for the dense ones,
         as in ``register``. Chosen by measurement on rigid drift with every reference,
         photobleaching and noise (docs/benchmarks.md, "Drift correction: register_stack's
-        metric"): 4.5 to 7.4 times faster than "lncc", as accurate or more but with
-        bleaching and heavy noise; "mse" fails when the intensity decays over the stack.
-        A bright object moving over the scene is followed instead of the drift, whatever
-        the metric. ``result.metric`` says which ran.
+        metric"): several times faster than "lncc" and as accurate or more, but for
+        bleaching with heavy noise; "mse" fails when the intensity decays over the stack.
+        With a bright object moving over the scene, "lncc" is more accurate (a global
+        metric weighs the object's mismatch over the whole frame): pass it there; a very
+        bright one is followed instead of the drift whatever the metric.
+        ``result.metric`` says which ran.
     spacing : float or sequence of float, optional
         Pixel size per spatial axis, array order (napari's layer ``scale`` without the
         time axis: ``(z, y, x)`` of a ``(T, Z, Y, X)`` stack); default 1. One grid is
