@@ -202,6 +202,16 @@ class Report:
         return "\n".join(lines)
 
 
+def print_markdown(report: Report, section: str, out: str | None = None) -> int:
+    """Print ``report``'s table of ``section`` (and write it to ``out`` if given); 0."""
+    text = report.markdown(section)
+    if out:
+        with open(out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    return 0
+
+
 def with_backend(backend: str, fn: Callable[[], object]) -> Callable[[], object]:
     """``fn`` run with ``SIMWARP_BACKEND=backend`` (restored afterwards): compiled or torch."""
 

@@ -28,7 +28,7 @@ from scipy.spatial.transform import Rotation
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _harness import Report, Row, peak_memory_mb
+from _harness import Report, Row, peak_memory_mb, print_markdown
 from bench_register import (
     centered_affine,
     corner_error,
@@ -398,12 +398,7 @@ def main(argv=None) -> int:
     QUICK = QUICK or args.quick
     report = Report()
     run(report)
-    text = report.markdown(SECTION)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
-    return 0
+    return print_markdown(report, SECTION, args.out)
 
 
 if __name__ == "__main__":

@@ -75,16 +75,21 @@ def noisy(rng, x, sigma=10.0):
 # ----------------------------------------------------------------------------- cases
 
 
-def drift_case(report, rng):
-    from napari_simwarp.registration import register_stack
-
-    group = "drift 50 × 512², ±8 px"
-    frames, shape, pad = 50, (512, 512), 12
+def drift_stack(rng, frames=50, shape=(512, 512), pad=12):
+    """``(stack, truth)``: uint16 frames of one scene shifted by up to ±8 px (cubic), noise;
+    ``truth[t]`` the shift with ``frame_0(x) = frame_t(x + truth[t])``."""
     big = scene(rng, tuple(n + 2 * pad for n in shape))
     true = rng.uniform(-8, 8, (frames, 2))
     crop = tuple(slice(pad, pad + n) for n in shape)
     stack = noisy(rng, np.stack([ndi.shift(big, -s, order=3, mode="nearest")[crop] for s in true]))
-    truth = true[0] - true  # frame_0(x) = frame_t(x + d_t)
+    return stack, true[0] - true
+
+
+def drift_case(report, rng):
+    from napari_simwarp.registration import register_stack
+
+    group = "drift 50 × 512², ±8 px"
+    stack, truth = drift_stack(rng)
 
     def err(shifts):
         e = np.linalg.norm(np.asarray(shifts) - truth, axis=1)[1:]

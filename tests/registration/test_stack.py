@@ -2,9 +2,10 @@
 
 import numpy as np
 import pytest
+from scipy import ndimage as ndi
 
 from napari_simwarp.registration import register_stack
-from tests.registration.cases import shifted_stack
+from tests.registration.cases import centered_affine, corner_error, shifted_stack, textured
 
 
 @pytest.fixture(scope="module")
@@ -340,3 +341,67 @@ def test_spacing_errors(rotated_volumes, kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         register_stack(stack, **kwargs)
     np.testing.assert_array_equal(stack, before)
+
+
+# -- the default metric (chosen by benchmarks/bench_stack.py) ------------------------------
+
+
+def _rigid_drift_stack(rng, frames, shape, bleach=1.0):
+    """``(stack, truths)``: one scene under a rigid drift (±2°, ±5 px, cubic-interpolated
+    from a larger scene, then cropped), the signal decaying to ``bleach`` over the stack
+    above a constant offset (photobleaching), noise; ``truths[t]`` maps frame-0 pixels to
+    frame-t pixels (``frame_t(T_t x) = frame_0(x)``), built independently of the code."""
+    pad = 12
+    big = textured(rng, tuple(n + 2 * pad for n in shape))
+    to_big = np.eye(3)
+    to_big[:2, 2] = pad
+    drifts = [
+        centered_affine(
+            np.array([[np.cos(a), -np.sin(a)], [np.sin(a), np.cos(a)]]),
+            rng.uniform(-5, 5, 2),
+            shape,
+        )
+        for a in np.deg2rad(np.r_[0.0, rng.uniform(-2, 2, frames - 1)])
+    ]
+    decay = bleach ** (np.arange(frames) / (frames - 1))
+    stack = np.stack(
+        [
+            0.1 + k * ndi.affine_transform(big, to_big @ a, output_shape=shape, order=3)
+            for a, k in zip(drifts, decay)
+        ]
+    )
+    stack = stack + rng.normal(0, 0.01, stack.shape)
+    return stack, [np.linalg.inv(a) @ drifts[0] for a in drifts]
+
+
+def test_default_metric_is_global_ncc_for_linear_models_and_local_ncc_for_dense_ones():
+    """The default the stack benchmark chose (docs/benchmarks.md, "Drift correction:
+    register_stack's metric"): metric=None runs "ncc" (Gauss–Newton) for the linear models
+    and "lncc" for the dense ones, as ``register`` does; an explicit metric is kept."""
+    import inspect
+
+    from napari_simwarp.registration import register_stack_iter
+    from napari_simwarp.registration._names import DEFAULT_METRICS
+
+    for fn in (register_stack, register_stack_iter):
+        assert inspect.signature(fn).parameters["metric"].default is None
+    rng = np.random.default_rng(5)
+    stack, _ = _rigid_drift_stack(rng, 2, (48, 48))
+    for model in ("rigid", "deformable"):
+        result = register_stack(stack, model=model, iterations=2)
+        assert result.metric == DEFAULT_METRICS[model] == ("ncc" if model == "rigid" else "lncc")
+    assert register_stack(stack, model="rigid", metric="mse", iterations=2).metric == "mse"
+
+
+@pytest.mark.parametrize("bleach", [1.0, 0.25])
+@pytest.mark.parametrize("reference", ["first", "mean"])
+def test_default_rigid_stack_recovers_known_drift_under_photobleaching(bleach, reference):
+    """Defaults (global NCC, Gauss–Newton) against the drift the stack was built with,
+    with and without the signal bleaching to a quarter over the stack."""
+    stack, truths = _rigid_drift_stack(np.random.default_rng(9), 6, (96, 96), bleach)
+    result = register_stack(stack, model="rigid", reference=reference)
+    mats = [t.matrix for t in result.transforms]
+    mats = [m @ np.linalg.inv(mats[0]) for m in mats]  # "mean": relative to frame 0's
+    errors = [corner_error(m, t, (96, 96)) for m, t in zip(mats[1:], truths[1:])]
+    # "mean": looser, the mean is slightly blurred by resampling (as above)
+    assert max(errors) < (0.1 if reference == "first" else 0.15), errors

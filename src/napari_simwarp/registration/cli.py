@@ -308,7 +308,13 @@ def add_stack_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace OUT and its transforms")
     p.add_argument("--reference", default="first", help="first, previous, mean or a frame index")
     p.add_argument("--model", default="translation", choices=MODELS)
-    p.add_argument("--metric", default="lncc", choices=METRICS)
+    p.add_argument(
+        "--metric",
+        default=None,
+        choices=METRICS,
+        help="similarity of models other than translation (default: ncc for linear "
+        "models, lncc for dense ones)",
+    )
     p.add_argument(
         "--spacing",
         type=per_axis_option,
@@ -451,6 +457,7 @@ def run_stack(args) -> int:
     from ..io import budget as _budget
     from ..io import check_target
     from ..io.omezarr import check_store, write_key, write_ome_zarr
+    from ._names import default_metric
     from .grid import Grid
     from .stack import lazy_warped, register_stack
     from .transforms import load_transform
@@ -475,7 +482,7 @@ def run_stack(args) -> int:
     options = dict(
         reference=reference,
         model=args.model,
-        metric=args.metric,
+        metric=default_metric(args.model, args.metric),
         input=str(pathlib.Path(args.input).resolve()),
         spacing=spacing,
         origin=origin,

@@ -38,7 +38,7 @@ from ..ops._validation import check_choice
 from . import _inputs, _options
 from ._driver import drive, relay
 from ._frames import FrameSource
-from ._names import LINEAR_MODELS, METRICS, MODELS
+from ._names import LINEAR_MODELS, METRICS, MODELS, default_metric
 from .drift import clip_unit, phase_correlation, refine_translation_iter, select_shifts
 from .grid import Grid
 from .models import DenseModel, LinearModel
@@ -66,6 +66,8 @@ class StackRegistrationResult(RunResult):
         NumPy for NumPy or torch input; for dask or zarr input a lazy ``dask.array.Array``
         (one frame per chunk) whose frames are warped only when computed
     reference : the reference asked for
+    metric : the similarity metric the frames were aligned with (not used by the
+        translation route)
     frame_similarity : ``(T,)`` ZNCC of each aligned frame with the aligned reference over
         the pixels they share
     (and the fields of :class:`~.optimize.RunResult`)
@@ -74,6 +76,7 @@ class StackRegistrationResult(RunResult):
     transforms: list
     warped: object
     reference: object = "first"
+    metric: str = ""
     frame_similarity: np.ndarray | None = None
 
     @property
@@ -103,7 +106,7 @@ def register_stack(
     *,
     reference="first",
     model="translation",
-    metric="lncc",
+    metric=None,
     levels="auto",
     iterations=None,
     lr=None,
@@ -133,6 +136,17 @@ def register_stack(
     model : {"translation", "rigid", "similarity", "affine", "deformable", "diffeomorphic"}
         "translation" uses phase correlation and Gauss–Newton (``metric`` is then not used:
         the refinement is least squares on locally normalized intensities).
+    metric : {"ncc", "lncc", "ssim", "mse", "mi"}, optional
+        Default (None): "ncc" (global normalized cross-correlation, solved by
+        Gauss–Newton) for the linear models, "lncc" (local NCC, Adam) for the dense ones,
+        as in ``register``. Chosen by measurement on rigid drift with every reference,
+        photobleaching and noise (docs/benchmarks.md, "Drift correction: register_stack's
+        metric"): several times faster than "lncc" and as accurate or more, but for
+        bleaching with heavy noise; "mse" fails when the intensity decays over the stack.
+        With a bright object moving over the scene, "lncc" is more accurate (a global
+        metric weighs the object's mismatch over the whole frame): pass it there; a very
+        bright one is followed instead of the drift whatever the metric.
+        ``result.metric`` says which ran.
     spacing : float or sequence of float, optional
         Pixel size per spatial axis, array order (napari's layer ``scale`` without the
         time axis: ``(z, y, x)`` of a ``(T, Z, Y, X)`` stack); default 1. One grid is
@@ -189,7 +203,7 @@ def register_stack_iter(
     *,
     reference="first",
     model="translation",
-    metric="lncc",
+    metric=None,
     levels="auto",
     iterations=None,
     lr=None,
@@ -213,6 +227,7 @@ def register_stack_iter(
     """
     start = time.perf_counter()
     check_choice(model, "model", MODELS)
+    metric = default_metric(model, metric)
     check_choice(metric, "metric", METRICS)
     levels = _options.levels(levels)
     grid_spacing = _options.optional_positive(grid_spacing, "grid_spacing")
@@ -269,6 +284,7 @@ def register_stack_iter(
         loss_history=history,
         stopped=state["stopped"],
         reference=reference,
+        metric=metric,
         model=model,
         device=str(dev),
         similarity=float(final.min()),
