@@ -8,6 +8,7 @@ import numpy as np
 
 from napari_simwarp import data
 from napari_simwarp._qt import RegisterWidget
+from napari_simwarp._qt._plot import LEVEL_COLORS
 from napari_simwarp.registration import load_transform
 
 from .conftest import dock, no_workers_running
@@ -350,6 +351,42 @@ def test_loss_curve_has_one_colour_per_level_and_a_log_axis_when_positive(viewer
     colours = {image.pixelColor(x, y).getRgb()[:3] for x in range(image.width())
                for y in range(0, image.height(), 2)}  # fmt: skip
     assert {LEVEL_COLORS[0], LEVEL_COLORS[1], LEVEL_COLORS[2]} <= colours
+
+
+def test_drift_curve_is_one_point_per_frame_and_a_failed_frame_drops(viewer, qtbot, monkeypatch):
+    import time
+
+    from napari_simwarp.widgets_logic.registration import RegistrationRun
+
+    real_snapshot = RegistrationRun._snapshot
+
+    def slowed(run, *args):  # each step 30 ms: a run long enough for live displays
+        time.sleep(0.03)
+        return real_snapshot(run, *args)
+
+    monkeypatch.setattr(RegistrationRun, "_snapshot", slowed)
+    stack, _ = data.drifting_timelapse(frames=8, size=64)
+    failed = 5
+    stack[failed] = np.random.default_rng(1).random((64, 64), dtype=np.float32)  # noise
+    w, _, _ = _setup(viewer, None, stack, mode="time-lapse (drift)", iterations=30)
+    shown = []
+    real = w._plot.set_curve
+    w._plot.set_curve = lambda curve: (shown.append(curve), real(curve))
+    _run(qtbot, w)
+    shown = [curve for curve in shown if curve.y]  # (the run starts on an empty plot)
+    assert len(shown) >= 2  # live curves, then the final one
+    for curve in shown:  # never against the snapshot (the batches' sawtooth)
+        assert curve.x_label == "frame" and set(curve.x) <= set(range(8))
+    plot = w._plot
+    assert plot.curve.x == tuple(range(8)) and plot.curve.y_label.startswith("similarity")
+    sims = dict(zip(plot.curve.x, plot.values))
+    # noise shares nothing with the scene (ZNCC ~0); the aligned frames are the scene
+    assert abs(sims[failed]) < 0.2 and min(v for t, v in sims.items() if t != failed) > 0.8
+    assert not plot.log and f"frame {failed}" in plot.curve.now
+    image = plot.grab().toImage()  # painted: axes, the curve and the value, without error
+    colours = {image.pixelColor(x, y).getRgb()[:3] for x in range(image.width())
+               for y in range(0, image.height(), 2)}  # fmt: skip
+    assert LEVEL_COLORS[0] in colours
 
 
 def _far_pair(camera_crop):

@@ -488,7 +488,7 @@ class RegisterWidget(WorkerWidget):
         self.snapshots_shown += 1
 
         def curve():
-            self._plot.set_values(snap.losses, snap.loss_levels)
+            self._plot.set_curve(snap.curve)
             self._status.value = snap.describe()
 
         steps = [("curve", curve)]
