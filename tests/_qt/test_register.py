@@ -319,6 +319,34 @@ def test_result_layers_styled_once_then_only_data(viewer, qtbot, small_pair, mon
     assert names.index("moving registered") > names.index("moving")
 
 
+def test_result_layers_are_added_before_the_worker_starts(viewer, qtbot, small_pair, monkeypatch):
+    # napari's add_image / add_vectors are the costliest GUI-thread steps: done first, one
+    # per turn of the event loop, not while the worker competes for the GIL.
+    from napari_simwarp._qt import _register
+
+    fixed, moving, _ = small_pair
+    seen = {}
+    real = _register.start_worker
+
+    def start(worker):
+        for name in ("moving registered", "displacement", "similarity gradient"):
+            layer = viewer.layers[name] if name in viewer.layers else None
+            seen[name] = None if layer is None else (type(layer).__name__, layer.data.shape)
+        seen["limits"] = tuple(viewer.layers["moving registered"].contrast_limits)
+        real(worker)
+
+    monkeypatch.setattr(_register, "start_worker", start)
+    w, f, m = _setup(viewer, fixed, moving, model="affine", iterations=20)
+    m.contrast_limits = (0.1, 0.7)
+    _run(qtbot, w)
+    assert seen["moving registered"] == ("Image", fixed.shape)
+    assert seen["displacement"] == ("Vectors", (1, 2, 2))
+    assert seen["similarity gradient"] == ("Vectors", (1, 2, 2))
+    assert seen["limits"] == (0.1, 0.7)  # the moving layer's, none computed on the blank
+    registered = viewer.layers["moving registered"].data
+    np.testing.assert_allclose(registered, w.result.warped)  # then the result replaced it
+
+
 def test_fixed_equal_to_moving_is_refused_in_the_status_line(viewer, qtbot, camera_crop, errors):
     w, f, _ = _setup(viewer, camera_crop, camera_crop)
     w._moving.value = f

@@ -249,6 +249,18 @@ class RegistrationRun:
             return max(1, per)
         return max(1, self.levels * -(-its // max(1, s.report_every)))
 
+    @property
+    def shows_gradient(self) -> bool:
+        """Whether the snapshots carry the similarity gradient: asked for, and a pair on
+        one grid (the gradient is taken on the fixed image's pixels)."""
+        s = self.settings
+        return (
+            s.mode == "pair"
+            and s.show_gradient
+            and tuple(self.moving.shape) == tuple(self.shape)
+            and self.fixed_grid == self.moving_grid
+        )
+
     # -- control ---------------------------------------------------------------------------
     def stop(self) -> None:
         """Ask the run to end within one iteration (the best result so far is kept)."""
@@ -423,8 +435,7 @@ class RegistrationRun:
             return
         disp = transform.to_displacement(shape)
         snap.displacement = field_to_vectors(physical_displacement(transform, disp), self.spacing)
-        same_grid = self.moving.shape == shape and self.fixed_grid == self.moving_grid
-        if self.settings.show_gradient and same_grid:
+        if self.shows_gradient:
             snap.gradient = self._gradient_vectors(disp)
 
     def _gradient_vectors(self, disp: np.ndarray) -> np.ndarray:
