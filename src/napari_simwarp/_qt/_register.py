@@ -212,6 +212,7 @@ class RegisterWidget(WorkerWidget):
         self._update_visibility()
         self._on_layers()
         self._backend.refresh()
+        _import_in_background("pandas")
 
     def _report(self, exc, what: str) -> None:
         """An error after the run: the whole message in the status line, and a toast."""
@@ -719,11 +720,21 @@ def _plane_grid(layer, plane, role: str):
 
 
 def _snapshots(run):
-    """The run's snapshots, in the worker thread. napari's Vectors layers import pandas
-    on first use: imported here, off the GUI thread (a 0.2 s pause at the first arrows)."""
-    import pandas  # noqa: F401
-
+    """The run's snapshots, in the worker thread."""
     yield from run.snapshots()
+
+
+def _import_in_background(module: str) -> None:
+    """Import ``module`` now in a daemon thread, unless imported already. napari's first
+    Vectors layer imports pandas on the GUI thread (0.25 s at load 8): the widget imports it
+    as it opens, long before a run adds its arrows (an import the GUI thread then needs
+    waits only for what is left of this one)."""
+    import importlib
+    import sys
+    import threading
+
+    if module not in sys.modules:
+        threading.Thread(target=importlib.import_module, args=(module,), daemon=True).start()
 
 
 def _contrasting(fixed) -> str:
