@@ -8,6 +8,7 @@ import numpy as np
 
 from napari_simwarp import data
 from napari_simwarp._qt import RegisterWidget
+from napari_simwarp._qt._plot import LEVEL_COLORS
 from napari_simwarp.registration import load_transform
 
 from .conftest import dock, no_workers_running
@@ -318,6 +319,34 @@ def test_result_layers_styled_once_then_only_data(viewer, qtbot, small_pair, mon
     assert names.index("moving registered") > names.index("moving")
 
 
+def test_result_layers_are_added_before_the_worker_starts(viewer, qtbot, small_pair, monkeypatch):
+    # napari's add_image / add_vectors are the costliest GUI-thread steps: done first, one
+    # per turn of the event loop, not while the worker competes for the GIL.
+    from napari_simwarp._qt import _register
+
+    fixed, moving, _ = small_pair
+    seen = {}
+    real = _register.start_worker
+
+    def start(worker):
+        for name in ("moving registered", "displacement", "similarity gradient"):
+            layer = viewer.layers[name] if name in viewer.layers else None
+            seen[name] = None if layer is None else (type(layer).__name__, layer.data.shape)
+        seen["limits"] = tuple(viewer.layers["moving registered"].contrast_limits)
+        real(worker)
+
+    monkeypatch.setattr(_register, "start_worker", start)
+    w, f, m = _setup(viewer, fixed, moving, model="affine", iterations=20)
+    m.contrast_limits = (0.1, 0.7)
+    _run(qtbot, w)
+    assert seen["moving registered"] == ("Image", fixed.shape)
+    assert seen["displacement"] == ("Vectors", (1, 2, 2))
+    assert seen["similarity gradient"] == ("Vectors", (1, 2, 2))
+    assert seen["limits"] == (0.1, 0.7)  # the moving layer's, none computed on the blank
+    registered = viewer.layers["moving registered"].data
+    np.testing.assert_allclose(registered, w.result.warped)  # then the result replaced it
+
+
 def test_fixed_equal_to_moving_is_refused_in_the_status_line(viewer, qtbot, camera_crop, errors):
     w, f, _ = _setup(viewer, camera_crop, camera_crop)
     w._moving.value = f
@@ -350,6 +379,42 @@ def test_loss_curve_has_one_colour_per_level_and_a_log_axis_when_positive(viewer
     colours = {image.pixelColor(x, y).getRgb()[:3] for x in range(image.width())
                for y in range(0, image.height(), 2)}  # fmt: skip
     assert {LEVEL_COLORS[0], LEVEL_COLORS[1], LEVEL_COLORS[2]} <= colours
+
+
+def test_drift_curve_is_one_point_per_frame_and_a_failed_frame_drops(viewer, qtbot, monkeypatch):
+    import time
+
+    from napari_simwarp.widgets_logic.registration import RegistrationRun
+
+    real_snapshot = RegistrationRun._snapshot
+
+    def slowed(run, *args):  # each step 30 ms: a run long enough for live displays
+        time.sleep(0.03)
+        return real_snapshot(run, *args)
+
+    monkeypatch.setattr(RegistrationRun, "_snapshot", slowed)
+    stack, _ = data.drifting_timelapse(frames=8, size=64)
+    failed = 5
+    stack[failed] = np.random.default_rng(1).random((64, 64), dtype=np.float32)  # noise
+    w, _, _ = _setup(viewer, None, stack, mode="time-lapse (drift)", iterations=30)
+    shown = []
+    real = w._plot.set_curve
+    w._plot.set_curve = lambda curve: (shown.append(curve), real(curve))
+    _run(qtbot, w)
+    shown = [curve for curve in shown if curve.y]  # (the run starts on an empty plot)
+    assert len(shown) >= 2  # live curves, then the final one
+    for curve in shown:  # never against the snapshot (the batches' sawtooth)
+        assert curve.x_label == "frame" and set(curve.x) <= set(range(8))
+    plot = w._plot
+    assert plot.curve.x == tuple(range(8)) and plot.curve.y_label.startswith("similarity")
+    sims = dict(zip(plot.curve.x, plot.values))
+    # noise shares nothing with the scene (ZNCC ~0); the aligned frames are the scene
+    assert abs(sims[failed]) < 0.2 and min(v for t, v in sims.items() if t != failed) > 0.8
+    assert not plot.log and f"frame {failed}" in plot.curve.now
+    image = plot.grab().toImage()  # painted: axes, the curve and the value, without error
+    colours = {image.pixelColor(x, y).getRgb()[:3] for x in range(image.width())
+               for y in range(0, image.height(), 2)}  # fmt: skip
+    assert LEVEL_COLORS[0] in colours
 
 
 def _far_pair(camera_crop):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -69,6 +70,12 @@ STEP_MS = 40
 #: least time between two updates of the Vectors layers (napari redraws their thumbnail,
 #: one Python loop per arrow, at each data change: ~85 ms for 1000 arrows)
 VECTORS_MS = 1000
+#: the Vectors result layers' style, set once per run (the displacement's length follows
+#: its arrows, see :meth:`RegisterWidget._show`)
+VECTOR_STYLES = {
+    DISPLACEMENT_LAYER: {"edge_color": "yellow", "edge_width": 1.5},
+    GRADIENT_LAYER: {"edge_color": "cyan", "edge_width": 1.0, "length": 1.0},
+}
 
 
 class RegisterWidget(WorkerWidget):
@@ -186,6 +193,7 @@ class RegisterWidget(WorkerWidget):
         self.snapshots_shown = 0  # displays (several snapshots may merge into one)
         self.snapshots_received = 0  # snapshots from the worker
         self._styled: set[str] = set()
+        self._moving_hidden = False
         self._waiting = None  # the newest snapshot not yet displayed (merged)
         self._last_vectors = -np.inf
         self._display_timer = QTimer()
@@ -205,6 +213,13 @@ class RegisterWidget(WorkerWidget):
         self._update_visibility()
         self._on_layers()
         self._backend.refresh()
+        _import_in_background("pandas")
+        # A full collection now, as the widget opens: CPython runs one when enough objects
+        # have outlived two collections since the last, and the first run's new layers (Qt
+        # controls, vispy visuals, events) tipped it mid-run: 0.3-0.4 s with the GUI thread
+        # (every thread: it holds the GIL) stopped, for the ~500k objects of a napari + torch
+        # process. Collected now, it is not due again for a while.
+        gc.collect()
 
     def _report(self, exc, what: str) -> None:
         """An error after the run: the whole message in the status line, and a toast."""
@@ -302,6 +317,7 @@ class RegisterWidget(WorkerWidget):
             remove_layer(self._viewer, GRADIENT_LAYER)
         self.snapshots_shown = self.snapshots_received = 0
         self._styled = set()  # result layers whose properties this run has set
+        self._moving_hidden = False  # hidden at the first registered image shown
         self._waiting, self._last_vectors = None, -np.inf
         self._plot.set_values([])
         # napari's progress bar, advanced by the steps each snapshot covers (snapshots are
@@ -311,10 +327,18 @@ class RegisterWidget(WorkerWidget):
         worker.yielded.connect(self._receive)
         worker.errored.connect(self._on_error)
         worker.finished.connect(self._on_finished)
-        self._worker = worker
         self._set_running(True)
         self._status.value = f"registering ({run.settings.model}, {run.levels} levels)…"
-        start_worker(worker)
+
+        def start():
+            self._worker = worker
+            start_worker(worker)
+
+        # The result layers a session does not have yet are added first, one per turn of
+        # the event loop, and the worker started after them: napari's add_image and
+        # add_vectors (its Qt controls, vispy visual, layer-list events) are its costliest
+        # GUI-thread steps, and under a running worker they waited on the GIL too.
+        self._queue([*self._placeholders(run), ("start", start)])
 
     def _pair_planes(self, fixed, moving):
         """The fixed and moving :class:`~..widgets_logic.planes.Plane` s of a pair run:
@@ -402,7 +426,7 @@ class RegisterWidget(WorkerWidget):
         new = not same_kind(layer, kind, data)
         # One arrow first (not none: napari keeps the colour given for the arrows to come
         # only when there is one to colour).
-        first = data[:1] if kind == "vectors" and new else data
+        first = data[:1] if kind == "vectors" and new and len(data) > 1 else data
 
         def add():
             added = put_layer(self._viewer, kind, name, first, **props)
@@ -415,6 +439,39 @@ class RegisterWidget(WorkerWidget):
 
         steps = [(f"add {name}", add)]
         return [*steps, (f"data {name}", fill)] if first is not data else steps
+
+    def _warped_style(self) -> dict:
+        """The registered image's properties: the result geometry, a colour that contrasts
+        with the fixed layer's, the moving layer's contrast limits (none computed on data)."""
+        moving, fixed = self._moving_layer, self._fixed_layer
+        limits = tuple(moving.contrast_limits) if moving is not None else None
+        return {
+            **self._geometry,
+            "colormap": _contrasting(fixed),
+            "blending": "additive",
+            **({"contrast_limits": limits} if limits else {}),
+        }
+
+    def _placeholders(self, run) -> list:
+        """The steps adding the result layers ``run`` will show and the viewer has not
+        got (of that kind) yet, styled, from blank data of the right shape: a zero image
+        that takes no memory (a broadcast view), a Vectors layer of one still arrow. The
+        snapshots then only assign data."""
+        moving = self._moving_layer
+        name = WARPED_LAYER.format(moving=moving.name if moving is not None else "moving")
+        shape = tuple(run.shape) if run.settings.mode == "pair" else tuple(run.moving.shape)
+        d = len(shape)  # the arrows' dimension: a stack's have time first
+        layers = [("image", name, np.broadcast_to(np.float32(0), shape), self._warped_style())]
+        vectors = [DISPLACEMENT_LAYER, *([GRADIENT_LAYER] if run.shows_gradient else [])]
+        for vector_name in vectors:
+            still = np.zeros((1, 2, d), np.float32)
+            style = {**VECTOR_STYLES[vector_name], **self._vector_geometry(still)}
+            layers.append(("vectors", vector_name, still, style))
+        steps = []
+        for kind, layer_name, data, style in layers:
+            if not same_kind(layer_by_name(self._viewer, layer_name), kind, data):
+                steps += self._put(kind, layer_name, data, **style)
+        return steps
 
     def _vector_geometry(self, vectors) -> dict:
         """The result geometry for Vectors data ``(n, 2, D)`` (its last D axes)."""
@@ -488,29 +545,21 @@ class RegisterWidget(WorkerWidget):
         self.snapshots_shown += 1
 
         def curve():
-            self._plot.set_values(snap.losses, snap.loss_levels)
+            self._plot.set_curve(snap.curve)
             self._status.value = snap.describe()
 
         steps = [("curve", curve)]
         moving, fixed = self._moving_layer, self._fixed_layer
         name = WARPED_LAYER.format(moving=moving.name if moving is not None else "moving")
         if snap.warped is not None:
-            limits = tuple(moving.contrast_limits) if moving is not None else None
-            if name not in self._styled and moving is not None and moving is not fixed:
+            if not self._moving_hidden and moving is not None and moving is not fixed:
+                self._moving_hidden = True
 
                 def hide_moving():
                     moving.visible = False  # the registered layer replaces it on screen
 
                 steps.append(("hide moving", hide_moving))
-            steps += self._put(
-                "image",
-                name,
-                snap.warped,
-                **self._geometry,
-                colormap=_contrasting(fixed),
-                blending="additive",
-                **({"contrast_limits": limits} if limits else {}),
-            )
+            steps += self._put("image", name, snap.warped, **self._warped_style())
         if snap.displacement is not None:
             # Display length: the longest arrow spans about one grid cell (data unscaled);
             # re-set only when it changes by more than half (a property set redraws).
@@ -526,8 +575,7 @@ class RegisterWidget(WorkerWidget):
                 DISPLACEMENT_LAYER,
                 snap.displacement,
                 **self._vector_geometry(snap.displacement),
-                edge_color="yellow",
-                edge_width=1.5,
+                **VECTOR_STYLES[DISPLACEMENT_LAYER],
                 length=length,
             )
 
@@ -543,9 +591,7 @@ class RegisterWidget(WorkerWidget):
                 GRADIENT_LAYER,
                 snap.gradient,
                 **self._vector_geometry(snap.gradient),
-                edge_color="cyan",
-                edge_width=1.0,
-                length=1.0,
+                **VECTOR_STYLES[GRADIENT_LAYER],
             )
         return steps
 
@@ -681,11 +727,21 @@ def _plane_grid(layer, plane, role: str):
 
 
 def _snapshots(run):
-    """The run's snapshots, in the worker thread. napari's Vectors layers import pandas
-    on first use: imported here, off the GUI thread (a 0.2 s pause at the first arrows)."""
-    import pandas  # noqa: F401
-
+    """The run's snapshots, in the worker thread."""
     yield from run.snapshots()
+
+
+def _import_in_background(module: str) -> None:
+    """Import ``module`` now in a daemon thread, unless imported already. napari's first
+    Vectors layer imports pandas on the GUI thread (0.25 s at load 8): the widget imports it
+    as it opens, long before a run adds its arrows (an import the GUI thread then needs
+    waits only for what is left of this one)."""
+    import importlib
+    import sys
+    import threading
+
+    if module not in sys.modules:
+        threading.Thread(target=importlib.import_module, args=(module,), daemon=True).start()
 
 
 def _contrasting(fixed) -> str:

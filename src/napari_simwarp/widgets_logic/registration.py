@@ -21,6 +21,7 @@ import numpy as np
 from ..registration._driver import relay
 from ..registration._names import default_metric
 from ._arrays import as_float_array
+from .curves import Curve, FrameLosses, frame_similarity_curve, snapshot_curve
 from .vectors import auto_spacing, field_to_vectors, grid_positions, normalized_scale
 
 MODES = ("pair", "stack")
@@ -82,6 +83,9 @@ class Snapshot:
     losses: list = field(default_factory=list)
     #: pyramid level of each entry of ``losses`` (0: coarsest), for one colour per level
     loss_levels: list = field(default_factory=list)
+    #: what the plot shows: the loss per snapshot (pairs), per frame (drift; the frames'
+    #: similarity once done), see :mod:`.curves`
+    curve: Curve | None = None
     warped: np.ndarray | None = None
     displacement: np.ndarray | None = None
     gradient: np.ndarray | None = None
@@ -193,6 +197,7 @@ class RegistrationRun:
         self.focus = 0
         self._focus_shown = None  # (frame, its transform, the frame warped) last shown
         self._current: dict = {}
+        self._frame_losses = None  # drift runs: the live curve against the frame index
         self._step = 0
         self._last_heavy = self._last_vectors = -np.inf
 
@@ -244,6 +249,18 @@ class RegistrationRun:
             return max(1, per)
         return max(1, self.levels * -(-its // max(1, s.report_every)))
 
+    @property
+    def shows_gradient(self) -> bool:
+        """Whether the snapshots carry the similarity gradient: asked for, and a pair on
+        one grid (the gradient is taken on the fixed image's pixels)."""
+        s = self.settings
+        return (
+            s.mode == "pair"
+            and s.show_gradient
+            and tuple(self.moving.shape) == tuple(self.shape)
+            and self.fixed_grid == self.moving_grid
+        )
+
     # -- control ---------------------------------------------------------------------------
     def stop(self) -> None:
         """Ask the run to end within one iteration (the best result so far is kept)."""
@@ -293,6 +310,8 @@ class RegistrationRun:
             fill = self._fill_pair_progress
         else:
             self._current = {}
+            offset = 1 if self.settings.reference == "previous" else 0
+            self._frame_losses = FrameLosses(self.moving.shape[0], offset)
             run = register_stack_iter(
                 self.moving, reference=self.settings.reference, **self._engine_kwargs()
             )
@@ -315,6 +334,7 @@ class RegistrationRun:
             final=True,
             stopped=res.stopped,
         )
+        snap.curve = self._curve(snap, getattr(res, "frame_similarity", None))
         if self.settings.mode == "pair":
             self._fill_pair(snap, res.transform, warped=res.warped, final=True)
         else:
@@ -367,9 +387,20 @@ class RegistrationRun:
             list(self.losses),
             list(self.loss_levels),
         )
+        if self._frame_losses is not None:
+            self._frame_losses.update(progress.frames, progress.level, progress.loss)
+        snap.curve = self._curve(snap)
         if self._heavy_due(False):
             fill(snap, progress)
         return snap
+
+    def _curve(self, snap: Snapshot, frame_similarity=None) -> Curve:
+        """The plot of ``snap``: see :mod:`.curves` (why a drift run is plotted per frame)."""
+        if self._frame_losses is None:
+            return snapshot_curve(snap.losses, snap.loss_levels)
+        if frame_similarity is not None:
+            return frame_similarity_curve(frame_similarity)
+        return self._frame_losses.curve()
 
     def _fill_pair_progress(self, snap: Snapshot, progress) -> None:
         self._fill_pair(snap, progress.transform, warped=None)
@@ -404,8 +435,7 @@ class RegistrationRun:
             return
         disp = transform.to_displacement(shape)
         snap.displacement = field_to_vectors(physical_displacement(transform, disp), self.spacing)
-        same_grid = self.moving.shape == shape and self.fixed_grid == self.moving_grid
-        if self.settings.show_gradient and same_grid:
+        if self.shows_gradient:
             snap.gradient = self._gradient_vectors(disp)
 
     def _gradient_vectors(self, disp: np.ndarray) -> np.ndarray:
