@@ -4,7 +4,9 @@ a subprocess whose peak RSS is the figure (and a two-worker LocalCluster).
 Full sizes by default (a (600, 2048, 2048) uint16 stack, a (512, 2048, 2048) uint16 volume,
 generated lazily); ``SIMWARP_BENCH_LARGE_SCALE=0.25`` shrinks every side-length and count
 for a quick look; ``SIMWARP_BENCH_LARGE_CASES`` picks cases (``stack``, ``apply``, ``std``,
-``cluster``, comma-separated). The figures go to docs/benchmarks.md through ``run.py``.
+``cluster``, comma-separated). The figures go to docs/benchmarks.md through ``run.py``, and
+to the standard output as each is measured. ``SIMWARP_BENCH_LARGE_SOURCE``: a folder where
+the generated stack's Zarr store is kept between runs (its making is untimed either way).
 
 The drift-correction figures say what each path includes: the lazy run reads the stack
 from a Zarr store on disk and writes the aligned stack to an OME-Zarr store (registration
@@ -29,7 +31,7 @@ SCALE = float(os.environ.get("SIMWARP_BENCH_LARGE_SCALE", "1"))
 CASES = os.environ.get("SIMWARP_BENCH_LARGE_CASES", "stack,apply,std,cluster").split(",")
 
 _SCRIPT = r"""
-import json, resource, sys, time
+import json, os, resource, sys, time
 import numpy as np, dask, dask.array as da
 from scipy import ndimage
 kind, out, T, N, Z = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
@@ -68,8 +70,12 @@ if kind in ("stack", "stack-memory", "stack-cluster"):
             client = Client(LocalCluster(n_workers=2, threads_per_worker=1, memory_limit="4GiB"))
         # The stack on disk first, as a user's data is (untimed): the timed run reads it,
         # as the in-memory run times the registration of frames already made.
-        da.to_zarr(lazy_stack(T).rechunk((1, N, N)), out + ".source.zarr")
-        source = da.from_zarr(out + ".source.zarr")
+        path = os.environ.get("SIMWARP_BENCH_LARGE_SOURCE") or out + ".source"
+        path = f"{path}/stack_{T}_{N}.zarr"
+        if not os.path.exists(path + "/complete"):
+            da.to_zarr(lazy_stack(T).rechunk((1, N, N)), path, overwrite=True)
+            open(path + "/complete", "w").close()
+        source = da.from_zarr(path)
         start, cpu = time.perf_counter(), time.process_time()
         result = register_stack(source, memory_budget="1GiB")
         register = time.perf_counter() - start
@@ -126,8 +132,15 @@ def _run(kind, T=0, N=0, Z=0):
     return merged
 
 
+def _say(report, text: str) -> None:
+    """A figure into the report, and printed at once (a long run shows what it has)."""
+    print(text, flush=True)
+    report.note(SECTION, text)
+
+
 def run(report) -> None:
     gib = 2**30
+
     n = int(2048 * SCALE)
     t_big, t_fit, z = int(600 * SCALE), int(150 * SCALE), int(512 * SCALE) // 16 * 16
     if "stack" in CASES:
@@ -137,8 +150,8 @@ def run(report) -> None:
         written_fps = t_fit / (memory["seconds"] + memory["write"])
         writing = lazy["seconds"] - lazy["register"]
         cpu_ratio = (t_big / lazy["cpu"]) / (t_fit / memory["cpu"])
-        report.note(
-            SECTION,
+        _say(
+            report,
             f"Drift correction of a lazy ({t_big}, {n}, {n}) uint16 stack (a Zarr store on "
             f"disk) written to OME-Zarr: {lazy['seconds']:.0f} s ({lazy_fps:.2f} frames/s; "
             f"registration {lazy['register']:.0f} s, writing {writing:.0f} s), "
@@ -151,8 +164,8 @@ def run(report) -> None:
         )
     if "apply" in CASES:
         apply = _run("apply", 0, n, z)
-        report.note(
-            SECTION,
+        _say(
+            report,
             f"Affine applied chunk-wise to a ({z}, {n}, {n}) uint16 volume written to "
             f"OME-Zarr: {apply['seconds']:.0f} s, peak RSS {apply['peak'] / gib:.2f} GiB.",
         )
@@ -161,8 +174,8 @@ def run(report) -> None:
         fit = max(16, z // 8) // 16 * 16
         std_memory = _run("std-memory", 0, n, fit)
         per_voxel = (std["seconds"] / z) / (std_memory["seconds"] / fit)
-        report.note(
-            SECTION,
+        _say(
+            report,
             f"Local std (15³) of that volume, tiled: {std['seconds']:.0f} s, peak RSS "
             f"{std['peak'] / gib:.2f} GiB; the in-memory call on a ({fit}, {n}, {n}) volume: "
             f"{std_memory['seconds']:.1f} s; time per voxel tiled / in memory {per_voxel:.2f}.",
@@ -170,8 +183,8 @@ def run(report) -> None:
     if "cluster" in CASES:
         cluster = _run("stack-cluster", t_big, n)
         workers = ", ".join(f"{w / gib:.2f}" for w in cluster.get("workers", []))
-        report.note(
-            SECTION,
+        _say(
+            report,
             f"The same stack on a two-worker LocalCluster: {cluster['seconds']:.0f} s, peak "
             f"RSS of the client {cluster['peak'] / gib:.2f} GiB, per worker [{workers}] GiB.",
         )
