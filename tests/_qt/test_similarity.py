@@ -290,3 +290,42 @@ def test_kernel_build_is_a_visible_step_off_the_gui_thread(viewer, qtbot, camera
     _wait_idle(qtbot, w)
     assert built["done"] and built["thread"] is not threading.main_thread()
     assert w._status.value.startswith("local std")
+
+
+def test_whole_stack_map_is_an_explicit_lazy_action(viewer, qtbot, tmp_path):
+    stack = _stack(8)
+    counting = _CountingStack(stack)
+    lazy = da.from_array(counting, chunks=(1, *stack.shape[1:]), asarray=False)
+    layer = viewer.add_image(lazy, name="lazy movie", scale=(1.0, 0.5, 0.5))
+    viewer.dims.set_current_step(0, 3)
+    w = dock(viewer, SimilarityMapWidget(viewer))
+    w._live.value = False  # only the explicit action runs (after the map docking made)
+    w._image.value = layer
+    w._window.value = 5
+    qtbot.waitUntil(lambda: not w.busy, timeout=30000)
+    counting.reads.clear()
+    w.compute_stack()
+    qtbot.waitUntil(lambda: "similarity map (stack)" in viewer.layers and not w.busy, timeout=3e4)
+    out = viewer.layers["similarity map (stack)"]
+    assert isinstance(out.data, da.Array) and out.data.shape == stack.shape
+    np.testing.assert_allclose(out.scale, [1.0, 0.5, 0.5])
+    # nothing read on the GUI thread but what napari shows; the worker read frame 3 only
+    # (the contrast limits come from the map of the frame on screen)
+    assert all(frames == [3] for main, frames in counting.reads if not main), counting.reads
+    assert len([f for main, f in counting.reads if main]) <= 2
+    for t in (0, 7):
+        np.testing.assert_allclose(
+            out.data[t].compute(), _scipy_local_std(stack[t], 5), rtol=1e-4, atol=1e-5
+        )
+    assert "lazy" in w._status.value and "'tyx'" in w._status.value
+
+    # to an OME-Zarr store: written, then shown from it (all its levels) with the pixel size
+    w._stack_store.value = str(tmp_path / "map.zarr")
+    w.compute_stack()
+    qtbot.waitUntil(lambda: "written to" in w._status.value and not w.busy, timeout=30000)
+    from napari_simwarp.io.omezarr import read_ome_zarr
+
+    stored, axes, pixel_size = read_ome_zarr(tmp_path / "map.zarr")
+    assert axes == "tyx" and pixel_size == [0.5, 0.5]
+    np.testing.assert_allclose(stored[5].compute(), _scipy_local_std(stack[5], 5), atol=1e-4)
+    assert viewer.layers["similarity map (stack)"].data.shape == stack.shape

@@ -34,6 +34,28 @@ def test_pyramid_metadata_and_values(tmp_path, rng):
     assert axes == "tyx" and pixel_size == [0.5, 0.25]
 
 
+@pytest.mark.parametrize("dtype", [np.uint16, np.int16, np.uint8, np.float32])
+def test_volume_pyramid_is_the_float64_box_mean(tmp_path, rng, dtype):
+    """Levels of a 3-D volume are the 2×2×2 box means of the level above, as NumPy computes
+    them in float64, rounded to the dtype: also for 16-bit values at the top of their
+    range (sums of 8 such values)."""
+    info = np.iinfo(dtype) if np.dtype(dtype).kind in "iu" else None
+    if info is not None:
+        x = rng.integers(info.max - 40, info.max, (8, 12, 20), endpoint=True).astype(dtype)
+        x[0, :2, :2] = info.min
+    else:
+        x = (rng.random((8, 12, 20)) * 3e4).astype(dtype)
+    store = write_ome_zarr(tmp_path / "v.zarr", da.from_array(x, chunks=(4, 6, 10)),
+                           axes="zyx", levels=3)  # fmt: skip
+    images = from_ngff_zarr(str(store)).images
+    level = x
+    for image in images[1:]:
+        box = level.reshape(level.shape[0] // 2, 2, level.shape[1] // 2, 2, -1, 2)
+        mean = box.astype(np.float64).mean(axis=(1, 3, 5))
+        level = np.rint(mean).astype(dtype) if info is not None else mean.astype(dtype)
+        np.testing.assert_array_equal(image.data.compute(), level)
+
+
 def test_refusals_before_any_work(tmp_path):
     x = np.zeros((4, 4))
     (tmp_path / "in.npy").write_bytes(b"")

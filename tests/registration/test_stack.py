@@ -127,6 +127,45 @@ def test_lazy_rigid_stack_gives_the_numpy_result(drift_case):
     np.testing.assert_array_equal(got.shifts, expected.shifts)
 
 
+@pytest.mark.parametrize("chunks", [(1, 50, 128), (3, 128, 128)])
+def test_lazy_aligned_frames_are_scipy_warps(rng, chunks):
+    """Each frame of the lazy aligned stack is its own transform applied by SciPy (linear,
+    zeros outside), for matrices and displacement fields, whatever the input chunking
+    (frames split into pieces, or several frames per chunk)."""
+    import dask.array as da
+    from scipy import ndimage
+
+    from napari_simwarp.registration.stack import lazy_warped
+    from napari_simwarp.registration.transforms import AffineTransform, DisplacementTransform
+
+    stack = rng.random((4, 128, 128)).astype(np.float32)
+    c, s = np.cos(0.1), np.sin(0.1)
+    affine = [np.array([[c, -s, 1.5 * t], [s, c, -0.7 * t], [0, 0, 1]]) for t in range(4)]
+    fields = [ndimage.gaussian_filter(rng.normal(size=(2, 128, 128)), (0, 6, 6)) * 40
+              for _ in range(4)]  # fmt: skip
+    grid = np.indices((128, 128)).astype(float)
+    rigid = [AffineTransform(m, "rigid") for m in affine]
+    by_scipy = [ndimage.affine_transform(f, m, order=1, mode="grid-constant")
+                for f, m in zip(stack, affine)]  # fmt: skip
+    dense = [DisplacementTransform(d.astype(np.float32)) for d in fields]
+    by_map = [ndimage.map_coordinates(f, grid + d, order=1, mode="grid-constant")
+              for f, d in zip(stack, fields)]  # fmt: skip
+    read = []
+
+    def record(block, block_info=None):
+        read.append(tuple(block_info[0]["array-location"][0]))
+        return block
+
+    source = da.from_array(stack, chunks=chunks).map_blocks(record, dtype=stack.dtype)
+    for transforms, expected in ((rigid, by_scipy), (dense, by_map)):
+        got = lazy_warped(source, transforms, "cpu")
+        assert got.chunks[0] == (1,) * 4 and got.dtype == np.float32
+        read.clear()
+        np.testing.assert_allclose(got[2].compute(), expected[2], atol=1e-4)
+        assert read and all(lo <= 2 < hi for lo, hi in read), read  # frame 2's chunks only
+        np.testing.assert_allclose(got.compute(), np.stack(expected), atol=1e-4)
+
+
 def test_a_budget_too_small_for_one_frame_is_refused_before_reading(drift_case):
     import dask.array as da
 

@@ -97,6 +97,10 @@ def remove_layer(viewer, name: str) -> None:
 
 
 def _ndim(kind: str, data) -> int:
+    if kind in ("image", "labels"):
+        # the shape alone: np.asarray would compute a lazy (dask) result whole, here on
+        # the GUI thread
+        return len(np.shape(data))
     a = np.asarray(data)
     if kind == "vectors":
         return a.shape[-1]

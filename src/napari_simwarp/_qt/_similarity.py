@@ -1,8 +1,10 @@
 """The "Similarity map" widget: a live, debounced map of one or two image layers.
 
-The map is of the plane the viewer is on ("2D per plane": a time-lapse's frame, a
-volume's plane) or of the volume it is on ("3D volume"), never of a whole stack: a lazy or
-multiscale layer is read one plane at a time, at the level the user picks.
+The live map is of the plane the viewer is on ("2D per plane": a time-lapse's frame, a
+volume's plane) or of the volume it is on ("3D volume"): a lazy or multiscale layer is read
+one plane at a time, at the level the user picks. The map of every plane is an explicit
+action ("Map whole stack"): a lazy layer computed plane by plane as the viewer shows it,
+or an OME-Zarr store written block by block (then shown from the store).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from magicgui.widgets import (
     CheckBox,
     ComboBox,
     FloatSpinBox,
+    LineEdit,
     PushButton,
     SpinBox,
     create_widget,
@@ -30,6 +33,7 @@ from ..widgets_logic.similarity import (
     SimilarityParams,
     needs_second,
 )
+from ..widgets_logic.stack_maps import STACK_LAYER, stack_map, write_stack_map
 from ._common import (
     WorkerWidget,
     after_kernel_build,
@@ -38,7 +42,9 @@ from ._common import (
     on_destroyed,
     plane_geometry,
     put_layer,
+    remove_layer,
     start_worker,
+    wait_for,
 )
 
 if TYPE_CHECKING:
@@ -87,6 +93,9 @@ class SimilarityMapWidget(WorkerWidget):
         self._level.visible = False
         self._live = CheckBox(name="live", label="", value=True, text="live update")
         self._compute = PushButton(text="Compute")
+        self._stack_store = LineEdit(name="stack_store", value="", label="whole stack to")
+        self._stack_store.native.setPlaceholderText("a lazy layer, or an OME-Zarr path (.zarr)")
+        self._stack_button = PushButton(text="Map whole stack")
         self.extend(
             [
                 self._image,
@@ -100,6 +109,8 @@ class SimilarityMapWidget(WorkerWidget):
                 self._device,
                 self._live,
                 self._compute,
+                self._stack_store,
+                self._stack_button,
                 self._status,
                 self._backend,
             ]
@@ -120,6 +131,8 @@ class SimilarityMapWidget(WorkerWidget):
         self._image.changed.connect(self._on_layers)
         self._second.changed.connect(self._on_layers)
         self._compute.changed.connect(self.compute)
+        self._stack_button.changed.connect(self.compute_stack)
+        self._stack_worker = None
         dims = napari_viewer.dims.events
         dims.current_step.connect(self._on_step)
         dims.ndisplay.connect(self._on_ndisplay)
@@ -150,7 +163,7 @@ class SimilarityMapWidget(WorkerWidget):
         self._watched = [
             lay
             for lay in (self._image.value, self._second.value)
-            if lay is not None and lay.name != RESULT_LAYER
+            if lay is not None and lay.name not in (RESULT_LAYER, STACK_LAYER)
         ]
         for layer in self._watched:
             layer.events.data.connect(self._schedule)
@@ -239,17 +252,7 @@ class SimilarityMapWidget(WorkerWidget):
             self._status.value = "choose an image layer"
             return
         params = self.params()
-        second = self._second.value
-        if RESULT_LAYER in (image.name, getattr(second, "name", None)):
-            # The map would overwrite its own input (input layers are never modified).
-            notify_error(
-                "similarity map",
-                ValueError(f"choose an input other than the {RESULT_LAYER!r} result layer"),
-            )
-            self._status.value = "the result layer cannot be an input"
-            return
-        if needs_second(params.metric) and second is None:
-            self._status.value = f"{params.metric} needs a second layer"
+        if not self._inputs_usable(image, params):
             return
         if self._worker is not None:
             self._model.new_request()  # whatever runs now is stale
@@ -272,6 +275,106 @@ class SimilarityMapWidget(WorkerWidget):
         worker.finished.connect(self._on_finished)
         self._worker = worker
         start_worker(worker)
+
+    def _inputs_usable(self, image, params) -> bool:
+        """Whether the chosen layers can be mapped (else the status says why)."""
+        second = self._second.value
+        names = (image.name, getattr(second, "name", None))
+        for result in (RESULT_LAYER, STACK_LAYER):
+            if result in names:
+                # The map would overwrite its own input (input layers are never modified).
+                notify_error(
+                    "similarity map",
+                    ValueError(f"choose an input other than the {result!r} result layer"),
+                )
+                self._status.value = "the result layer cannot be an input"
+                return False
+        if needs_second(params.metric) and second is None:
+            self._status.value = f"{params.metric} needs a second layer"
+            return False
+        return True
+
+    def compute_stack(self, *_):
+        """Map every plane of the layer (an explicit action, off the GUI thread): a lazy
+        layer, or an OME-Zarr store when a path is given, shown from the store."""
+        if self._closed:
+            return
+        image = self._image.value
+        if image is None:
+            self._status.value = "choose an image layer"
+            return
+        if self._stack_worker is not None:
+            self._status.value = "a whole-stack map is already being made"
+            return
+        params = self.params()
+        if not self._inputs_usable(image, params):
+            return
+        if not after_kernel_build(self, self.compute_stack):
+            return
+        try:
+            planes = self._current_planes(params)
+        except (ValueError, TypeError) as exc:
+            self._on_error(exc)
+            return
+        store = self._stack_store.value.strip() or None
+        src = planes[0].source
+        scale = np.asarray(image.scale) * np.asarray(src.factors)
+        second = planes[1] if len(planes) > 1 else None
+        job = dict(
+            image=src,
+            second=None if second is None else second.source,
+            template_index=None if second is None else second.index,
+            index=planes[0].index,
+            params=params,
+            device=self._model_device(),
+            store=store,
+            pixel_size=tuple(scale[len(scale) - src.d :]),
+        )
+        self._status.value = f"whole-stack {params.metric}" + (
+            f": writing {store}…" if store else ": building the lazy layer…"
+        )
+        worker = create_worker(_stack_job, job, _ignore_errors=True)
+        worker.returned.connect(
+            lambda out: self._show_stack(out, scale, np.asarray(image.translate))
+        )
+        worker.errored.connect(self._on_error)
+        worker.finished.connect(self._on_stack_finished)
+        self._stack_worker = worker
+        start_worker(worker)
+
+    def _model_device(self) -> str:
+        from .._devices import resolve_device
+
+        return str(resolve_device(self._model.device))
+
+    def _show_stack(self, out, scale, translate):
+        if self._closed:
+            return
+        result, store = out
+        data = result.data
+        if store is not None:  # shown from the store: every level, lazily
+            from ngff_zarr import from_ngff_zarr
+
+            levels = [im.data for im in from_ngff_zarr(str(store)).images]
+            data = levels if len(levels) > 1 else levels[0]
+        remove_layer(self._viewer, STACK_LAYER)
+        self._viewer.add_image(
+            data,
+            name=STACK_LAYER,
+            multiscale=isinstance(data, list),
+            colormap=result.colormap,
+            contrast_limits=result.contrast_limits,
+            scale=scale,
+            translate=translate,
+        )
+        where = f", written to {store}" if store else " (lazy: planes are computed when shown)"
+        self._status.value = (
+            f"whole-stack {result.params.metric}, window {result.params.window}, shape "
+            f"{tuple(result.data.shape)}, axes {result.axes!r}{where}"
+        )
+
+    def _on_stack_finished(self):
+        self._stack_worker = None
 
     def _show(self, result):
         if self._closed or not self._model.is_current(result.request_id):
@@ -311,7 +414,29 @@ class SimilarityMapWidget(WorkerWidget):
 
     @property
     def busy(self) -> bool:
-        return self._worker is not None or self._timer.isActive() or self._pending
+        return (
+            self._worker is not None
+            or self._stack_worker is not None
+            or self._timer.isActive()
+            or self._pending
+        )
+
+
+def _stack_job(job: dict):
+    """The whole-stack map of ``job`` (a worker's function): ``(StackMap, store or None)``;
+    with a store the map is written there, block by block."""
+    result = stack_map(
+        job["image"],
+        job["second"],
+        job["params"],
+        index=job["index"],
+        device=job["device"],
+        template_index=job["template_index"],
+    )
+    store = job["store"]
+    if store is not None:
+        store = write_stack_map(result, store, pixel_size=job["pixel_size"])
+    return result, store
 
 
 def _refresh_stopper(timer, dims, *callbacks):
@@ -320,6 +445,9 @@ def _refresh_stopper(timer, dims, *callbacks):
 
     def stop(widget) -> None:
         widget._pending = False
+        if widget._stack_worker is not None:  # a whole-stack write ends with its block
+            widget._stack_worker.quit()
+            wait_for(widget._stack_worker)
         for callback, emitter in zip(callbacks, (dims.current_step, dims.ndisplay)):
             with contextlib.suppress(Exception):
                 emitter.disconnect(callback)

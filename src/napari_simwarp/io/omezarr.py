@@ -366,6 +366,15 @@ def _write_level(path, level, source, dtype, group, report):
         report(len(part))
 
 
+def _mean_dtype(dtype) -> type:
+    """The dtype box means of ``dtype`` values are computed in: float32 for integers of at
+    most 16 bits (a sum of up to 8 of them stays below 2**24, so every partial sum and the
+    mean, a division by a power of two, are exact: the same values as in float64 at half
+    the memory traffic), float64 otherwise."""
+    dtype = np.dtype(dtype)
+    return np.float32 if dtype.kind in "biu" and dtype.itemsize <= 2 else np.float64
+
+
 def _downsample(path, level, axes, labels, block_shape, dtype):
     """Level ``level`` from level ``level - 1`` as stored: spatial axes halved (a 2×… box
     mean for images, every other pixel for labels), chunked as the store's arrays."""
@@ -378,7 +387,7 @@ def _downsample(path, level, axes, labels, block_shape, dtype):
             tuple(slice(None, (n // f) * f, f) for n, f in zip(prev.shape, factors.values()))
         ]
     else:
-        out = da.coarsen(np.mean, prev.astype(np.float64), factors, trim_excess=True)
+        out = da.coarsen(np.mean, prev.astype(_mean_dtype(prev.dtype)), factors, trim_excess=True)
     shape = out.shape
     return out.rechunk(tuple(min(c, n) for c, n in zip(block_shape, shape)))
 

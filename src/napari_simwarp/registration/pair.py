@@ -493,8 +493,9 @@ def register(
         8 of the fixed image's finest pixels; larger is smoother), refined with the levels
         as the window is.
     regularization : float, optional
-        Dense models: weight of the diffusion regularizer (default 0.2, chosen by benchmarks/bench_quality.py), the mean squared
-        physical derivative of the displacement, so that every axis is smoothed alike.
+        Dense models: weight of the diffusion regularizer (default 0.2, chosen by
+        benchmarks/bench_quality.py), the mean squared physical derivative of the
+        displacement, so that every axis is smoothed alike.
     steps : int
         Diffeomorphic: scaling-and-squaring steps.
     init : Transform or array, optional

@@ -435,52 +435,62 @@ def _identity(model, shape, grid: Grid):
 # -- the aligned stack and its quality ----------------------------------------------------
 
 
+def _warp(images: torch.Tensor, transforms) -> torch.Tensor:
+    """``images`` ``(n, C, *S)`` resampled by one transform each (zeros outside)."""
+    if isinstance(transforms[0], AffineTransform):
+        mats = torch.as_tensor(np.stack([t.matrix for t in transforms])).to(images)
+        return warp_affine(images, mats, padding="grid-constant")
+    shape = tuple(images.shape[2:])
+    disp = torch.as_tensor(np.stack([t.to_displacement(shape) for t in transforms]))
+    return warp(images, disp.to(images), padding="grid-constant")
+
+
 def warp_frames(raw: torch.Tensor, transforms) -> tuple[torch.Tensor, torch.Tensor]:
     """Frames ``raw`` ``(n, *S)`` resampled by their transforms (zeros outside), and each
     one's coverage ``(n, *S)`` (True where its pixels landed): the frame and a plane of ones
     are warped together, so coverage costs no extra pass."""
-    shape = tuple(raw.shape[1:])
-    pair = torch.stack([raw, torch.ones_like(raw)], dim=1)
-    if isinstance(transforms[0], AffineTransform):
-        mats = torch.as_tensor(np.stack([t.matrix for t in transforms])).to(pair)
-        moved = warp_affine(pair, mats, padding="grid-constant")
-    else:
-        disp = torch.as_tensor(np.stack([t.to_displacement(shape) for t in transforms])).to(pair)
-        moved = warp(pair, disp, padding="grid-constant")
+    moved = _warp(torch.stack([raw, torch.ones_like(raw)], dim=1), transforms)
     return moved[:, 0], moved[:, 1] > 0.999
 
 
 def _warp_block(block: np.ndarray, transforms, device: str) -> np.ndarray:
-    """One chunk of frames of the lazy aligned stack (a dask task)."""
+    """One frame of the lazy aligned stack (a dask task): the frame alone is warped (the
+    coverage that :func:`warp_frames` adds is not needed here; each channel is sampled
+    on its own, so the values are the same)."""
     dev = torch.device(device)
     with device_slot(dev):
         raw = _inputs.to_tensor(block, "stack", leading=1).to(dev)
-        moved, _ = warp_frames(raw, transforms)
-        return moved.cpu().numpy()
+        return _warp(raw[:, None], transforms)[:, 0].cpu().numpy()
 
 
 def lazy_warped(data, transforms, device) -> object:
     """The aligned stack of a dask or zarr ``data`` ``(T, *S)`` as a dask array, one frame
-    per chunk: computing a frame reads and warps that frame only."""
-    import dask
+    per chunk: computing a frame reads and warps that frame only.
+
+    One graph layer of ``T`` tasks, each holding its own frame's transform (so a
+    distributed worker receives one transform per frame, not the list), over ``data``
+    chunked one frame per chunk: slicing a frame out of it, as napari does on every step
+    of the time slider, costs the same at any ``T``.
+    """
     import dask.array as da
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
 
     from ..io import lazy
 
     frames = lazy.as_dask(data)
+    shape = tuple(int(n) for n in frames.shape[1:])
+    frames = frames.rechunk((1, *shape))
     dtype = np.float64 if np.dtype(frames.dtype) == np.float64 else np.float32
-    shape = tuple(frames.shape[1:])
-    pieces = [
-        da.from_delayed(
-            dask.delayed(_warp_block, pure=True)(
-                frames[t : t + 1], transforms[t : t + 1], str(device)
-            ),
-            shape=(1, *shape),
-            dtype=dtype,
-        )
+    name = "simwarp-warped-" + tokenize(frames.name, transforms, str(device))
+    rest = (0,) * len(shape)
+    tasks = {
+        (name, t, *rest): (_warp_block, (frames.name, t, *rest), transforms[t : t + 1], str(device))
         for t in range(frames.shape[0])
-    ]
-    return da.concatenate(pieces, axis=0)
+    }
+    graph = HighLevelGraph.from_collections(name, tasks, dependencies=[frames])
+    chunks = ((1,) * frames.shape[0], *((n,) for n in shape))
+    return da.Array(graph, name, chunks=chunks, dtype=dtype)
 
 
 def _finish(src, value_range, transforms, reference, ref_index, batch):
