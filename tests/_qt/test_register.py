@@ -330,13 +330,13 @@ def test_result_layers_are_added_before_the_worker_starts(viewer, qtbot, small_p
 
     def start(worker):
         for name in ("moving registered", "displacement", "similarity gradient"):
-            layer = viewer.layers[name] if name in viewer.layers else None
+            layer = viewer.layers.get(name, None)
             seen[name] = None if layer is None else (type(layer).__name__, layer.data.shape)
         seen["limits"] = tuple(viewer.layers["moving registered"].contrast_limits)
         real(worker)
 
     monkeypatch.setattr(_register, "start_worker", start)
-    w, f, m = _setup(viewer, fixed, moving, model="affine", iterations=20)
+    w, _f, m = _setup(viewer, fixed, moving, model="affine", iterations=20)
     m.contrast_limits = (0.1, 0.7)
     _run(qtbot, w)
     assert seen["moving registered"] == ("Image", fixed.shape)

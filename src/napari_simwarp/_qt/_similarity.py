@@ -13,6 +13,7 @@ import contextlib
 from typing import TYPE_CHECKING
 
 import napari.layers
+import numpy as np
 from magicgui.widgets import (
     CheckBox,
     ComboBox,
