@@ -330,7 +330,8 @@ def test_result_layers_are_added_before_the_worker_starts(viewer, qtbot, small_p
 
     def start(worker):
         for name in ("moving registered", "displacement", "similarity gradient"):
-            layer = viewer.layers.get(name, None)
+            # napari's LayerList has no .get()
+            layer = viewer.layers[name] if name in viewer.layers else None  # noqa: SIM401
             seen[name] = None if layer is None else (type(layer).__name__, layer.data.shape)
         seen["limits"] = tuple(viewer.layers["moving registered"].contrast_limits)
         real(worker)
