@@ -18,6 +18,7 @@ import numpy as np
 from scipy import ndimage as ndi
 from scipy.spatial.transform import Rotation
 
+from _elastix import import_itk, linear_matrix, registration
 from bench_register import centered_affine, corner_error, noisy, scene
 
 SECTION = "Multimodal registration (mutual information)"
@@ -40,23 +41,9 @@ def remapped_pair(rng, shape):
     return noisy(rng, fixed_f), noisy(rng, moving), matrix
 
 
-def _elastix_matrix(tparams, d: int) -> np.ndarray:
-    """Elastix's affine (x, y, z; ``p ↦ A (p − c) + c + t``) as an array-order matrix."""
-    values = [float(v) for v in tparams.GetParameter(0, "TransformParameters")]
-    center = np.array([float(v) for v in tparams.GetParameter(0, "CenterOfRotationPoint")])
-    a = np.array(values[: d * d]).reshape(d, d)
-    t = np.array(values[d * d :])
-    m = np.eye(d + 1)
-    m[:d, :d] = a
-    m[:d, d] = center + t - a @ center
-    order = [*range(d - 1, -1, -1), d]
-    return m[np.ix_(order, order)]
-
-
 def case(report, rng, shape):
     from napari_simwarp.registration import register
 
-    d = len(shape)
     group = f"affine, sin-remapped moving, {'×'.join(map(str, shape))}"
     fixed, moving, matrix = remapped_pair(rng, shape)
     variants = [("mi", None), ("mi", False), ("lncc", None)]
@@ -75,23 +62,12 @@ def case(report, rng, shape):
             memory=False,
             note=f"corner error {error:.3f} px",
         )
-    try:
-        import itk
-    except ImportError:
-        report.note(SECTION, "itk-elastix is not installed: its rows are missing.")
+    itk = import_itk(report, SECTION)
+    if itk is None:
         return
-    f = itk.image_view_from_array(fixed.astype(np.float32))
-    mv = itk.image_view_from_array(moving.astype(np.float32))
-    params = itk.ParameterObject.New()
-    affine = params.GetDefaultParameterMap("affine")
-    affine["Metric"] = ["AdvancedMattesMutualInformation"]
-    params.AddParameterMap(affine)
-
-    def run():
-        return itk.elastix_registration_method(f, mv, parameter_object=params, log_to_console=False)
-
+    run = registration(itk, fixed, moving, "affine", metric="AdvancedMattesMutualInformation")
     _, tparams = run()
-    error = corner_error(_elastix_matrix(tparams, d), matrix, shape)
+    error = corner_error(linear_matrix(tparams), matrix, shape)
     report.measure(
         group,
         "itk-elastix affine, AdvancedMattesMutualInformation",

@@ -21,10 +21,10 @@ before the call.
 from __future__ import annotations
 
 import os
-import pathlib
-import tempfile
 
 import numpy as np
+
+from _elastix import import_itk, linear_matrix, registration
 
 SECTION = "Anisotropic 3-D rigid registration in physical space"
 
@@ -76,33 +76,13 @@ def ours(report, group, fixed, moving, spacing, truth):
 
 
 def elastix(report, group, fixed, moving, spacing, truth):
-    try:
-        import itk
-    except ImportError:
-        report.note(SECTION, "itk-elastix is not installed: its rows are missing.")
+    itk = import_itk(report, SECTION)
+    if itk is None:
         return
-    from napari_simwarp.io.transform_files.elastix import read_elastix
-
-    f = itk.image_view_from_array(fixed.astype(np.float32))
-    m = itk.image_view_from_array(moving.astype(np.float32))
-    for image in (f, m):
-        image.SetSpacing([float(s) for s in spacing[::-1]])  # ITK: x, y, z
     for metric in ("AdvancedMattesMutualInformation", "AdvancedNormalizedCorrelation"):
-        params = itk.ParameterObject.New()
-        rigid = params.GetDefaultParameterMap("rigid")
-        rigid["Metric"] = [metric]
-        params.AddParameterMap(rigid)
-
-        def run(params=params):
-            return itk.elastix_registration_method(
-                f, m, parameter_object=params, log_to_console=False
-            )
-
+        run = registration(itk, fixed, moving, "rigid", metric=metric, spacing=spacing)
         _, tparams = run()
-        with tempfile.TemporaryDirectory() as tmp:
-            path = pathlib.Path(tmp) / "TransformParameters.0.txt"
-            tparams.WriteParameterFile(str(path))  # one map: written to this name
-            physical = read_elastix(path)[0]
+        physical = linear_matrix(tparams)
         errors = corner_errors(physical, truth, fixed.shape, spacing)
         default = " (its default rigid map)" if metric.endswith("Information") else ""
         report.measure(

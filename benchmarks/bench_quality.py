@@ -28,6 +28,7 @@ from scipy.spatial.transform import Rotation
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _elastix import registration
 from _harness import Report, Row, peak_memory_mb, print_markdown
 from bench_register import (
     centered_affine,
@@ -94,16 +95,9 @@ def _elastix_positions(fixed, moving, kind, metric=None, want_field=False):
     (array order, pixels) as a function of points, or the displacement field."""
     import itk
 
-    f = itk.image_view_from_array(np.ascontiguousarray(fixed, dtype=np.float32))
+    run = registration(itk, fixed, moving, kind, metric=metric, threads=ELASTIX_THREADS)
+    _, tparams = run()
     mv = itk.image_view_from_array(np.ascontiguousarray(moving, dtype=np.float32))
-    params = itk.ParameterObject.New()
-    pmap = params.GetDefaultParameterMap(kind)
-    if metric is not None:
-        pmap["Metric"] = [metric]
-    params.AddParameterMap(pmap)
-    _, tparams = itk.elastix_registration_method(
-        f, mv, parameter_object=params, log_to_console=False, number_of_threads=ELASTIX_THREADS
-    )
     # transformix writes deformationField.nii: into a scratch folder, not the cwd.
     with tempfile.TemporaryDirectory() as scratch:
         field = itk.transformix_deformation_field(mv, tparams, output_directory=scratch)

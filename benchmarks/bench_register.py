@@ -14,6 +14,8 @@ import time
 import numpy as np
 from scipy import ndimage as ndi
 
+from _elastix import import_itk, linear_matrix, registration
+
 SECTION = "Registration"
 
 
@@ -186,31 +188,12 @@ def affine_case(report, rng):
 
 
 def _elastix_affine(report, group, fixed, moving, m, shape):
-    try:
-        import itk
-    except ImportError:
-        report.note(SECTION, "itk-elastix is not installed: its rows are missing.")
+    itk = import_itk(report, SECTION)
+    if itk is None:
         return
-    f = itk.image_view_from_array(fixed.astype(np.float32))
-    mv = itk.image_view_from_array(moving.astype(np.float32))
-    params = itk.ParameterObject.New()
-    params.AddParameterMap(params.GetDefaultParameterMap("affine"))
-
-    def run():
-        return itk.elastix_registration_method(f, mv, parameter_object=params, log_to_console=False)
-
+    run = registration(itk, fixed, moving, "affine")
     _, tparams = run()
-    # Elastix's affine, in physical (x, y) coordinates (unit spacing, zero origin):
-    # y = A (x - c) + c + t, fixed -> moving; turned into an array-order matrix.
-    values = [float(v) for v in tparams.GetParameter(0, "TransformParameters")]
-    center = [float(v) for v in tparams.GetParameter(0, "CenterOfRotationPoint")]
-    a_xy = np.array(values[:4]).reshape(2, 2)
-    t_xy, c_xy = np.array(values[4:6]), np.array(center)
-    m_xy = np.eye(3)
-    m_xy[:2, :2] = a_xy
-    m_xy[:2, 2] = c_xy + t_xy - a_xy @ c_xy
-    swap = np.array([[0, 1, 0], [1, 0, 0], [0, 0, 1]], float)
-    e = corner_error(swap @ m_xy @ swap, m, shape)
+    e = corner_error(linear_matrix(tparams), m, shape)
     report.measure(
         group,
         "itk-elastix affine (default map)",
