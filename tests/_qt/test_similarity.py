@@ -296,7 +296,9 @@ def test_whole_stack_map_is_an_explicit_lazy_action(viewer, qtbot, tmp_path):
     stack = _stack(8)
     counting = _CountingStack(stack)
     lazy = da.from_array(counting, chunks=(1, *stack.shape[1:]), asarray=False)
-    layer = viewer.add_image(lazy, name="lazy movie", scale=(1.0, 0.5, 0.5))
+    layer = viewer.add_image(
+        lazy, name="lazy movie", scale=(1.0, 0.5, 0.5), translate=(0.0, 3.0, -2.0)
+    )
     viewer.dims.set_current_step(0, 3)
     w = dock(viewer, SimilarityMapWidget(viewer))
     w._live.value = False  # only the explicit action runs (after the map docking made)
@@ -325,7 +327,7 @@ def test_whole_stack_map_is_an_explicit_lazy_action(viewer, qtbot, tmp_path):
     qtbot.waitUntil(lambda: "written to" in w._status.value and not w.busy, timeout=30000)
     from napari_simwarp.io.omezarr import read_ome_zarr
 
-    stored, axes, pixel_size = read_ome_zarr(tmp_path / "map.zarr")
-    assert axes == "tyx" and pixel_size == [0.5, 0.5]
+    stored, axes, pixel_size, origin = read_ome_zarr(tmp_path / "map.zarr")
+    assert axes == "tyx" and pixel_size == [0.5, 0.5] and origin == [3.0, -2.0]
     np.testing.assert_allclose(stored[5].compute(), _scipy_local_std(stack[5], 5), atol=1e-4)
     assert viewer.layers["similarity map (stack)"].data.shape == stack.shape

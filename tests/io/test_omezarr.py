@@ -30,8 +30,36 @@ def test_pyramid_metadata_and_values(tmp_path, rng):
     # level 1 is the 2x2 box mean of level 0 (rounded to the dtype)
     box = x.reshape(2, 150, 2, 260, 2).astype(float).mean(axis=(2, 4))
     assert np.array_equal(images[1].data.compute(), np.rint(box).astype(np.uint16))
-    _, axes, pixel_size = read_ome_zarr(store)
-    assert axes == "tyx" and pixel_size == [0.5, 0.25]
+    _, axes, pixel_size, origin = read_ome_zarr(store)
+    assert axes == "tyx" and pixel_size == [0.5, 0.25] and origin == [0.0, 0.0]
+
+
+def test_origin_is_written_and_read_back_per_level(tmp_path, rng):
+    """The origin (pixel 0's center) survives the write; a coarser level's pixel 0 is the
+    mean of level 0's first 2×2 pixels, so its center is half a level-0 pixel further in."""
+    x = rng.random((64, 96)).astype(np.float32)
+    store = write_ome_zarr(
+        tmp_path / "o.zarr", x, axes="yx", pixel_size=(0.5, 2.0), origin=(-10.0, 7.5), levels=2
+    )
+    validate(json.loads((store / ".zattrs").read_text()), version="0.4")
+    level0, level1 = read_ome_zarr(store, 0), read_ome_zarr(store, 1)
+    assert level0.origin == [-10.0, 7.5] and level0.pixel_size == [0.5, 2.0]
+    assert level1.origin == [-10.0 + 0.25, 7.5 + 1.0] and level1.pixel_size == [1.0, 4.0]
+    # without an origin, none is written (and the reader gives zeros)
+    plain = write_ome_zarr(tmp_path / "p.zarr", x, axes="yx", levels=1)
+    assert "translation" not in (plain / ".zattrs").read_text()
+    assert read_ome_zarr(plain).origin == [0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    "origin, message",
+    [((1.0,), "origin must be 2 finite numbers"), ((0.0, np.nan), "origin must be 2 finite"),
+     ("ab", "origin must be 2 numbers")],
+)  # fmt: skip
+def test_a_bad_origin_is_refused_before_writing(tmp_path, origin, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        write_ome_zarr(tmp_path / "b.zarr", np.zeros((8, 8)), axes="yx", origin=origin)
+    assert not (tmp_path / "b.zarr").exists()
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.int16, np.uint8, np.float32])

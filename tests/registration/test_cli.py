@@ -195,17 +195,24 @@ def test_cli_register_stack_spacing_flag(tmp_path, rng, capsys):
 
 
 def test_cli_register_stack_reads_the_ome_zarr_pixel_size(tmp_path, rng, capsys):
-    from napari_simwarp.io.omezarr import write_ome_zarr
+    from napari_simwarp.io.omezarr import read_ome_zarr, write_ome_zarr
 
     stack, spacing, truth = _tilted_stack(rng)
-    src = write_ome_zarr(tmp_path / "s.zarr", stack, axes="tzyx", pixel_size=spacing, levels=1)
+    origin = (4.0, -3.0, 12.5)
+    src = write_ome_zarr(
+        tmp_path / "s.zarr", stack, axes="tzyx", pixel_size=spacing, origin=origin, levels=1
+    )
     code = _cli.main(_stack_argv(src, tmp_path / "o.zarr")[:-1])  # not --quiet: the note
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    assert "pixel size (3.0, 1.0, 1.0)" in captured.out and "OME-Zarr metadata" in captured.out
+    assert "pixel size (3.0, 1.0, 1.0) and origin (4.0, -3.0, 12.5)" in captured.out
+    assert "OME-Zarr metadata" in captured.out
     t = load_transform(tmp_path / "o.zarr.transforms" / "frame_00001.transform.npz")
-    assert t.fixed_grid.spacing == spacing
+    assert t.fixed_grid.spacing == spacing and t.fixed_grid.origin == origin
     assert corner_error(t.matrix, truth, stack.shape[1:]) < 0.15
+    # the aligned stack lies where the input did
+    written = read_ome_zarr(tmp_path / "o.zarr")
+    assert written.pixel_size == list(spacing) and written.origin == list(origin)
     # --spacing overrides the metadata (here: voxel space, which cannot follow the tilt)
     code = _cli.main(_stack_argv(src, tmp_path / "v.zarr", "--spacing", "1"))
     assert code == 0 and "OME-Zarr metadata" not in capsys.readouterr().out

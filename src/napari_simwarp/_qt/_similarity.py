@@ -330,6 +330,7 @@ class SimilarityMapWidget(WorkerWidget):
             device=self._model_device(),
             store=store,
             pixel_size=tuple(scale[len(scale) - src.d :]),
+            origin=tuple(np.asarray(image.translate)[len(scale) - src.d :]),
         )
         self._status.value = f"whole-stack {params.metric}" + (
             f": writing {store}…" if store else ": building the lazy layer…"
@@ -436,7 +437,7 @@ def _stack_job(job: dict):
     )
     store = job["store"]
     if store is not None:
-        store = write_stack_map(result, store, pixel_size=job["pixel_size"])
+        store = write_stack_map(result, store, pixel_size=job["pixel_size"], origin=job["origin"])
     return result, store
 
 

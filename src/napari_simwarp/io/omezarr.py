@@ -4,7 +4,8 @@ The result of a registration or a map may be larger than memory (a lazy dask arr
 is written block by block (one dask block is one Zarr chunk), never held whole. The store
 is a multiscale pyramid (each level the previous one halved over the spatial axes, read
 back from the store, averaged for images and subsampled for labels), chunked, compressed
-(Blosc zstd) and carries the pixel sizes (``scale`` per level).
+(Blosc zstd) and carries the pixel sizes and the origin (``scale`` and ``translation`` per
+level).
 
 The metadata is built from ``ngff-zarr``'s data model (the OME-NGFF 0.4 ``Metadata``,
 ``Axis``, ``Dataset`` and ``Scale`` classes, so it follows the specification as that
@@ -26,6 +27,7 @@ import os
 import pathlib
 import shutil
 import tempfile
+from typing import NamedTuple
 
 import numpy as np
 
@@ -65,12 +67,13 @@ def _level_shapes(shape, axes, levels) -> list[tuple[int, ...]]:
     return shapes
 
 
-def _metadata(axes, shapes, pixel_size, unit, name) -> dict:
+def _metadata(axes, shapes, pixel_size, unit, name, origin) -> dict:
     """The NGFF 0.4 ``multiscales`` entry, through ngff-zarr's data model."""
     from ngff_zarr.v04.zarr_metadata import Axis, Dataset, Metadata, Scale, Translation
 
     spatial = [a for a in axes if _AXIS_TYPES[a] == "space"]
     sizes = dict(zip(spatial, pixel_size))
+    starts = dict(zip(spatial, origin))
     datasets = []
     for level, shape in enumerate(shapes):
         factor = [
@@ -78,7 +81,7 @@ def _metadata(axes, shapes, pixel_size, unit, name) -> dict:
         ]
         scale = [sizes.get(a, 1.0) * f for a, f in zip(axes, factor)]
         # a pixel of level k averages 2^k pixels: its center is half a span further in
-        shift = [sizes.get(a, 1.0) * (f - 1) / 2 for a, f in zip(axes, factor)]
+        shift = [starts.get(a, 0.0) + sizes.get(a, 1.0) * (f - 1) / 2 for a, f in zip(axes, factor)]
         transforms = [Scale(scale)] + ([Translation(shift)] if any(shift) else [])
         datasets.append(Dataset(path=str(level), coordinateTransformations=transforms))
     metadata = Metadata(
@@ -181,12 +184,14 @@ def check_store(path, *, key: str, what: str = "-o", inputs=None, overwrite=Fals
     )
 
 
-def write_key(shape, dtype, axes, chunks, levels, pixel_size, unit, name, labels, extra="") -> str:
+def write_key(
+    shape, dtype, axes, chunks, levels, pixel_size, unit, name, labels, extra="", origin=None
+) -> str:
     """The identity of a write: a rerun with the same key resumes it."""
-    text = json.dumps(
-        [list(shape), str(dtype), axes, chunks, levels, pixel_size, unit, name, labels, extra],
-        default=str,
-    )
+    fields = [list(shape), str(dtype), axes, chunks, levels, pixel_size, unit, name, labels, extra]
+    if origin is not None and any(origin):  # (stores without an origin keep their key)
+        fields.append(list(origin))
+    text = json.dumps(fields, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -196,6 +201,7 @@ def write_ome_zarr(
     *,
     axes: str,
     pixel_size=None,
+    origin=None,
     unit=None,
     chunks=None,
     levels="auto",
@@ -217,6 +223,8 @@ def write_ome_zarr(
     axes : one letter per axis among t, c, z, y, x (e.g. ``"tyx"``, ``"zyx"``)
     pixel_size : the spatial axes' pixel sizes (default 1), in ``unit`` (e.g.
         "micrometer")
+    origin : the physical position of pixel 0's center on the spatial axes (default 0), in
+        ``unit``: the stores' ``translation`` (each coarser level's shifted by half its span)
     chunks : the Zarr chunk shape (default: ``data``'s dask chunks, or one plane of at
         most 1024² per chunk for NumPy input)
     levels : "auto" (halve until the largest side is below 256) or the number of levels
@@ -238,13 +246,24 @@ def write_ome_zarr(
     pixel_size = [1.0] * d if pixel_size is None else [float(p) for p in pixel_size]
     if len(pixel_size) != d or not all(np.isfinite(pixel_size)) or min(pixel_size) <= 0:
         raise ValueError(f"pixel_size must be {d} positive numbers, got {pixel_size!r}")
+    origin = _origin(origin, d)
     if levels != "auto" and (isinstance(levels, bool) or int(levels) < 1):
         raise ValueError(f"levels must be 'auto' or a positive int, got {levels!r}")
     out_dtype = np.dtype(dtype) if dtype is not None else np.dtype(data.dtype)
     source = _as_blocks(data, chunks, ax)
     block_shape = tuple(c[0] for c in source.chunks)
     key = write_key(
-        shape, out_dtype, axes, block_shape, levels, pixel_size, unit, name, labels, key_extra
+        shape,
+        out_dtype,
+        axes,
+        block_shape,
+        levels,
+        pixel_size,
+        unit,
+        name,
+        labels,
+        key_extra,
+        origin,
     )
     state = check_store(path, key=key, inputs=inputs, overwrite=overwrite)
     budget = _budget.memory_budget(memory_budget)
@@ -257,7 +276,7 @@ def write_ome_zarr(
     shapes = _level_shapes(shape, ax, levels)
     root = _open_root(path, state, shapes, block_shape, out_dtype, key)
     if state != "resume":
-        root.attrs["multiscales"] = [_metadata(ax, shapes, pixel_size, unit, name)]
+        root.attrs["multiscales"] = [_metadata(ax, shapes, pixel_size, unit, name, origin)]
     group = max(1, min(64, budget.bytes // (2 * block_bytes)))
     totals = [_count_blocks(s, block_shape) for s in shapes]
     done = [0]
@@ -276,6 +295,19 @@ def write_ome_zarr(
     root.attrs.update(attrs)
     shutil.rmtree(path / JOURNAL, ignore_errors=True)
     return path
+
+
+def _origin(origin, d: int) -> list[float]:
+    """``origin`` checked: ``d`` finite numbers (None: zeros)."""
+    if origin is None:
+        return [0.0] * d
+    try:
+        values = [float(v) for v in np.asarray(origin, dtype=np.float64).reshape(-1)]
+    except (TypeError, ValueError):
+        raise TypeError(f"origin must be {d} numbers, got {origin!r}") from None
+    if len(values) != d or not all(np.isfinite(values)):
+        raise ValueError(f"origin must be {d} finite numbers, got {origin!r}")
+    return values
 
 
 def _as_blocks(data, chunks, axes):
@@ -392,9 +424,24 @@ def _downsample(path, level, axes, labels, block_shape, dtype):
     return out.rechunk(tuple(min(c, n) for c, n in zip(block_shape, shape)))
 
 
-def read_ome_zarr(path, level=0):
-    """``(data, axes, pixel_size)`` of an OME-Zarr image: level ``level`` as a lazy dask
-    array, its axis letters and the spatial pixel sizes (read by ngff-zarr)."""
+class OmeZarrImage(NamedTuple):
+    """One level of an OME-Zarr image: its data (a lazy dask array), axis letters, and the
+    spatial axes' pixel sizes and origin (the physical position of pixel 0's center), both
+    in array order."""
+
+    data: object
+    axes: str
+    pixel_size: list[float]
+    origin: list[float]
+
+
+def read_ome_zarr(path, level=0) -> OmeZarrImage:
+    """Level ``level`` of an OME-Zarr image (read by ngff-zarr), as an
+    :class:`OmeZarrImage` ``(data, axes, pixel_size, origin)``.
+
+    A coarser level's origin is its own (half its span further in than level 0's), so its
+    pixels sit where the store says they do.
+    """
     from ngff_zarr import from_ngff_zarr
 
     multiscales = from_ngff_zarr(str(path))
@@ -404,4 +451,10 @@ def read_ome_zarr(path, level=0):
     image = images[level]
     axes = "".join(str(d) for d in image.dims)
     spatial = [a for a in axes if _AXIS_TYPES.get(a) == "space"]
-    return image.data, axes, [float(image.scale.get(a, 1.0)) for a in spatial]
+    shift = image.translation or {}
+    return OmeZarrImage(
+        image.data,
+        axes,
+        [float(image.scale.get(a, 1.0)) for a in spatial],
+        [float(shift.get(a, 0.0)) for a in spatial],
+    )

@@ -329,7 +329,7 @@ def add_stack_parser(subparsers) -> argparse.ArgumentParser:
         type=per_axis_option,
         default=None,
         metavar="O[,O...]",
-        help="physical position of the frames' first pixel (default 0)",
+        help="physical position of the frames' first pixel (default 0, or the OME-Zarr input's)",
     )
     p.add_argument("--batch-size", default="auto", help="frames per batch (default: auto)")
     p.add_argument("--memory-budget", default=None, help="e.g. 2GiB (default: half the free RAM)")
@@ -358,7 +358,8 @@ def _reference_option(text: str):
 
 
 def open_stack(path):
-    """``(data, axes, pixel_size)``: a stack file opened lazily (nothing read yet).
+    """``(data, axes, pixel_size, origin)``: a stack file opened lazily (nothing read yet);
+    the spatial pixel size and origin are None unless the file is an OME-Zarr image.
 
     TIFF (through tifffile's Zarr view), NumPy ``.npy`` (memory-mapped), a Zarr array, or
     an OME-Zarr image (level 0).
@@ -389,8 +390,7 @@ def open_stack(path):
             if hasattr(node, "shape"):
                 data, pixel_size = node, None
             else:
-                data, axes, pixel_size = read_ome_zarr(path)
-                return data, axes, pixel_size
+                return tuple(read_ome_zarr(path))
         elif path.suffix.lower() == ".npy":
             import dask.array as da
 
@@ -413,7 +413,7 @@ def open_stack(path):
         raise ImageFileError(
             f"{where} has shape {tuple(data.shape)}; expected a (T, Y, X) or (T, Z, Y, X) stack"
         )
-    return data, "tyx" if len(data.shape) == 3 else "tzyx", pixel_size
+    return data, "tyx" if len(data.shape) == 3 else "tzyx", pixel_size, None
 
 
 def _stack_progress(stream=sys.stderr, every: float = 5.0):
@@ -462,11 +462,13 @@ def run_stack(args) -> int:
     from .stack import lazy_warped, register_stack
     from .transforms import load_transform
 
-    data, axes, pixel_size = open_stack(args.input)
-    # The pixel size: --spacing, else the OME-Zarr input's own (None for TIFF and Zarr).
+    data, axes, pixel_size, stored_origin = open_stack(args.input)
+    # The pixel size and origin: --spacing and --origin, else the OME-Zarr input's own
+    # (None for TIFF and Zarr). The aligned frames lie on the reference's grid, so the
+    # output store carries the same.
     from_metadata = args.spacing is None and pixel_size is not None
     spacing = _one_per_axis(args.spacing) if args.spacing is not None else pixel_size
-    origin = _one_per_axis(args.origin)
+    origin = _one_per_axis(args.origin) if args.origin is not None else stored_origin
     grid = Grid.make(len(data.shape) - 1, spacing, origin)  # checked before any work
     if args.spacing is not None:  # the output store carries the pixel size given
         pixel_size = list(grid.spacing)
@@ -498,6 +500,7 @@ def run_stack(args) -> int:
         "image",
         False,
         json.dumps(options),
+        list(grid.origin),
     )
     state = check_store(out, key=key, inputs=inputs, overwrite=args.overwrite)
     folder = stack_transforms_path(out)
@@ -519,8 +522,9 @@ def run_stack(args) -> int:
     on_frames, on_blocks = _stack_progress()
     if from_metadata and not args.quiet:
         print(
-            f"pixel size {tuple(pixel_size)} (array order) read from the OME-Zarr metadata "
-            f"of {args.input}; --spacing overrides it"
+            f"pixel size {tuple(pixel_size)} and origin {tuple(grid.origin)} (array order) "
+            f"read from the OME-Zarr metadata of {args.input}; --spacing and --origin "
+            "override them"
         )
     try:
         if resume:
@@ -558,6 +562,7 @@ def run_stack(args) -> int:
             warped,
             axes=axes,
             pixel_size=pixel_size,
+            origin=grid.origin,
             chunks=block,
             dtype=dtype,
             overwrite=args.overwrite and not resume,

@@ -160,9 +160,12 @@ def stack_map(
     )
 
 
-def write_stack_map(result: StackMap, path, *, pixel_size=None, progress=None, overwrite=False):
+def write_stack_map(
+    result: StackMap, path, *, pixel_size=None, origin=None, progress=None, overwrite=False
+):
     """Write ``result`` to the OME-Zarr store ``path`` (a pyramid over the spatial axes, one
-    plane per chunk; resumable) and return the store's path."""
+    plane per chunk; resumable), with the spatial ``pixel_size`` and ``origin`` of the
+    layer it was computed from, and return the store's path."""
     from ..io.omezarr import write_ome_zarr
 
     return write_ome_zarr(
@@ -170,6 +173,7 @@ def write_stack_map(result: StackMap, path, *, pixel_size=None, progress=None, o
         result.data,
         axes=result.axes,
         pixel_size=pixel_size,
+        origin=origin,
         name=result.params.metric,
         progress=progress,
         overwrite=overwrite,
