@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import torch
 
@@ -140,6 +141,9 @@ class ClusterBatches:
         self.src = src
         self.client = client
         self.device = device
+        # The source (a dask graph or a zarr store, not pixels) goes to each worker once,
+        # not with every task; raises when it cannot be pickled.
+        self.source = client.scatter(src, broadcast=True, hash=False)
 
     def _submit(self, fn, *args, priority=0):
         return self.client.submit(fn, *args, pure=False, priority=priority)
@@ -151,7 +155,9 @@ class ClusterBatches:
         from distributed import as_completed
 
         slices = list(batches(total, size))
-        futures = [self._submit(_run_job, job, self.src, self.device, sl, *shared) for sl in slices]
+        futures = [
+            self._submit(_run_job, job, self.source, self.device, sl, *shared) for sl in slices
+        ]
         index = {f.key: i for i, f in enumerate(futures)}
         out = [None] * len(slices)
         losses = [None] * len(slices)
@@ -171,7 +177,7 @@ class ClusterBatches:
 
     def each(self, fn, total, size, *shared, sliced=None):
         futures = [
-            self._submit(_run_each, fn, self.src, self.device, sl, *_args(sl, shared, sliced))
+            self._submit(_run_each, fn, self.source, self.device, sl, *_args(sl, shared, sliced))
             for sl in batches(total, size)
         ]
         try:
@@ -186,7 +192,7 @@ class ClusterBatches:
         combined as soon as both are ready (combining comes first among ready tasks), so
         few parts wait on the workers at once."""
         level = [
-            self._submit(_run_each, part, self.src, self.device, sl, *_args(sl, shared, sliced))
+            self._submit(_run_each, part, self.source, self.device, sl, *_args(sl, shared, sliced))
             for sl in batches(total, size)
         ]
         while len(level) > 1:
@@ -198,15 +204,46 @@ class ClusterBatches:
         return level[0]
 
     def value(self, fn, *args):
-        return self._submit(_run, fn, self.src, self.device, *args, priority=1)
+        return self._submit(_run, fn, self.source, self.device, *args, priority=1)
+
+
+#: a dask graph holding an in-memory array larger than this is not sent to workers
+GRAPH_ARRAY_BYTES = 16 * 2**20
+
+
+def _holds_pixels(data) -> bool:
+    """Whether the dask array ``data``'s graph holds a large in-memory (or memory-mapped)
+    array: sending it to workers would move those pixels, not a way to read them."""
+    if not hasattr(data, "__dask_graph__"):
+        return False
+    values = dict(data.__dask_graph__()).values()
+    return any(getattr(v, "nbytes", 0) > GRAPH_ARRAY_BYTES for v in values)
 
 
 def runner_for(src, device):
     """The runner of ``src``'s batches: on the active client's workers when there is one
     and the stack is lazy (dask or zarr: each task reads its own frames) and can be sent
     to them; here otherwise (a NumPy or torch stack is already in this process's memory:
-    sending it to workers would move every pixel through it)."""
+    sending it to workers would move every pixel through it).
+
+    A lazy stack that cannot be sent (it cannot be pickled, e.g. an open file's Zarr view,
+    or its graph holds the pixels themselves) runs here too, with a warning saying why.
+    """
     client = active_client()
     if client is None or not src.lazy:
         return LocalBatches(src)
-    return ClusterBatches(src, client, device)
+    why = None
+    if _holds_pixels(src.data):
+        why = "its dask graph holds the pixels themselves (an in-memory or memory-mapped array)"
+    else:
+        try:
+            return ClusterBatches(src, client, device)
+        except Exception as exc:  # pickling errors come as TypeError, PicklingError, ...
+            why = f"it cannot be sent to them ({type(exc).__name__}: {exc})"
+    warnings.warn(
+        f"the stack's frame batches run in this process, not on the dask workers: {why}; "
+        "give a dask array that reads the frames from files by path, or a Zarr store",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return LocalBatches(src)
