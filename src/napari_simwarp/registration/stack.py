@@ -12,7 +12,12 @@ the price of accumulating error).
 
 The stack is never held whole as float32: frames are read batch by batch (NumPy and torch
 stacks sliced in place, dask and zarr stacks read region by region, see :mod:`._frames`),
-and only what the reference needs is kept (one frame, or a running mean). Batches are sized
+and only what the reference needs is kept (one frame, or a running mean). Each pass over
+the batches is a *job* per batch that reads its own frames and returns something small;
+with a ``dask.distributed`` client active, the jobs of a dask or zarr stack run as tasks on
+its workers (:mod:`._batches`), in parallel for every reference: ``"previous"`` pairs
+are independent (the transforms are chained afterwards) and the sums of ``"mean"`` are
+reduced by tasks. Batches are sized
 from the memory budget (:mod:`napari_simwarp.io.budget`), and a stack whose smallest batch
 cannot fit is refused before anything is read. For NumPy or torch input the aligned stack
 is one NumPy array; for dask or zarr input it is a lazy dask array whose frames are warped
@@ -91,7 +96,9 @@ class StackProgress(Progress):
 
     ``frames`` is the slice of the batch being aligned (indices of the moving frames: with
     ``reference="previous"`` moving frame ``i`` is stack frame ``i + 1``), and
-    ``transforms`` that batch's best transforms so far.
+    ``transforms`` that batch's best transforms so far. A run here gives one per
+    iteration; a run on a ``dask.distributed`` cluster one per finished batch (in the
+    order they finish), with that batch's final transforms and loss.
     """
 
     def __init__(self, level, levels, iteration, loss, frames: slice, make_transforms):
@@ -161,7 +168,12 @@ def register_stack(
         Frames per batch on the device (auto: sized from the memory budget).
     callback : callable(StackProgress) -> bool, optional
         Called with each :class:`StackProgress`; returning True stops the run within one
-        iteration (frames not reached keep the identity).
+        iteration (frames not reached keep the identity); on a cluster, the batches not
+        finished are cancelled.
+    device : "auto" or a device; with a ``dask.distributed`` client active and a dask or
+        zarr stack, the frame batches run as tasks on its workers (each task reads its own
+        frames and holds one batch; this process holds the transforms), each resolving
+        ``device`` for itself. The results are those of a run here.
     memory_budget : int or str, optional
         Bytes the run may hold at once ("2GiB"); default ``SIMWARP_MEMORY_BUDGET``, else
         half the free memory (:mod:`napari_simwarp.io.budget`). A run that cannot fit in
