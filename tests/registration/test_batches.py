@@ -147,3 +147,28 @@ def test_worker_processes_read_a_zarr_store_and_a_tiff_by_path(case, tmp_path):
 
     assert len(saved("remote")) == T
     np.testing.assert_allclose(saved("remote"), saved("local"), atol=1e-4)
+
+
+def test_a_task_budget_is_a_share_of_a_worker_memory_limit(case):
+    import torch
+
+    from napari_simwarp.registration._frames import FrameSource
+    from napari_simwarp.registration.stack import _budgets
+
+    src = FrameSource(_lazy(case[0]), torch.device("cpu"))
+    with (
+        distributed.LocalCluster(
+            n_workers=1,
+            threads_per_worker=2,
+            processes=False,
+            memory_limit="1GiB",
+            dashboard_address=":0",
+        ) as cluster,
+        distributed.Client(cluster),
+    ):
+        runner = _batches.runner_for(src, "cpu")
+        ram, _ = _budgets(None, torch.device("cpu"), runner)
+        given, _ = _budgets("3GiB", torch.device("cpu"), runner)
+    assert isinstance(runner, _batches.ClusterBatches)
+    assert ram.bytes == 2**30 // 2 // 2 and "dask worker" in ram.source  # half of 1 GiB / 2
+    assert given.bytes == 3 * 2**30  # a budget given is the task's budget

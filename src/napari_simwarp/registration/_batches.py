@@ -85,6 +85,10 @@ class LocalBatches:
         """``fn(src, *args)``."""
         return fn(self.src, *args)
 
+    def task_budget(self):
+        """No cap beyond this process's budget."""
+        return None
+
 
 def _on_worker(src, device):
     """A copy of ``src`` reading onto this worker's device (resolved here: each worker
@@ -205,6 +209,26 @@ class ClusterBatches:
 
     def value(self, fn, *args):
         return self._submit(_run, fn, self.source, self.device, *args, priority=1)
+
+    def task_budget(self):
+        """The RAM one task may hold by default: :data:`~napari_simwarp.io.budget.
+        DEFAULT_FRACTION` of the smallest worker's memory limit per thread (None when no
+        worker has a limit)."""
+        from ..io import budget
+
+        shares = [
+            w["memory_limit"] // max(1, w["nthreads"])
+            for w in self.client.scheduler_info()["workers"].values()
+            if w.get("memory_limit")
+        ]
+        if not shares:
+            return None
+        share = int(budget.DEFAULT_FRACTION * min(shares))
+        return budget.Budget(
+            share,
+            f"{budget.DEFAULT_FRACTION:.0%} of a dask worker's memory limit per thread "
+            f"({budget.format_bytes(min(shares))})",
+        )
 
 
 #: a dask graph holding an in-memory array larger than this is not sent to workers

@@ -250,7 +250,8 @@ def register_stack_iter(
     grid = Grid.make(len(src.frame_shape), spacing, origin)
     ref_index = _reference_index(reference, src.total)
     dense = model not in LINEAR_MODELS
-    budgets = _budgets(memory_budget, dev)
+    runner = runner_for(src, device)
+    budgets = _budgets(memory_budget, dev, runner)
     batch = _batch_size(
         batch_size, src, metric if dense or model != "translation" else None, dense, budgets
     )
@@ -258,7 +259,6 @@ def register_stack_iter(
     value_range = src.value_range()  # one range for the whole stack
     history: list[float] = []
     state = {"stopped": False}
-    runner = runner_for(src, device)
     if model == "translation":
         # One grid for every frame: the pixel shifts are the physical ones over the
         # spacing, so phase correlation works in pixels unchanged.
@@ -328,9 +328,16 @@ def _reference_index(reference, total: int) -> int:
     return 0
 
 
-def _budgets(memory_budget, device) -> tuple[_budget.Budget, _budget.Budget]:
-    """``(RAM, device)`` budgets; on the CPU they are one pool (the same budget)."""
+def _budgets(memory_budget, device, runner) -> tuple[_budget.Budget, _budget.Budget]:
+    """``(RAM, device)`` budgets; on the CPU they are one pool (the same budget).
+
+    On a cluster the default RAM budget is also capped by a worker thread's share of its
+    worker's memory limit (each task holds one batch, and a worker runs one per thread).
+    """
     ram = _budget.memory_budget(memory_budget, torch.device("cpu"))
+    task = runner.task_budget() if memory_budget is None else None
+    if task is not None and task.bytes < ram.bytes:
+        ram = task
     return ram, (ram if device.type == "cpu" else _budget.memory_budget(memory_budget, device))
 
 
