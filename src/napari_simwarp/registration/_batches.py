@@ -27,6 +27,7 @@ import copy
 import math
 import warnings
 
+import numpy as np
 import torch
 
 from .._devices import resolve_device
@@ -240,8 +241,8 @@ def _holds_pixels(data) -> bool:
     array: sending it to workers would move those pixels, not a way to read them."""
     if not hasattr(data, "__dask_graph__"):
         return False
-    values = dict(data.__dask_graph__()).values()
-    return any(getattr(v, "nbytes", 0) > GRAPH_ARRAY_BYTES for v in values)
+    values = dict(data.__dask_graph__()).values()  # a zarr array in it is a store, not pixels
+    return any(isinstance(v, np.ndarray) and v.nbytes > GRAPH_ARRAY_BYTES for v in values)
 
 
 def runner_for(src, device):
