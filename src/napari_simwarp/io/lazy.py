@@ -127,3 +127,38 @@ def as_dask(x, chunks="auto"):
     if is_zarr(x) and chunks == "auto":
         return da.from_array(x, chunks=x.chunks)
     return da.from_array(x, chunks=chunks)
+
+
+class ReopenedArray:
+    """An array in a file, read by path: ``opener(path)`` opens it afresh in each process
+    that reads it, and it pickles as its path (and opener).
+
+    A dask array over it (``dask.array.from_array(ReopenedArray(...), chunks=...)``) can
+    be sent to ``dask.distributed`` workers, which read the frames they need themselves:
+    an open file's Zarr view (tifffile's) cannot be pickled, and a memory map would be
+    pickled as all its pixels. ``opener`` must be a module-level function (picklable).
+    """
+
+    def __init__(self, path, opener):
+        self.path = str(path)
+        self.opener = opener
+        self._array = None
+        array = self._open()
+        self.shape = tuple(int(n) for n in array.shape)
+        self.dtype = np.dtype(array.dtype)
+        self.ndim = len(self.shape)
+
+    def _open(self):
+        if self._array is None:
+            self._array = self.opener(self.path)
+        return self._array
+
+    def __getitem__(self, region) -> np.ndarray:
+        part = np.asarray(self._open()[region])
+        # a view of a memory map is read-only and keeps the file open: a copy is neither
+        return part if part.flags.writeable else part.copy()
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_array"] = None  # opened again where it is read
+        return state

@@ -1,10 +1,20 @@
 """Work as dask tasks: the distributed client, if any, and a cap on GPU tasks.
 
 Scale-out is ``dask.distributed``: when a ``Client`` is active, dask arrays computed
-anywhere in the package run on its workers, and :func:`active_client` lets the stack
-driver submit its frame batches there too. A GPU is shared by the tasks of one worker
-(threads) and must not be oversubscribed: :func:`device_slot` lets at most
-:data:`GPU_TASKS` tasks use one GPU of a process at a time (``SIMWARP_GPU_TASKS``).
+anywhere in the package (chunked ``apply``, tiled maps, lazy aligned stacks, OME-Zarr
+writes) run on its workers, and ``register_stack`` of a dask or zarr stack finds the client
+through :func:`active_client` and submits its frame batches to the workers as tasks
+(:mod:`napari_simwarp.registration._batches`; NumPy and torch stacks, already in the
+caller's memory, are registered in the caller's process). A GPU is shared by the tasks of
+one worker (threads) and must not be oversubscribed: every such task holds
+:func:`device_slot`, which lets at most :data:`GPU_TASKS` tasks use one GPU of a process
+at a time (``SIMWARP_GPU_TASKS``).
+
+Workers started by dask's nanny inherit ``MALLOC_TRIM_THRESHOLD_=65536``; any explicit
+glibc malloc setting turns its dynamic mmap threshold off, so torch's large CPU
+temporaries are mapped and page-faulted afresh on every call (2 to 20 times slower
+elementwise ops and FFTs, measured on 512² frames). Remove it from
+``distributed.nanny.pre-spawn-environ`` for CPU workers (benchmarks/bench_large.py does).
 """
 
 from __future__ import annotations

@@ -357,6 +357,34 @@ def _reference_option(text: str):
         ) from None
 
 
+def _open_tiff(path):
+    """A TIFF file's full-resolution image as tifffile's Zarr view (nothing read yet)."""
+    import tifffile
+    import zarr
+
+    data = zarr.open(tifffile.imread(path, aszarr=True), mode="r")
+    return data if hasattr(data, "shape") else data["0"]  # multiscale: full resolution
+
+
+def _open_npy(path):
+    """A ``.npy`` file memory-mapped."""
+    from ..io.images import load_npy
+
+    return load_npy(path, mmap_mode="r")
+
+
+def _frames_by_path(path, opener):
+    """The file as a dask array of one chunk per frame, read by path
+    (:class:`~napari_simwarp.io.lazy.ReopenedArray`): frames are read as needed, here or
+    on the workers of a ``--scheduler``."""
+    import dask.array as da
+
+    from ..io.lazy import ReopenedArray
+
+    array = ReopenedArray(path, opener)
+    return da.from_array(array, chunks=(1, *array.shape[1:]))
+
+
 def open_stack(path):
     """``(data, axes, pixel_size, origin)``: a stack file opened lazily (nothing read yet);
     the spatial pixel size and origin are None unless the file is an OME-Zarr image.
@@ -377,12 +405,7 @@ def open_stack(path):
         import zarr
 
         if path.suffix.lower() in (".tif", ".tiff"):
-            import tifffile
-
-            data = zarr.open(tifffile.imread(path, aszarr=True), mode="r")
-            if not hasattr(data, "shape"):  # a multiscale TIFF: its full resolution
-                data = data["0"]
-            pixel_size = None
+            data, pixel_size = _frames_by_path(path, _open_tiff), None
         elif path.is_dir() and any(
             (path / n).exists() for n in (".zgroup", "zarr.json", ".zarray")
         ):
@@ -392,12 +415,8 @@ def open_stack(path):
             else:
                 return tuple(read_ome_zarr(path))
         elif path.suffix.lower() == ".npy":
-            import dask.array as da
-
-            # memory-mapped, then one dask chunk per frame: frames are read as needed
-            mapped = load_npy(path, mmap_mode="r")
-            data = da.from_array(mapped, chunks=(1, *mapped.shape[1:]))
-            pixel_size = None
+            load_npy(path, mmap_mode="r")  # checked here (a clear error), read by path
+            data, pixel_size = _frames_by_path(path, _open_npy), None
         else:
             raise ImageFileError(
                 f"{where} is not a TIFF file, a NumPy .npy file, a Zarr array or an OME-Zarr image"

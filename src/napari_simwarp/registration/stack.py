@@ -12,7 +12,12 @@ the price of accumulating error).
 
 The stack is never held whole as float32: frames are read batch by batch (NumPy and torch
 stacks sliced in place, dask and zarr stacks read region by region, see :mod:`._frames`),
-and only what the reference needs is kept (one frame, or a running mean). Batches are sized
+and only what the reference needs is kept (one frame, or a running mean). Each pass over
+the batches is a *job* per batch that reads its own frames and returns something small;
+with a ``dask.distributed`` client active, the jobs of a dask or zarr stack run as tasks on
+its workers (:mod:`._batches`), in parallel for every reference: ``"previous"`` pairs
+are independent (the transforms are chained afterwards) and the sums of ``"mean"`` are
+reduced by tasks. Batches are sized
 from the memory budget (:mod:`napari_simwarp.io.budget`), and a stack whose smallest batch
 cannot fit is refused before anything is read. For NumPy or torch input the aligned stack
 is one NumPy array; for dask or zarr input it is a lazy dask array whose frames are warped
@@ -36,6 +41,7 @@ from ..io.tasks import device_slot
 from ..ops import compose, warp, warp_affine
 from ..ops._validation import check_choice
 from . import _inputs, _options
+from ._batches import batches, runner_for
 from ._driver import drive, relay
 from ._frames import FrameSource
 from ._names import LINEAR_MODELS, METRICS, MODELS, default_metric
@@ -90,7 +96,9 @@ class StackProgress(Progress):
 
     ``frames`` is the slice of the batch being aligned (indices of the moving frames: with
     ``reference="previous"`` moving frame ``i`` is stack frame ``i + 1``), and
-    ``transforms`` that batch's best transforms so far.
+    ``transforms`` that batch's best transforms so far. A run here gives one per
+    iteration; a run on a ``dask.distributed`` cluster one per finished batch (in the
+    order they finish), with that batch's final transforms and loss.
     """
 
     def __init__(self, level, levels, iteration, loss, frames: slice, make_transforms):
@@ -160,7 +168,12 @@ def register_stack(
         Frames per batch on the device (auto: sized from the memory budget).
     callback : callable(StackProgress) -> bool, optional
         Called with each :class:`StackProgress`; returning True stops the run within one
-        iteration (frames not reached keep the identity).
+        iteration (frames not reached keep the identity); on a cluster, the batches not
+        finished are cancelled.
+    device : "auto" or a device; with a ``dask.distributed`` client active and a dask or
+        zarr stack, the frame batches run as tasks on its workers (each task reads its own
+        frames and holds one batch; this process holds the transforms), each resolving
+        ``device`` for itself. The results are those of a run here.
     memory_budget : int or str, optional
         Bytes the run may hold at once ("2GiB"); default ``SIMWARP_MEMORY_BUDGET``, else
         half the free memory (:mod:`napari_simwarp.io.budget`). A run that cannot fit in
@@ -237,7 +250,8 @@ def register_stack_iter(
     grid = Grid.make(len(src.frame_shape), spacing, origin)
     ref_index = _reference_index(reference, src.total)
     dense = model not in LINEAR_MODELS
-    budgets = _budgets(memory_budget, dev)
+    runner = runner_for(src, device)
+    budgets = _budgets(memory_budget, dev, runner)
     batch = _batch_size(
         batch_size, src, metric if dense or model != "translation" else None, dense, budgets
     )
@@ -249,11 +263,11 @@ def register_stack_iter(
         # One grid for every frame: the pixel shifts are the physical ones over the
         # spacing, so phase correlation works in pixels unchanged.
         transforms = yield from _translation_route(
-            src, value_range, reference, ref_index, batch, iterations, history, state, grid
+            runner, value_range, reference, ref_index, batch, iterations, history, state, grid
         )
     else:
         transforms = yield from _optimizer_route(
-            src,
+            runner,
             value_range,
             reference,
             ref_index,
@@ -275,7 +289,7 @@ def register_stack_iter(
             full_resolution=full_resolution,
         )
     warped, (final, initial, overlap) = _finish(
-        src, value_range, transforms, reference, ref_index, batch
+        runner, src, value_range, transforms, reference, ref_index, batch
     )
     found = _assess_frames(final, initial, overlap, dense=model not in LINEAR_MODELS)
     return StackRegistrationResult(
@@ -314,9 +328,16 @@ def _reference_index(reference, total: int) -> int:
     return 0
 
 
-def _budgets(memory_budget, device) -> tuple[_budget.Budget, _budget.Budget]:
-    """``(RAM, device)`` budgets; on the CPU they are one pool (the same budget)."""
+def _budgets(memory_budget, device, runner) -> tuple[_budget.Budget, _budget.Budget]:
+    """``(RAM, device)`` budgets; on the CPU they are one pool (the same budget).
+
+    On a cluster the default RAM budget is also capped by a worker thread's share of its
+    worker's memory limit (each task holds one batch, and a worker runs one per thread).
+    """
     ram = _budget.memory_budget(memory_budget, torch.device("cpu"))
+    task = runner.task_budget() if memory_budget is None else None
+    if task is not None and task.bytes < ram.bytes:
+        ram = task
     return ram, (ram if device.type == "cpu" else _budget.memory_budget(memory_budget, device))
 
 
@@ -394,11 +415,6 @@ def _check_stack_memory(src, batch, metric, dense, model, budgets) -> None:
     else:
         _budget.refuse(work, device, what=what + " on " + str(src.device), advice=_MEMORY_ADVICE)
         _budget.refuse(held, ram, what=what + " in RAM", advice=_MEMORY_ADVICE)
-
-
-def _batches(total: int, size: int, first: int = 0):
-    for start in range(first, total, size):
-        yield slice(start, min(total, start + size))
 
 
 def _halve(x: torch.Tensor) -> torch.Tensor:
@@ -493,59 +509,85 @@ def lazy_warped(data, transforms, device) -> object:
     return da.Array(graph, name, chunks=chunks, dtype=dtype)
 
 
-def _finish(src, value_range, transforms, reference, ref_index, batch):
+def _score_view(x: torch.Tensor, value_range) -> torch.Tensor:
+    """Frames ``(n, *S)`` as the scores compare them: clipped to the stack's robust
+    ``value_range`` (hot or saturated pixels cannot dominate) and lightly blurred, as the
+    estimates see them (less noise)."""
+    lo, hi = value_range
+    ndim = x.dim() - 1
+    x = x.clamp(lo, hi)
+    return gaussian_blur(x.reshape(-1, 1, *x.shape[-ndim:]), 1.0).reshape(x.shape)
+
+
+def _target_part(src, sl, transforms, value_range):
+    """Batch ``sl``'s share of the "mean" target (a job): the sums over its frames of the
+    aligned and of the raw frames ``(*S)``, and where all of them landed ``(*S)``."""
+    raw = src.raw(sl)
+    moved, cover = warp_frames(raw, transforms)
+    view = _score_view
+    return view(moved, value_range).sum(dim=0), cover.all(dim=0), view(raw, value_range).sum(0)
+
+
+def _add_target_parts(a, b):
+    return a[0] + b[0], a[1] & b[1], a[2] + b[2]
+
+
+def _mean_target(src, parts, total):
+    """``(target, cover, start)``, each ``(1, 1, *S)``: the mean aligned frame (a real image
+    only where every frame landed: ``cover``) and the mean raw frame."""
+    target, cover, start = parts
+    return (target / total)[None, None], cover[None, None], (start / total)[None, None]
+
+
+def _frame_target(src, index, transform, value_range):
+    """``(target, cover, start)`` of one reference frame: aligned, its coverage, raw."""
+    raw = src.raw(slice(index, index + 1))
+    moved, cover = warp_frames(raw, [transform])
+    return _score_view(moved, value_range)[None], cover[None], _score_view(raw, value_range)[None]
+
+
+def _score_batch(src, sl, transforms, value_range, target, keep):
+    """Batch ``sl``'s scores (a job): final ZNCC with the aligned reference over the pixels
+    both cover, initial ZNCC of the raw frames, overlap (each ``(n,)``); and its aligned
+    frames as NumPy when ``keep`` (else None)."""
+    target, target_cover, start = target
+    raw = src.raw(sl)
+    moved, cover = warp_frames(raw, transforms)
+    shared = (cover[:, None] & target_cover).to(raw.dtype)
+    final = masked_zncc(target, _score_view(moved, value_range)[:, None], shared)
+    initial = masked_zncc(start, _score_view(raw, value_range)[:, None], torch.ones_like(shared))
+    overlap = cover.flatten(1).double().mean(1)
+    return final, initial, overlap, (moved.cpu().numpy() if keep else None)
+
+
+def _finish(runner, src, value_range, transforms, reference, ref_index, batch):
     """The aligned stack and, per frame: the final ZNCC with the aligned reference over the
     pixels both cover, the initial ZNCC of the raw frames, and the overlap (fraction of
     pixels covered). Returns ``(warped, (final, initial, overlap))``.
 
-    Values are clipped to the stack's robust ``value_range`` first (as the shift estimates
-    see them), so hot or saturated pixels cannot dominate the score. The frames are read
-    and warped batch by batch: once, or twice for ``reference="mean"`` (its target, the
-    mean of the aligned frames, needs a pass of its own).
+    The frames are read and warped batch by batch (by ``runner``): once, or twice for
+    ``reference="mean"`` (its target, the mean of the aligned frames, needs a pass of its
+    own).
     """
-    lo, hi = value_range
-    ndim = len(src.shape) - 1
-
-    def clip(x):  # lightly blurred, as the estimates see the frames (less noise)
-        x = x.clamp(lo, hi)
-        return gaussian_blur(x.reshape(-1, 1, *x.shape[-ndim:]), 1.0).reshape(x.shape)
-
+    total = src.total
     if reference == "mean":
-        # The mean is a real image only where every frame landed.
-        target = start = None
-        for sl in _batches(src.total, batch):
-            raw = src.raw(sl)
-            moved, cover = warp_frames(raw, transforms[sl])
-            part = (clip(moved).sum(dim=0), cover.all(dim=0), clip(raw).sum(dim=0))
-            if target is None:
-                target, target_cover, start = part
-            else:
-                target, target_cover, start = (
-                    target + part[0],
-                    target_cover & part[1],
-                    start + part[2],
-                )
-        target, start = (target / src.total)[None, None], (start / src.total)[None, None]
-        target_cover = target_cover[None, None]
+        parts = runner.reduce(
+            _target_part, _add_target_parts, total, batch, value_range, sliced=transforms
+        )
+        target = runner.value(_mean_target, parts, total)
     else:
         index = 0 if reference == "previous" else ref_index
-        raw = src.raw(slice(index, index + 1))
-        moved, cover = warp_frames(raw, transforms[index : index + 1])
-        target, target_cover, start = clip(moved)[None], cover[None], clip(raw)[None]
-    out = None if src.lazy else np.empty(src.shape, np.float64 if src.is_float64 else np.float32)
-    final, initial, overlap = [], [], []
-    for sl in _batches(src.total, batch):
-        raw = src.raw(sl)
-        moved, cover = warp_frames(raw, transforms[sl])
-        if out is not None:
-            out[sl] = moved.cpu().numpy()
-        shared = (cover[:, None] & target_cover).to(raw.dtype)
-        final.append(masked_zncc(target, clip(moved)[:, None], shared))
-        initial.append(masked_zncc(start, clip(raw)[:, None], torch.ones_like(shared)))
-        overlap.append(cover.flatten(1).double().mean(1))
-    warped = out if out is not None else lazy_warped(src.data, transforms, src.device)
-    scores = tuple(torch.cat(x).cpu().numpy() for x in (final, initial, overlap))
-    return warped, scores
+        target = runner.value(_frame_target, index, transforms[index], value_range)
+    keep = not src.lazy
+    out = np.empty(src.shape, np.float64 if src.is_float64 else np.float32) if keep else None
+    scores = []
+    each = runner.each(_score_batch, total, batch, value_range, target, keep, sliced=transforms)
+    for sl, (final, initial, overlap, moved) in zip(batches(total, batch), each):
+        if keep:
+            out[sl] = moved
+        scores.append((final.cpu(), initial.cpu(), overlap.cpu()))
+    warped = out if keep else lazy_warped(src.data, transforms, src.device)
+    return warped, tuple(torch.cat(x).numpy() for x in zip(*scores))
 
 
 def _assess_frames(final, initial, overlap, dense: bool) -> list[str]:
@@ -564,7 +606,67 @@ def _assess_frames(final, initial, overlap, dense: bool) -> list[str]:
     return emit(messages)
 
 
+# -- reading batches ----------------------------------------------------------------------
+
+
+def _read(src, sl, value_range, clipped: bool) -> torch.Tensor:
+    """Frames ``sl`` normalized to the stack's ``value_range`` (``(n, 1, *S)``), and
+    clipped to ``[0, 1]`` when ``clipped`` (what the shift estimates see)."""
+    frames = src.normalized(sl, value_range)
+    return clip_unit(frames) if clipped else frames
+
+
+def _reference_frame(src, index, value_range, clipped: bool) -> torch.Tensor:
+    """The reference frame ``index`` as :func:`_read` reads it, ``(1, 1, *S)``: read once
+    and shared by every batch."""
+    return _read(src, slice(index, index + 1), value_range, clipped)
+
+
+def _read_pairs(src, sl, value_range, ref, previous: bool, clipped: bool):
+    """Batch ``sl``'s moving frames ``(n, 1, *S)`` and references ``(1 or n, 1, *S)``, and
+    whether a lead pair comes first.
+
+    With ``previous``, moving frame ``i`` is stack frame ``i + 1`` and its reference frame
+    ``i``; the pair before the batch is read too, when there is one (``lead``): its
+    phase-correlation guess is the starting point the batch's first frame is offered, as
+    every other frame is offered its predecessor's, so that a batch needs nothing from the
+    batches before it (batches run in any order, or at once on a cluster). Otherwise the
+    references are ``ref``, the reference frame.
+    """
+    if previous:
+        first = max(sl.start - 1, 0)
+        x = _read(src, slice(first, sl.stop + 1), value_range, clipped)
+        return x[1:], x[:-1], first < sl.start
+    return _read(src, sl, value_range, clipped), ref, False
+
+
+def _joined(parts, total, batch, missing) -> torch.Tensor:
+    """The per-batch tensors ``parts`` joined on the CPU; ``missing(sl)`` for the batches a
+    stop left without a result (None)."""
+    return torch.cat(
+        [
+            missing(sl) if part is None else part.cpu()
+            for part, sl in zip(parts, batches(total, batch))
+        ]
+    )
+
+
+def _batch_done(to_transforms):
+    """A converter of a finished batch (its slice, result and loss history) into the one
+    :class:`StackProgress` a cluster run yields for it."""
+
+    def progress(sl, result, losses):
+        loss = losses[-1] if losses else float("nan")
+        return StackProgress(0, 1, len(losses), loss, sl, lambda: to_transforms(result))
+
+    return progress
+
+
 # -- the translation route ----------------------------------------------------------------
+
+
+def _translations(shifts: torch.Tensor) -> list:
+    return [AffineTransform(m.numpy(), "translation") for m in _shift_matrices(shifts)]
 
 
 def _shift_progress(sl: slice, scale: float, history: list):
@@ -574,27 +676,17 @@ def _shift_progress(sl: slice, scale: float, history: list):
         loss = float(step.loss.mean())
         history.append(loss)
         shifts = (step.shifts * scale).detach().clone()
-        return StackProgress(
-            0,
-            1,
-            step.iteration,
-            loss,
-            sl,
-            lambda: [AffineTransform(m.numpy(), "translation") for m in _shift_matrices(shifts)],
-        )
+        return StackProgress(0, 1, step.iteration, loss, sl, lambda: _translations(shifts))
 
     return convert
 
 
-def _translation_shifts(
-    total, pairs, batch, history, state, iterations, full_iterations=1, previous=False
-):
-    """Phase correlation + Gauss–Newton, batch by batch, over ``total`` moving frames;
-    ``pairs(sl)`` reads batch ``sl``: ``(frames (n, 1, *S), refs (1 or n, 1, *S))``.
+def _translation_job(src, sl, history, value_range, ref, iterations, previous, full_iterations=1):
+    """Phase correlation + Gauss–Newton of batch ``sl`` of moving frames (a job: a
+    generator yielding :class:`StackProgress`, returning ``(shifts (n, D), stopped)``).
 
-    A generator (yields :class:`StackProgress`) returning the shifts ``(T, D)``. Each
-    frame's phase-correlation peak is kept only where it matches better than a zero
-    shift (or, with ``previous``, the previous pair's shift): a spurious peak, e.g. from
+    Each frame's phase-correlation peak is kept only where it matches better than a zero
+    shift (or, with ``previous``, the previous pair's guess): a spurious peak, e.g. from
     hot pixels, is not followed.
 
     Frames with every side ≥ 256 are first solved at half resolution (a quarter of the
@@ -602,105 +694,126 @@ def _translation_shifts(
     Gauss–Newton steps at full resolution, which is where the last hundredths of a pixel
     come from.
     """
-    out = []
-    for sl in _batches(total, batch):
-        f, r = pairs(sl)
-        halve = min(f.shape[2:]) >= 256
-        scale = 2.0 if halve else 1.0
-        fc, rc = (_halve(f), _halve(r)) if halve else (f, r)
-        init = -phase_correlation(rc, fc)
-        last = out[-1][-1] / scale if out else None
-        alternatives = _start_candidates(init, previous, last)
+    f, r, lead = _read_pairs(src, sl, value_range, ref, previous, clipped=True)
+    halve = min(f.shape[2:]) >= 256
+    scale = 2.0 if halve else 1.0
+    fc, rc = (_halve(f), _halve(r)) if halve else (f, r)
+    init = -phase_correlation(rc, fc)
+    last = None
+    if lead:
+        last, init, f, r, fc, rc = init[0], init[1:], f[1:], r[1:], fc[1:], rc[1:]
+    alternatives = _start_candidates(init, previous, last)
+    shifts, _, stopped = yield from relay(
+        refine_translation_iter(fc, rc, init, iterations=iterations, alternatives=alternatives),
+        _shift_progress(sl, scale, history),
+    )
+    shifts = shifts * scale
+    if halve and not stopped and full_iterations:
         shifts, _, stopped = yield from relay(
-            refine_translation_iter(fc, rc, init, iterations=iterations, alternatives=alternatives),
-            _shift_progress(sl, scale, history),
-        )
-        shifts = shifts * scale
-        if halve and not stopped and full_iterations:
-            shifts, _, stopped = yield from relay(
-                refine_translation_iter(f, r, shifts, iterations=full_iterations),
-                _shift_progress(sl, 1.0, history),
-            )
-        out.append(shifts)
-        if stopped:
-            state["stopped"] = True
-            # Frames not reached keep the identity.
-            rest = total - sl.stop
-            if rest:
-                out.append(shifts.new_zeros(rest, shifts.shape[1]))
-            break
-    return torch.cat(out)
-
-
-def _refine_to(total, read, mean, mask, shifts, batch, history, state, iterations):
-    """Gauss–Newton from ``shifts`` against one ``mean`` reference, where ``mask`` says it
-    is a real image (a generator); ``read(sl)`` gives the frames of batch ``sl``."""
-    out = []
-    for sl in _batches(total, batch):
-        refined, _, stopped = yield from relay(
-            refine_translation_iter(
-                read(sl), mean, shifts[sl], iterations=iterations, reference_mask=mask
-            ),
+            refine_translation_iter(f, r, shifts, iterations=full_iterations),
             _shift_progress(sl, 1.0, history),
         )
-        out.append(refined)
-        if stopped:
-            state["stopped"] = True
-            out.append(shifts[sl.stop :])
-            break
-    return torch.cat(out)
+    return shifts, stopped
 
 
-def _readers(src, value_range):
-    """``(normalized(sl), clipped(sl))``: batch readers of normalized and clipped frames."""
+def _refine_job(src, sl, history, value_range, shifts, mean_mask, iterations):
+    """Gauss–Newton of batch ``sl`` from ``shifts[sl]`` against one mean reference, where
+    its mask says it is a real image (a job)."""
+    mean, mask = mean_mask
+    frames = _read(src, sl, value_range, clipped=True)
+    refined, _, stopped = yield from relay(
+        refine_translation_iter(
+            frames,
+            mean,
+            shifts[sl].to(frames.device),
+            iterations=iterations,
+            reference_mask=mask,
+        ),
+        _shift_progress(sl, 1.0, history),
+    )
+    return refined, stopped
 
-    def normalized(sl):
-        return src.normalized(sl, value_range)
 
-    def clipped(sl):
-        return clip_unit(normalized(sl))
+def _mean_part(src, sl, shifts, value_range, clipped):
+    """Batch ``sl``'s share of an aligned mean (a job): the sum of its frames aligned by
+    ``shifts[sl]`` and where all of them cover, each ``(1, 1, *S)``."""
+    frames = _read(src, sl, value_range, clipped)
+    m = _shift_matrices(shifts[sl]).to(frames)
+    moved = warp_affine(frames, m, padding="nearest").sum(dim=0, keepdim=True)
+    cover = warp_affine(torch.ones_like(frames[:1]), m, padding="grid-constant")
+    return moved, cover.amin(dim=0, keepdim=True)
 
-    return normalized, clipped
+
+def _add_mean_parts(a, b):
+    return a[0] + b[0], torch.minimum(a[1], b[1])
 
 
-def _pair_reader(read, reference, ref_index):
-    """``pairs(sl)`` for the moving frames of batch ``sl`` and their reference(s): with
-    ``"previous"`` moving frame ``i`` is stack frame ``i + 1`` and its reference frame
-    ``i``; otherwise the reference frame is read once and kept."""
-    if reference == "previous":
+def _mean_of(src, parts, total):
+    """``(mean, mask)`` from the summed parts: only where every frame contributed is the
+    mean a real image (not edge smear), so it is matched there only."""
+    total_sum, covered = parts
+    return total_sum / total, (covered > 0.999).to(total_sum.dtype)
 
-        def pairs(sl):
-            x = read(slice(sl.start, sl.stop + 1))
-            return x[1:], x[:-1]
 
-        return pairs
-    ref = read(slice(ref_index, ref_index + 1))
-    return lambda sl: (read(sl), ref)
+def _aligned_mean(runner, total, batch, shifts, value_range, clipped):
+    """The mean of the frames aligned by ``shifts`` and where every frame covers it,
+    ``(mean (1, 1, *S), mask (1, 1, *S))``, summed batch by batch (a runner's value)."""
+    parts = runner.reduce(_mean_part, _add_mean_parts, total, batch, shifts, value_range, clipped)
+    return runner.value(_mean_of, parts, total)
+
+
+def _translation_passes(
+    runner, total, batch, value_range, reference, ref_index, its, history, state
+):
+    """Per-frame shifts ``(T or T - 1, D)`` on the CPU (a generator): to the reference
+    frame, or (``"previous"``) each frame to the one before, or (``"mean"``) to the first
+    frame, then again to the mean of the frames so aligned."""
+    previous = reference == "previous"
+    moving = total - previous
+    ref = None if previous else runner.value(_reference_frame, ref_index, value_range, True)
+    parts = yield from runner.map(
+        _translation_job,
+        moving,
+        batch,
+        value_range,
+        ref,
+        its,
+        previous,
+        history=history,
+        state=state,
+        progress=_batch_done(_translations),
+    )
+    d = len(runner.src.frame_shape)
+    shifts = _joined(parts, moving, batch, lambda sl: torch.zeros(sl.stop - sl.start, d))
+    if reference == "mean" and not state["stopped"]:
+        mean_mask = _aligned_mean(runner, total, batch, shifts, value_range, clipped=True)
+        parts = yield from runner.map(
+            _refine_job,
+            total,
+            batch,
+            value_range,
+            shifts,
+            mean_mask,
+            its,
+            history=history,
+            state=state,
+            progress=_batch_done(_translations),
+        )
+        first = shifts  # frames a stop leaves unrefined keep their first shifts
+        shifts = _joined(parts, total, batch, lambda sl: first[sl])
+    return shifts
 
 
 def _translation_route(
-    src, value_range, reference, ref_index, batch, iterations, history, state, grid
+    runner, value_range, reference, ref_index, batch, iterations, history, state, grid
 ):
     """Per-frame translations (a generator returning one AffineTransform per frame, on
     ``grid``)."""
     its = 10 if iterations is None else int(iterations)
-    _, clipped = _readers(src, value_range)
-    previous = reference == "previous"
-    shifts = yield from _translation_shifts(
-        src.total - previous,
-        _pair_reader(clipped, reference, ref_index),
-        batch,
-        history,
-        state,
-        its,
-        previous=previous,
+    shifts = yield from _translation_passes(
+        runner, runner.src.total, batch, value_range, reference, ref_index, its, history, state
     )
-    if reference == "mean" and not state["stopped"]:
-        mean, mask = _aligned_mean(clipped, src.total, shifts, batch)
-        shifts = yield from _refine_to(
-            src.total, clipped, mean, mask, shifts, batch, history, state, its
-        )
-    if previous:
+    if reference == "previous":
         shifts = torch.cat([shifts.new_zeros(1, shifts.shape[1]), torch.cumsum(shifts, dim=0)])
     return [
         AffineTransform(m.numpy(), "translation").with_grids(grid, grid)
@@ -711,136 +824,125 @@ def _translation_route(
 # -- the optimizer route ------------------------------------------------------------------
 
 
-def _aligned_mean(read, total, shifts, batch):
-    """The mean of the frames ``read(sl)`` aligned by ``shifts``, and where every frame
-    covers it, accumulated batch by batch.
-
-    Returns ``(mean (1, 1, *S), mask (1, 1, *S))``: only where every frame contributed is
-    the mean a real image (not edge smear), so it is matched there only.
-    """
-    mats = _shift_matrices(shifts)
-    total_sum, covered = None, None
-    for sl in _batches(total, batch):
-        frames = read(sl)
-        m = mats[sl].to(frames)
-        moved = warp_affine(frames, m, padding="nearest").sum(dim=0, keepdim=True)
-        cover = warp_affine(torch.ones_like(frames[:1]), m, padding="grid-constant")
-        cover = cover.amin(dim=0, keepdim=True)
-        total_sum = moved if total_sum is None else total_sum + moved
-        covered = cover if covered is None else torch.minimum(covered, cover)
-    return total_sum / total, (covered > 0.999).to(total_sum.dtype)
-
-
-def _mean_reference(normalized, clipped, total, batch):
+def _mean_reference(runner, total, batch, value_range):
     """The mean of the drift-corrected frames and where every frame covers it (see
     :func:`_aligned_mean`), for the optimizer route: the frames are aligned as the
     translation route aligns them to a mean (to the first frame, then to the mean of
     those), so that the mean is as sharp as translations can make it."""
     state = {"stopped": False}
-    pairs = _pair_reader(clipped, "first", 0)
-    drift = drive(_translation_shifts(total, pairs, batch, [], state, 10))
-    mean, mask = _aligned_mean(clipped, total, drift, batch)
-    drift = drive(_refine_to(total, clipped, mean, mask, drift, batch, [], state, 10))
-    return _aligned_mean(normalized, total, drift, batch)
+    drift = drive(_translation_passes(runner, total, batch, value_range, "mean", 0, 10, [], state))
+    return _aligned_mean(runner, total, batch, drift, value_range, clipped=False)
 
 
-def _phase_guess(mc, rc, previous: bool, last) -> torch.Tensor:
-    """Initial shifts ``(n, D)`` of one batch from phase correlation of the clipped frames.
+def _phase_guess(mc, rc, previous: bool, lead: bool) -> torch.Tensor:
+    """Initial shifts ``(n, D)`` of one batch from phase correlation of the clipped frames
+    (with ``lead``, the first pair is the one before the batch: its guess is offered to the
+    batch's first frame, and it is dropped).
 
     Each guess is kept only where it matches better than zero (or than the previous
-    pair's guess ``last``), as ``register`` checks its candidates (:mod:`.search`).
+    pair's guess), as ``register`` checks its candidates (:mod:`.search`).
     """
     guess = -phase_correlation(gaussian_blur(rc, 1.0), gaussian_blur(mc, 1.0))
+    last = None
+    if lead:
+        last, guess, mc, rc = guess[0], guess[1:], mc[1:], rc[1:]
     return select_shifts(mc, rc, [guess, *_start_candidates(guess, previous, last)])
 
 
-def _optimize_frames(
-    total,
-    batch_inputs,
-    model,
-    shape,
-    schedule,
-    levels,
-    batch,
-    grid_spacing,
-    steps,
-    history,
-    state,
-    grid: Grid,
-    ref_mask=None,
-):
-    """The generic optimizer on batches of frames (a generator returning the models).
+@dataclass(frozen=True)
+class _OptimizerSettings:
+    """What every batch of the optimizer route shares (sent with each task)."""
 
-    ``batch_inputs(sl)`` gives batch ``sl``'s ``(moving (n, 1, *S), refs (1 or n, 1, *S),
-    initial matrices or None)``; ``ref_mask`` ``(1, 1, *S)``: where the reference may be
-    matched (None: everywhere). Every frame and the reference lie on ``grid``; the
-    pyramid follows its anisotropy and ``grid_spacing`` is in its finest pixels.
-    """
-    shapes = level_shapes(shape, levels, grid.spacing)
-    weights = (
-        [None] * levels
-        if ref_mask is None
-        else [(w > 0.5).to(ref_mask.dtype) for w in build_pyramid(ref_mask, shapes)]
-    )
-    models = []
-    for sl in _batches(total, batch):
-        f, r, init = batch_inputs(sl)
-        n = f.shape[0]
-        if model in LINEAR_MODELS:
-            mdl = LinearModel(
-                model,
-                shape,
-                shape,
-                n,
-                init=init,
-                device=f.device,
-                fixed_grid=grid,
-                moving_grid=grid,
-            )
-        else:
-            mdl = DenseModel(
-                model,
-                shape,
-                n,
-                grid_spacing=grid_spacing,
-                steps=steps,
-                device=f.device,
-                spacing=grid.spacing,
-                fixed_grid=grid,
-                moving_grid=grid,
-            )
+    model: str
+    shape: tuple
+    schedule: object
+    levels: int
+    control: float
+    steps: int
+    grid: Grid
+    sigma: list
+    previous: bool
 
-        def convert(progress, sl=sl):
-            return StackProgress(
-                progress.level,
-                progress.levels,
-                progress.iteration,
-                progress.loss,
-                sl,
-                lambda: progress.transforms,
-            )
 
-        stopped, _ = yield from relay(
-            optimize(
-                mdl,
-                build_pyramid(r, shapes),
-                build_pyramid(f, shapes),
-                weights,
-                schedule,
-                history,
-                spacing=grid.spacing,
-            ),
-            convert,
+def _make_model(s: _OptimizerSettings, n: int, init, device):
+    if s.model in LINEAR_MODELS:
+        return LinearModel(
+            s.model,
+            s.shape,
+            s.shape,
+            n,
+            init=init,
+            device=device,
+            fixed_grid=s.grid,
+            moving_grid=s.grid,
         )
-        models.append(mdl)
-        if stopped:
-            state["stopped"] = True
-            break
-    return models
+    return DenseModel(
+        s.model,
+        s.shape,
+        n,
+        grid_spacing=s.control,
+        steps=s.steps,
+        device=device,
+        spacing=s.grid.spacing,
+        fixed_grid=s.grid,
+        moving_grid=s.grid,
+    )
+
+
+def _optimizer_job(src, sl, history, value_range, ref, mean_mask, s: _OptimizerSettings):
+    """The generic optimizer on batch ``sl`` of moving frames (a job returning
+    ``(transforms, stopped)``).
+
+    The frames and their references are blurred as register() blurs them (less noise on
+    the gradient, less bias from bilinear interpolation); linear models start from the
+    phase-correlation guesses. ``mean_mask``: ``(mean, mask)`` to match every frame to
+    (where the mask is set; ``ref`` then only gives the guesses), or None. Every frame and
+    the reference lie on ``s.grid``; the pyramid follows its anisotropy and
+    ``s.control`` is in its finest pixels.
+    """
+    f, r, lead = _read_pairs(src, sl, value_range, ref, s.previous, clipped=False)
+    init = None
+    if s.model in LINEAR_MODELS:
+        init = _shift_matrices(_phase_guess(clip_unit(f), clip_unit(r), s.previous, lead))
+    if lead:
+        f, r = f[1:], r[1:]
+    mean, mask = (None, None) if mean_mask is None else mean_mask
+    refs = r if mean is None else mean
+    shapes = level_shapes(s.shape, s.levels, s.grid.spacing)
+    weights = (
+        [None] * s.levels
+        if mask is None
+        else [(w > 0.5).to(mask.dtype) for w in build_pyramid(mask, shapes)]
+    )
+    mdl = _make_model(s, f.shape[0], init, f.device)
+
+    def convert(progress):
+        return StackProgress(
+            progress.level,
+            progress.levels,
+            progress.iteration,
+            progress.loss,
+            sl,
+            lambda: progress.transforms,
+        )
+
+    stopped, _ = yield from relay(
+        optimize(
+            mdl,
+            build_pyramid(gaussian_blur(refs, s.sigma), shapes),
+            build_pyramid(gaussian_blur(f, s.sigma), shapes),
+            weights,
+            s.schedule,
+            history,
+            spacing=s.grid.spacing,
+        ),
+        convert,
+    )
+    return mdl.transforms(), stopped
 
 
 def _optimizer_route(
-    src,
+    runner,
     value_range,
     reference,
     ref_index,
@@ -863,14 +965,13 @@ def _optimizer_route(
     full_resolution,
 ):
     """Any model by the generic optimizer (a generator returning one transform per frame)."""
+    src = runner.src
     shape = src.frame_shape
-    normalized, clipped = _readers(src, value_range)
     previous = reference == "previous"
     total = src.total - previous
-    ref_mask = None
-    mean = None
+    mean_mask = None
     if reference == "mean":
-        mean, ref_mask = _mean_reference(normalized, clipped, src.total, batch)
+        mean_mask = _mean_reference(runner, src.total, batch, value_range)
     levels_n = auto_levels(shape, spacing=grid.spacing) if levels in ("auto", None) else int(levels)
     optimizer = resolve_optimizer("auto", model, metric)
     its = level_iterations(iterations, model, shape, levels_n, full_resolution, optimizer)
@@ -880,43 +981,35 @@ def _optimizer_route(
     )
     # register's conventions: the control grid 8 finest pixels apart unless given in
     # physical units, and a blur of one finest pixel size (fewer pixels along coarse axes).
-    control = 8.0 if grid_spacing is None else grid_spacing / unit
-    sigma = [unit / s for s in grid.spacing]
-    pairs = _pair_reader(normalized, "first" if mean is not None else reference, ref_index)
-    linear = model in LINEAR_MODELS
-    last = None
-
-    def batch_inputs(sl):
-        """The batch's moving frames and references, blurred as register() blurs them (less
-        noise on the gradient, less bias from bilinear interpolation), and the
-        phase-correlation guesses of linear models."""
-        nonlocal last
-        f, r = pairs(sl)
-        init = None
-        if linear:
-            guess = _phase_guess(clip_unit(f), clip_unit(r), previous, last)
-            last = guess[-1]
-            init = _shift_matrices(guess)
-        refs = mean if mean is not None else r
-        return gaussian_blur(f, sigma), gaussian_blur(refs, sigma), init
-
-    models = yield from _optimize_frames(
-        total,
-        batch_inputs,
-        model,
-        shape,
-        schedule,
-        levels_n,
-        batch,
-        control,
-        steps,
-        history,
-        state,
-        grid,
-        ref_mask,
+    settings = _OptimizerSettings(
+        model=model,
+        shape=shape,
+        schedule=schedule,
+        levels=levels_n,
+        control=8.0 if grid_spacing is None else grid_spacing / unit,
+        steps=steps,
+        grid=grid,
+        sigma=[unit / s for s in grid.spacing],
+        previous=previous,
     )
-    transforms = [t for mdl in models for t in mdl.transforms()]
-    transforms += [_identity(model, shape, grid)] * (total - len(transforms))
+    # the reference frame gives the linear models' starting guesses (also for "mean")
+    index = 0 if mean_mask is not None else ref_index
+    ref = None if previous else runner.value(_reference_frame, index, value_range, False)
+    parts = yield from runner.map(
+        _optimizer_job,
+        total,
+        batch,
+        value_range,
+        ref,
+        mean_mask,
+        settings,
+        history=history,
+        state=state,
+        progress=_batch_done(lambda transforms: transforms),
+    )
+    transforms = []
+    for part, sl in zip(parts, batches(total, batch)):
+        transforms += part or [_identity(model, shape, grid)] * (sl.stop - sl.start)
     if previous:
         transforms = _chain(transforms, model, shape, grid)
     return transforms
