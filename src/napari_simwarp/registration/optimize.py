@@ -275,7 +275,7 @@ def _gauss_newton_level(model, fixed, moving, weight, loss_fn, schedule, history
     iterations = schedule.iterations_at(level, levels)
     if iterations == 0:
         return False
-    problem = gauss_newton.LevelProblem(model, fixed, moving, weight, loss_fn, schedule.metric)
+    problem = gauss_newton.level_problem(model, fixed, moving, weight, loss_fn, schedule.metric)
 
     def progress(iteration, loss):
         values = model.snapshot()
@@ -387,7 +387,7 @@ def resolve_optimizer(optimizer, model: str, metric: str) -> str:
     if optimizer == "gauss-newton" and not newton_ok:
         raise ValueError(
             f"optimizer='gauss-newton' needs a linear model ({', '.join(LINEAR_MODELS)}) and "
-            f"metric 'ncc' or 'mse', got model={model!r}, metric={metric!r}"
+            f"metric 'ncc', 'mse' or 'mi', got model={model!r}, metric={metric!r}"
         )
     if optimizer == "auto":
         return "gauss-newton" if newton_ok else "adam"
