@@ -193,8 +193,13 @@ class _JointHistogram(torch.autograd.Function):
 def _pair_index(index_a: torch.Tensor, index_b: torch.Tensor, bins: int) -> torch.Tensor:
     """Flat index ``(M, P, Ta, Tb)`` of every pair of taps into ``(M, bins, bins)``."""
     m = index_a.shape[0]
-    offset = torch.arange(m, device=index_a.device).view(m, 1, 1, 1) * (bins * bins)
-    return offset + index_a.unsqueeze(-1) * bins + index_b.unsqueeze(-2)
+    if m * bins * bins < 2**31:  # int32 halves the memory the largest temporary touches
+        index_a, index_b = index_a.to(torch.int32), index_b.to(torch.int32)
+    rows = index_a * bins  # the row offsets on the small (M, P, Ta) side: one full-size add
+    if m > 1:
+        offset = torch.arange(m, device=index_a.device).view(m, 1, 1) * (bins * bins)
+        rows = rows + offset
+    return rows.unsqueeze(-1) + index_b.unsqueeze(-2)
 
 
 def _chunks(pixels: int, per_pixel: int):
@@ -295,7 +300,7 @@ def pixel_derivatives(xi_a, xi_b, slope, weight, parzen, grad_joint):
 
     (``J`` is a sum over the pixels: its second derivatives in two pixels are 0). With
     ``G = ∂L/∂J`` the first is ``∂L/∂b``; the second is ``∂²L/∂b²`` with ``G`` held fixed
-    (docs/maths.md §6.5).
+    (docs/maths.md §6.4, §10.3).
     """
     m, p = xi_a.shape
     bins = parzen.bins

@@ -19,6 +19,10 @@ retried; a pair is done once a step moves no corner of the fixed level by
 :data:`TOLERANCE` level pixels, or once the loss refuses a step shorter than
 :data:`REFUSED_TOLERANCE`. Near the optimum the convergence is quadratic: a few steps per
 level where Adam takes tens.
+
+``metric="mi"`` runs the same steps with another system: :class:`MutualInformationProblem`
+builds the gradient and a positive semi-definite approximate Hessian of the loss from the
+derivatives of the Parzen joint histogram (docs/maths.md §6.4, §10.3).
 """
 
 from __future__ import annotations
@@ -226,7 +230,7 @@ class LevelProblem:
 
 
 class MutualInformationProblem(LevelProblem):
-    """The Newton-type problem of one level for ``metric="mi"`` (docs/maths.md §6.5).
+    """The Newton-type problem of one level for ``metric="mi"`` (docs/maths.md §6.4, §10.3).
 
     The loss ``L(J)`` is a function of the Parzen joint histogram ``J`` of the fixed and
     the warped level, a sum over the pixels. Its Hessian in ``θ`` is, without the terms in

@@ -523,8 +523,10 @@ def register(
         of a pixel.
     optimizer : {"auto", "gauss-newton", "adam", "lbfgs"}
         auto: Gauss–Newton (Levenberg–Marquardt steps, a few per level) for the linear
-        models with metric "ncc" or "mse" and no landmark term; Adam otherwise (L-BFGS
-        stalls on the kinks bilinear interpolation puts in the loss). "gauss-newton" with
+        models with metric "ncc", "mse" or "mi" (for "mi" the system comes from the
+        derivatives of the Parzen joint histogram, docs/maths.md §6.4) and no landmark
+        term; Adam otherwise (L-BFGS stalls on the kinks bilinear interpolation puts in
+        the loss). "gauss-newton" with
         another model or metric, or with ``landmark_weight > 0``, is refused.
     callback : callable(Progress) -> bool, optional
         Called every ``report_every`` iterations with level, iteration, loss and the best
