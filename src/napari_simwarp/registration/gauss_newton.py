@@ -249,13 +249,44 @@ class MutualInformationProblem(LevelProblem):
     largest) so that the damped step descends.
     """
 
+    #: (samples, frames, histogram) of the last :meth:`loss` over the samples' own weight
+    _kept = None
+
+    def _histogram(self, warped, fixed, weight):
+        fn = self.loss_fn
+        frames = parzen_frames(fixed, warped, weight, fn.bins, fn.kernel, fn.sigma)
+        return frames, joint_histogram(frames[0], frames[1], weight, frames[3])
+
+    def loss(self, samples, weight=None) -> torch.Tensor:
+        """:meth:`LevelProblem.loss` (the value of the run's loss function, here from the
+        histogram itself); over the samples' own weight the histogram is kept for
+        :meth:`normal_equations`, which in the run always follows on the same samples."""
+        sampled, own = samples
+        if weight is not None:
+            return super().loss(samples, weight)
+        wide = precise(sampled.device)
+        n = sampled.shape[0]
+        with torch.no_grad():
+            warped = sampled[:, 0].reshape(n, -1).to(wide)
+            fixed = self.fixed.reshape(self.fixed.shape[0], -1).expand(n, -1).to(wide)
+            w = own.reshape(own.shape[0], -1).expand(n, -1).to(wide)
+            frames, joint = self._histogram(warped, fixed, w)
+            self._kept = (samples, frames, joint)
+            score = score_of_joint(joint, self.loss_fn.normalize)
+        loss = 2.0 - score if self.loss_fn.normalize else -score
+        return loss.cpu().double()
+
     def normal_equations(self, samples):
         """``(H (N, P, P), b (N, P))``, float64 on the CPU, in the model's ``P`` parameters."""
         fn = self.loss_fn
         with torch.no_grad():
             warped, rows, f, weight, chain = self._jacobian_rows(samples)
-            frames = parzen_frames(f, warped, weight, fn.bins, fn.kernel, fn.sigma)
-            joint = joint_histogram(frames[0], frames[1], weight, frames[3]).double()
+            kept = self._kept
+            if kept is not None and kept[0][0] is samples[0] and kept[0][1] is samples[1]:
+                frames, joint = kept[1:]
+            else:
+                frames, joint = self._histogram(warped, f, weight)
+            joint = joint.double()
         with torch.enable_grad():
             joint.requires_grad_()
             (grad_joint,) = torch.autograd.grad(
@@ -263,11 +294,15 @@ class MutualInformationProblem(LevelProblem):
             )
         with torch.no_grad():
             first, second = pixel_derivatives(*frames[:3], weight, frames[3], grad_joint.detach())
+            first, second = first.to(rows.dtype), second.to(rows.dtype)
             gradient = (rows @ first[..., None]).cpu().double()
             hessian = ((rows * second[:, None]) @ rows.transpose(1, 2)).cpu().double()
         if warped.shape[1] <= COUPLING_PIXELS:
             with torch.no_grad():
-                moves = joint_jacobian(*frames[:3], weight, frames[3], rows).double()
+                moves = joint_jacobian(
+                    *frames[:3], weight.to(frames[0]), frames[3], rows.to(frames[0])
+                )
+                moves = moves.double()
             hessian = hessian + _histogram_curvature(joint, grad_joint, moves)
         with torch.no_grad():
             hessian = chain.transpose(1, 2) @ hessian @ chain
