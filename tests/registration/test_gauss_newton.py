@@ -88,6 +88,21 @@ def _ramp(shape):
     return sum((0.3 + 0.2 * i) * a / n for i, (a, n) in enumerate(zip(axes, shape)))
 
 
+def _inside_model(rng, kind, fixed_shape, pairs, dtype, linear):
+    """A model of ``pairs`` random transforms (shifts within 1 pixel, linear entries within
+    ``linear``) placing the fixed image in the middle of a moving image twice its size:
+    every sample falls well inside it (no clamping at the border)."""
+    d = len(fixed_shape)
+    init = np.eye(d + 1)
+    init[:d, d] = [n / 2 for n in fixed_shape]
+    moving_shape = tuple(2 * n for n in fixed_shape)
+    model = LinearModel(kind, fixed_shape, moving_shape, pairs, init=init, dtype=dtype)
+    with torch.no_grad():
+        model.shift.copy_(torch.from_numpy(rng.uniform(-1, 1, model.shift.shape)))
+        model.linear.copy_(torch.from_numpy(rng.uniform(-linear, linear, model.linear.shape)))
+    return model
+
+
 @pytest.mark.parametrize("metric", ["mse", "ncc"])
 @pytest.mark.parametrize(
     "kind,fixed_shape", [("rigid", (14, 18)), ("affine", (14, 18)), ("similarity", (8, 9, 10))]
@@ -96,14 +111,7 @@ def test_normal_equations_match_autograd(kind, fixed_shape, metric):
     rng = np.random.default_rng(2)
     d = len(fixed_shape)
     moving_shape = tuple(2 * n for n in fixed_shape)
-    # The fixed image lands in the middle of a moving image twice its size: every sample
-    # falls well inside it (no clamping at the border).
-    init = np.eye(d + 1)
-    init[:d, d] = [n / 2 for n in fixed_shape]
-    model = LinearModel(kind, fixed_shape, moving_shape, 2, init=init, dtype=torch.float32)
-    with torch.no_grad():
-        model.shift.copy_(torch.from_numpy(rng.uniform(-1, 1, model.shift.shape)))
-        model.linear.copy_(torch.from_numpy(rng.uniform(-0.5, 0.5, model.linear.shape)))
+    model = _inside_model(rng, kind, fixed_shape, 2, torch.float32, 0.5)
     fixed = torch.from_numpy(rng.uniform(0, 1, (1, 1, *fixed_shape))).float()
     moving = torch.from_numpy(_ramp(moving_shape))[None, None].float()
     problem = gn.LevelProblem(
@@ -154,12 +162,7 @@ def test_mutual_information_gradient_matches_autograd(kind, fixed_shape, normali
     rng = np.random.default_rng(3)
     d = len(fixed_shape)
     moving_shape = tuple(2 * n for n in fixed_shape)
-    init = np.eye(d + 1)
-    init[:d, d] = [n / 2 for n in fixed_shape]
-    model = LinearModel(kind, fixed_shape, moving_shape, 1, init=init, dtype=torch.float64)
-    with torch.no_grad():
-        model.shift.copy_(torch.from_numpy(rng.uniform(-1, 1, model.shift.shape)))
-        model.linear.copy_(torch.from_numpy(rng.uniform(-0.3, 0.3, model.linear.shape)))
+    model = _inside_model(rng, kind, fixed_shape, 1, torch.float64, 0.3)
     moving = torch.from_numpy(_ramp(moving_shape))[None, None]
     # a fixed image related to where its pixels land, through a non-monotonic map
     fixed = torch.sin(4.0 * torch.from_numpy(_ramp(fixed_shape)))[None, None]
