@@ -178,7 +178,10 @@ def linear_case(report, rng, group, shape, matrix, model, *, elastix_kind, stack
     fixed, moving = linear_pair(rng, shape, matrix, **kw)
     acc = linear_accuracy(matrix, shape)
     if kw.get("remap"):  # no default metric is meant for a multimodal pair: "mi" is ours
-        once(report, group, f"simwarp {model}/mi", ours(fixed, moving, model, "mi"), acc, ours=True)
+        name = f"simwarp {model}/mi (Newton, the default)"
+        once(report, group, name, ours(fixed, moving, model, "mi"), acc, ours=True)
+        adam = ours(fixed, moving, model, "mi", optimizer="adam")
+        once(report, group, f"simwarp {model}/mi, Adam", adam, acc)
     else:
         name = f"simwarp {model} (defaults: ncc, Gauss–Newton)"
         once(report, group, name, ours(fixed, moving, model), acc, ours=True)
@@ -348,6 +351,9 @@ def cases_3d(report, quick):
     s = (48, 48, 48)
     m = centered_affine(rotation(3, 25, axis=0), [3.0, -2.0, 4.0], s)
     linear_case(report, rng, "3-D rigid 25°, 48³", s, m, "rigid", elastix_kind="rigid")
+    m = centered_affine(rotation(3, 8, axis=2) @ np.diag([1.03, 0.98, 1.0]), [2.0, -1.5, 2.5], s)
+    group = "3-D affine, multimodal (sin remap), 48³"
+    linear_case(report, rng, group, s, m, "affine", elastix_kind="affine", remap=True)
 
 
 def run(report) -> None:

@@ -9,8 +9,15 @@ import torch
 from skimage.metrics import normalized_mutual_information
 
 from napari_simwarp.ops import mutual_information
+from napari_simwarp.ops.mutual_information import (
+    joint_histogram,
+    joint_jacobian,
+    parzen_frames,
+    pixel_derivatives,
+    score_of_joint,
+)
 from tests.images import random_smooth
-from tests.ops.mutual_information_reference import mutual_information_reference
+from tests.ops.mutual_information_reference import _weights, mutual_information_reference
 
 
 def _pair(rng, shape, n=1, c=1):
@@ -165,3 +172,89 @@ def test_bad_arguments_are_named(kwargs, error, message):
         mutual_information(a, a, **kwargs)
     with pytest.raises(ValueError, match="same shape"):
         mutual_information(a, a[..., :7])
+
+
+# -- the derivatives the Newton-type optimizer of registration/gauss_newton.py uses ------
+
+
+def _rows(rng, m=2, p=60):
+    a = rng.uniform(0, 1, (m, p))
+    b = np.sin(3 * np.pi * a) + 0.1 * rng.standard_normal((m, p))
+    return a, b, rng.uniform(0.2, 1.0, (m, p))
+
+
+def _reference_joint(a, b, w, bins, kernel, sigma, frame_b):
+    """The joint histogram of one row from the NumPy reference's Parzen weights, in the
+    frame of ``a``'s range and the given frame of ``b``."""
+    wa = _weights(a, bins, kernel, sigma, a.min(), a.max())
+    wb = _weights(b, bins, kernel, sigma, *frame_b)
+    return (w[:, None] * wa).T @ wb
+
+
+@pytest.mark.parametrize("kernel", ["bspline", "gaussian"])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_histogram_and_its_jacobian_match_the_reference(rng, kernel, normalize):
+    a, b, w = _rows(rng)
+    moves = rng.standard_normal((2, 3, a.shape[1]))
+    # The pixels at the ends of b's range would leave it (clamped: one-sided derivatives).
+    for i in range(2):
+        moves[i, :, [b[i].argmin(), b[i].argmax()]] = 0.0
+    bins, sigma = 9, 0.8
+    as_t = torch.from_numpy
+    frames = parzen_frames(as_t(a), as_t(b), as_t(w), bins, kernel, sigma)
+    joint = joint_histogram(frames[0], frames[1], as_t(w), frames[3])
+    derivative = joint_jacobian(*frames[:3], as_t(w), frames[3], as_t(moves))
+    # The score of the histogram is the operator's.
+    expected = mutual_information(
+        as_t(a)[:, None, None],
+        as_t(b)[:, None, None],
+        weight=as_t(w)[:, None, None],
+        bins=bins,
+        kernel=kernel,
+        sigma=sigma,
+        normalize=normalize,
+    )[:, 0]
+    torch.testing.assert_close(score_of_joint(joint, normalize), expected, rtol=1e-12, atol=0)
+    eps = 1e-6
+    for i in range(2):
+        frame = (b[i].min(), b[i].max())  # held fixed, as the operator holds it
+        ref = _reference_joint(a[i], b[i], w[i], bins, kernel, sigma, frame)
+        np.testing.assert_allclose(joint[i].numpy(), ref, atol=1e-12)
+        for q in range(3):
+            up, down = (
+                _reference_joint(
+                    a[i], b[i] + s * eps * moves[i, q], w[i], bins, kernel, sigma, frame
+                )
+                for s in (1, -1)
+            )
+            fd = (up - down) / (2 * eps)
+            np.testing.assert_allclose(derivative[i, ..., q].numpy(), fd, atol=1e-6 * abs(fd).max())
+
+
+@pytest.mark.parametrize("kernel", ["bspline", "gaussian"])
+def test_pixel_derivatives_match_finite_differences(rng, kernel):
+    """First and second derivatives of ``Σ G·J`` in each pixel of ``b`` (``G`` fixed)
+    against central differences of the reference histogram, pixel by pixel."""
+    a, b, w = _rows(rng, m=1, p=25)
+    bins, sigma = 8, 0.8
+    grad_joint = rng.standard_normal((1, bins, bins))
+    as_t = torch.from_numpy
+    frames = parzen_frames(as_t(a), as_t(b), as_t(w), bins, kernel, sigma)
+    first, second = pixel_derivatives(*frames[:3], as_t(w), frames[3], as_t(grad_joint))
+    frame = (b[0].min(), b[0].max())
+    inside = np.flatnonzero((b[0] > frame[0]) & (b[0] < frame[1]))
+
+    def total(x, k):
+        y = b[0].copy()
+        y[k] = x
+        return (grad_joint[0] * _reference_joint(a[0], y, w[0], bins, kernel, sigma, frame)).sum()
+
+    eps = 1e-4 * (frame[1] - frame[0])
+    for k in inside:
+        values = [total(b[0, k] + s * eps, k) for s in (-1, 0, 1)]
+        d1 = (values[2] - values[0]) / (2 * eps)
+        d2 = (values[2] - 2 * values[1] + values[0]) / eps**2
+        scale = np.abs(grad_joint).max() * w[0, k] / (frame[1] - frame[0]) ** 2 * bins**2
+        assert abs(first[0, k].item() - d1) < 1e-6 * scale
+        assert abs(second[0, k].item() - d2) < 1e-3 * scale
+    assert np.abs(second.numpy()).max() > 0

@@ -44,6 +44,31 @@ def _bspline3_taps(xi: torch.Tensor, bins: int, derivative: bool):
     return index, weights, slopes
 
 
+def _bspline3_curvatures(xi: torch.Tensor, bins: int) -> torch.Tensor:
+    """The second derivatives ``(M, P, 4)`` with respect to ``ξ`` of the taps of
+    :func:`_bspline3_taps` (same bins)."""
+    cell = xi.detach().floor().clamp(1, bins - 3)
+    f = (xi - cell).unsqueeze(-1)
+    return torch.cat([1.0 - f, 3 * f - 2, 1 - 3 * f, f], dim=-1)
+
+
+def _gaussian_curvatures(xi: torch.Tensor, bins: int, sigma: float) -> torch.Tensor:
+    """The second derivatives ``(M, P, bins)`` with respect to ``ξ`` of the normalized
+    weights of :func:`_gaussian_taps`: ``(g/T)'' = g''/T − 2g'T'/T² − gT''/T² + 2gT'²/T³``."""
+    centers = torch.arange(bins, device=xi.device, dtype=xi.dtype)
+    t = xi.unsqueeze(-1) - centers
+    g = torch.exp(-0.5 * (t / sigma) ** 2)
+    dg = -t / sigma**2 * g
+    ddg = (t * t / sigma**4 - 1 / sigma**2) * g
+    total, dtotal, ddtotal = (x.sum(-1, keepdim=True) for x in (g, dg, ddg))
+    return (
+        ddg / total
+        - 2 * dg * dtotal / total**2
+        - g * ddtotal / total**2
+        + 2 * g * dtotal**2 / total**3
+    )
+
+
 def _gaussian_taps(xi: torch.Tensor, bins: int, sigma: float, derivative: bool):
     """Gaussian weights of ``sigma`` bins over every bin, normalized to sum 1 per pixel,
     and their derivatives with respect to ``xi``."""
@@ -80,6 +105,13 @@ class _Parzen:
         if self.kernel == "bspline":
             return _bspline3_taps(xi, self.bins, derivative)
         return _gaussian_taps(xi, self.bins, self.sigma, derivative)
+
+    def curvatures(self, xi: torch.Tensor) -> torch.Tensor:
+        """The taps' second derivatives ``(M, P, T)`` with respect to ``ξ`` (same bins as
+        :meth:`taps`)."""
+        if self.kernel == "bspline":
+            return _bspline3_curvatures(xi, self.bins)
+        return _gaussian_curvatures(xi, self.bins, self.sigma)
 
     def dense(self, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """``W[m, p, k]`` ``(M, P, bins)``: the taps' weights scattered onto the bins."""
@@ -161,8 +193,13 @@ class _JointHistogram(torch.autograd.Function):
 def _pair_index(index_a: torch.Tensor, index_b: torch.Tensor, bins: int) -> torch.Tensor:
     """Flat index ``(M, P, Ta, Tb)`` of every pair of taps into ``(M, bins, bins)``."""
     m = index_a.shape[0]
-    offset = torch.arange(m, device=index_a.device).view(m, 1, 1, 1) * (bins * bins)
-    return offset + index_a.unsqueeze(-1) * bins + index_b.unsqueeze(-2)
+    if m * bins * bins < 2**31:  # int32 halves the memory the largest temporary touches
+        index_a, index_b = index_a.to(torch.int32), index_b.to(torch.int32)
+    rows = index_a * bins  # the row offsets on the small (M, P, Ta) side: one full-size add
+    if m > 1:
+        offset = torch.arange(m, device=index_a.device).view(m, 1, 1) * (bins * bins)
+        rows = rows + offset
+    return rows.unsqueeze(-1) + index_b.unsqueeze(-2)
 
 
 def _chunks(pixels: int, per_pixel: int):
@@ -171,8 +208,9 @@ def _chunks(pixels: int, per_pixel: int):
         yield slice(start, min(pixels, start + step))
 
 
-def _bin_coordinates(x, valid, value_range, bins: int, pad: float) -> torch.Tensor:
-    """Intensities ``(M, P)`` → continuous bin coordinates in ``[pad, bins − 1 − pad]``.
+def _bin_coordinates(x, valid, value_range, bins: int, pad: float):
+    """Intensities ``(M, P)`` → continuous bin coordinates in ``[pad, bins − 1 − pad]``,
+    and ``∂ξ/∂x`` ``(M, 1)`` inside the range.
 
     The range is ``value_range`` or, per row, the min and max of the pixels in ``valid``
     (detached: the histogram's frame does not move with the image); values outside it are
@@ -190,11 +228,98 @@ def _bin_coordinates(x, valid, value_range, bins: int, pad: float) -> torch.Tens
     flat = span <= 0
     span = torch.where(flat, torch.ones_like(span), span)
     unit = ((torch.minimum(torch.maximum(x, lo), hi) - lo) / span).clamp(0.0, 1.0)
-    return pad + unit * (bins - 1 - 2 * pad)
+    return pad + unit * (bins - 1 - 2 * pad), (bins - 1 - 2 * pad) / span.expand(x.shape[0], 1)
 
 
 def _entropy(p: torch.Tensor, dims) -> torch.Tensor:
     return -(p * torch.log(p.clamp_min(_TINY))).sum(dims)
+
+
+def score_of_joint(joint: torch.Tensor, normalize: bool) -> torch.Tensor:
+    """The mutual information (or, ``normalize``, the normalized mutual information) ``(M,)``
+    of joint histograms ``(M, bins, bins)`` (counts, any total), differentiable.
+
+    In float64 where the device has it: ``p log p`` of small bins is where float32 loses
+    the digits that the differences of entropies keep.
+    """
+    joint = joint.to(torch.float64) if joint.device.type != "mps" else joint
+    total = joint.sum((1, 2), keepdim=True)
+    p = joint / total.clamp_min(_TINY)
+    h_ab = _entropy(p, (1, 2))
+    h_a = _entropy(p.sum(2), 1)
+    h_b = _entropy(p.sum(1), 1)
+    if normalize:
+        flat = h_ab <= 0
+        return torch.where(flat, 2.0, (h_a + h_b) / torch.where(flat, 1.0, h_ab))
+    return h_a + h_b - h_ab
+
+
+def parzen_frames(a, b, weight, bins: int, kernel: str, sigma: float):
+    """``(xi_a, xi_b, ∂ξ_b/∂b (M, 1), parzen)``: the default frames of
+    :func:`mutual_information` (each row's range over its pixels of positive weight) for
+    intensities ``a``, ``b`` ``(M, P)``, and its Parzen window."""
+    valid = torch.ones_like(a, dtype=torch.bool) if weight is None else weight > 0
+    pad = 1.0 if kernel == "bspline" else 0.0
+    xi_a = _bin_coordinates(a, valid, None, bins, pad)[0]
+    xi_b, slope = _bin_coordinates(b, valid, None, bins, pad)
+    return xi_a, xi_b, slope, _Parzen(kernel, bins, sigma)
+
+
+def joint_histogram(xi_a, xi_b, weight, parzen) -> torch.Tensor:
+    """The joint histogram ``(M, bins, bins)`` (counts) of bin coordinates from
+    :func:`parzen_frames`, as :func:`mutual_information` builds it (not differentiated)."""
+    with torch.no_grad():
+        return _JointHistogram.apply(xi_a, xi_b, weight, parzen)
+
+
+def joint_jacobian(xi_a, xi_b, slope, weight, parzen, moves):
+    """``∂J/∂θ`` ``(M, bins, bins, Q)`` for ``∂b/∂θ`` ``(M, Q, P)``."""
+    m, p = xi_a.shape
+    q = moves.shape[1]
+    bins = parzen.bins
+    out = xi_a.new_zeros(m * bins * bins, q)
+    for chunk in _chunks(p, m * parzen.cost * q):
+        index_a, wa, _ = parzen.taps(xi_a[:, chunk])
+        index_b, _, sb = parzen.taps(xi_b[:, chunk], derivative=True)
+        if weight is not None:
+            wa = wa * weight[:, chunk].unsqueeze(-1)
+        mv = (moves[:, :, chunk] * slope[:, :, None]).transpose(1, 2)
+        flat = _pair_index(index_a, index_b, bins).reshape(-1)
+        values = (wa.unsqueeze(-1) * sb.unsqueeze(-2)).unsqueeze(-1) * mv[:, :, None, None, :]
+        out.index_add_(0, flat, values.reshape(-1, q))
+    return out.reshape(m, bins, bins, q)
+
+
+def pixel_derivatives(xi_a, xi_b, slope, weight, parzen, grad_joint):
+    """First and second derivatives ``(M, P)`` each of ``Σ_ικ G[ι, κ] J[ι, κ]`` with
+    respect to each pixel's intensity ``b(x)``, for a fixed ``G`` ``(M, bins, bins)`` on the
+    bins of the joint histogram ``J`` (:func:`joint_histogram`), the frames held fixed:
+
+        w_x Σ_ικ G[ι, κ] W_a(ι − ξ_a(x)) W_b'(κ − ξ_b(x)) ∂ξ_b/∂b,
+        w_x Σ_ικ G[ι, κ] W_a(ι − ξ_a(x)) W_b''(κ − ξ_b(x)) (∂ξ_b/∂b)²
+
+    (``J`` is a sum over the pixels: its second derivatives in two pixels are 0). With
+    ``G = ∂L/∂J`` the first is ``∂L/∂b``; the second is ``∂²L/∂b²`` with ``G`` held fixed
+    (docs/maths.md §6.4, §10.3).
+    """
+    m, p = xi_a.shape
+    bins = parzen.bins
+    first, second = torch.zeros_like(xi_b), torch.zeros_like(xi_b)
+    grad_joint = grad_joint.to(xi_b.dtype).contiguous()
+    for chunk in _chunks(p, m * parzen.cost):
+        index_a, wa, _ = parzen.taps(xi_a[:, chunk])
+        index_b, _, slopes = parzen.taps(xi_b[:, chunk], derivative=True)
+        curves = parzen.curvatures(xi_b[:, chunk])
+        if parzen.sparse:
+            g = grad_joint.reshape(-1)[_pair_index(index_a, index_b, bins)]
+            seen = (g * wa.unsqueeze(-1)).sum(-2)  # (M, p, 4): G seen by each tap of b
+        else:
+            seen = torch.bmm(parzen.dense(index_a, wa), grad_joint).gather(-1, index_b)
+        first[:, chunk] = (slopes * seen).sum(-1)
+        second[:, chunk] = (curves * seen).sum(-1)
+    if weight is not None:
+        first, second = first * weight, second * weight
+    return first * slope, second * slope * slope
 
 
 def _check_weight(weight, a: torch.Tensor) -> torch.Tensor | None:
@@ -304,24 +429,10 @@ def mutual_information(
         w = weight.to(dtype).expand(n, c, *weight.shape[2:]).reshape(n * c, -1)
         valid = w > 0
     pad = 1.0 if kernel == "bspline" else 0.0
-    xi_a = _bin_coordinates(xa, valid, value_range, bins, pad)
-    xi_b = _bin_coordinates(xb, valid, value_range, bins, pad)
+    xi_a = _bin_coordinates(xa, valid, value_range, bins, pad)[0]
+    xi_b = _bin_coordinates(xb, valid, value_range, bins, pad)[0]
     joint = _JointHistogram.apply(xi_a, xi_b, w, _Parzen(kernel, bins, sigma))
-
-    # Entropies in float64 where the device has it: p log p of small bins is where
-    # float32 loses the digits that the differences of entropies keep.
-    joint = joint.to(torch.float64) if joint.device.type != "mps" else joint
-    total = joint.sum((1, 2), keepdim=True)
-    p = joint / total.clamp_min(_TINY)
-    h_ab = _entropy(p, (1, 2))
-    h_a = _entropy(p.sum(2), 1)
-    h_b = _entropy(p.sum(1), 1)
-    if normalize:
-        flat = h_ab <= 0
-        score = torch.where(flat, 2.0, (h_a + h_b) / torch.where(flat, 1.0, h_ab))
-    else:
-        score = h_a + h_b - h_ab
-    score = score.reshape(n, c)
+    score = score_of_joint(joint, normalize).reshape(n, c)
     for m in invalid:
         if m is not None:
             score = score.masked_fill(m.flatten(2).any(-1), float("nan"))

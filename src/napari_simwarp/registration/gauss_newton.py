@@ -19,6 +19,10 @@ retried; a pair is done once a step moves no corner of the fixed level by
 :data:`TOLERANCE` level pixels, or once the loss refuses a step shorter than
 :data:`REFUSED_TOLERANCE`. Near the optimum the convergence is quadratic: a few steps per
 level where Adam takes tens.
+
+``metric="mi"`` runs the same steps with another system: :class:`MutualInformationProblem`
+builds the gradient and a positive semi-definite approximate Hessian of the loss from the
+derivatives of the Parzen joint histogram (docs/maths.md §6.4, §10.3).
 """
 
 from __future__ import annotations
@@ -26,15 +30,26 @@ from __future__ import annotations
 import torch
 
 from ..ops._sampling import affine_grid, grid_sample, level_matrix
+from ..ops.mutual_information import (
+    joint_histogram,
+    joint_jacobian,
+    parzen_frames,
+    pixel_derivatives,
+    score_of_joint,
+)
 
-#: metrics whose loss is a sum of squares over the pixels (after the intensity fit for NCC)
-METRICS = ("ncc", "mse")
+#: metrics whose loss is a sum of squares over the pixels (after the intensity fit for NCC),
+#: and the mutual information (a Fisher-information matrix in place of ``JᵀWJ``)
+METRICS = ("ncc", "mse", "mi")
 #: a level ends once no corner of the fixed image moves this many level pixels in a step
 TOLERANCE = 1e-3
 #: ... or once the loss refuses a step that moves no corner this many level pixels
 REFUSED_TOLERANCE = 0.02
 #: width in level pixels of the weight's ramp at the edges of both images (:func:`edge_taper`)
 TAPER = 2.0
+#: metric "mi": the histogram's own curvature joins the Hessian on levels of at most
+#: this many pixels (:class:`MutualInformationProblem`)
+COUPLING_PIXELS = 32 * 32
 #: Levenberg–Marquardt damping: start, shrink on success, grow on failure, give up above
 DAMPING = dict(start=1e-3, shrink=0.1, grow=10.0, most=1e6)
 
@@ -147,24 +162,31 @@ class LevelProblem:
             loss = self.loss_fn(self.fixed.to(wide), sampled[:, :1].to(wide), w.to(wide))
         return loss.cpu().double()
 
+    def _jacobian_rows(self, samples):
+        """``(warped (N, P), rows (N, D(D+1), P), fixed (N, P), weight (N, P), chain (N,
+        D(D+1), p))``: the warped level, its derivatives ``∂w/∂A_ij = ∂_i w · x_j`` with
+        respect to the level matrix ``A`` (on centered coordinates), and the chain rule
+        ``∂A/∂θ`` (float64, CPU) that carries them to the model's ``p`` parameters."""
+        sampled, w = samples
+        n, d = sampled.shape[0], len(self.shape)
+        warped = sampled[:, 0].reshape(n, -1)
+        grad = sampled[:, 1:].reshape(n, d, -1)
+        f = self.fixed.reshape(self.fixed.shape[0], -1).expand(n, -1)
+        weight = w.reshape(w.shape[0], -1).expand(n, -1)
+        rows = (grad[:, :, None] * self.coords).reshape(n, d * (d + 1), -1)
+        jac = self.level_matrices(self.model.matrix_jacobian()).cpu().double()
+        chain = jac[:, :, :d] @ self.uncenter
+        return warped, rows, f, weight, chain.flatten(2).transpose(1, 2)
+
     def normal_equations(self, samples):
         """The normal equations ``(H (N, Q, Q), b (N, Q))``, float64 on the CPU (small), of
         the linearized
         residual at ``samples`` (from :meth:`sample`): ``Q = P`` for "mse", ``P + 2`` for
         "ncc" (``θ``, then the intensity fit's ``α, β``)."""
-        sampled, w = samples
-        n, d = sampled.shape[0], len(self.shape)
         with torch.no_grad():
-            warped = sampled[:, 0].reshape(n, -1)
-            grad = sampled[:, 1:].reshape(n, d, -1)
-            f = self.fixed.reshape(self.fixed.shape[0], -1).expand(n, -1)
-            weight = w.reshape(w.shape[0], -1).expand(n, -1)
-            # ∂w/∂A_ij = ∂_i w · x_j for the level matrix A (on centered coordinates):
-            # least squares in A's D(D+1) entries, carried to θ by the chain rule below.
-            rows = (grad[:, :, None] * self.coords).reshape(n, d * (d + 1), -1)
-            jac = self.level_matrices(self.model.matrix_jacobian()).cpu().double()
-            chain = jac[:, :, :d] @ self.uncenter
-            chain = chain.flatten(2).transpose(1, 2)  # (N, D(D+1), P)
+            # least squares in A's D(D+1) entries, carried to θ by the chain rule below
+            warped, rows, f, weight, chain = self._jacobian_rows(samples)
+            n, d = warped.shape[0], len(self.shape)
             if self.metric == "ncc":
                 alpha, beta = intensity_fit(warped, f, weight)
                 alpha, beta = alpha.to(warped.dtype), beta.to(warped.dtype)
@@ -205,6 +227,110 @@ class LevelProblem:
         corners = torch.cat([corners, torch.ones_like(corners[:, :1])], dim=1)
         delta = self.level_matrices(after - before)[:, :d]  # (N, D, D+1)
         return torch.linalg.vector_norm(corners @ delta.transpose(1, 2), dim=-1).amax(dim=1)
+
+
+class MutualInformationProblem(LevelProblem):
+    """The Newton-type problem of one level for ``metric="mi"`` (docs/maths.md §6.4, §10.3).
+
+    The loss ``L(J)`` is a function of the Parzen joint histogram ``J`` of the fixed and
+    the warped level, a sum over the pixels. Its Hessian in ``θ`` is, without the terms in
+    the images' second derivatives (as Gauss–Newton drops them),
+
+        H = Σ_x ℓ_x'' (∂w/∂θ)(∂w/∂θ)ᵀ + (∂J/∂θ)ᵀ (∂²L/∂J²) (∂J/∂θ),
+
+    with ``ℓ_x'' = ∂²/∂w(x)² Σ_ικ G[ι, κ] J[ι, κ]`` at ``G = ∂L/∂J`` held fixed (the
+    Parzen window's second derivative, :func:`~..ops.mutual_information.pixel_derivatives`)
+    and ``b = Σ_x ℓ_x' ∂w/∂θ`` the gradient. The second term, how the histogram itself
+    moves, is negative semi-definite (the mutual information is convex in the joint
+    distribution for a fixed marginal); it matters on the coarse levels, whose few pixels
+    spread thinly over the bins (there it halves the steps of a run), and is left out
+    above :data:`COUPLING_PIXELS` pixels, where it costs more than it saves. ``H`` is then
+    made positive semi-definite (its negative eigenvalues raised to ``1e-6`` of the
+    largest) so that the damped step descends.
+    """
+
+    #: (samples, frames, histogram) of the last :meth:`loss` over the samples' own weight
+    _kept = None
+
+    def _histogram(self, warped, fixed, weight):
+        fn = self.loss_fn
+        frames = parzen_frames(fixed, warped, weight, fn.bins, fn.kernel, fn.sigma)
+        return frames, joint_histogram(frames[0], frames[1], weight, frames[3])
+
+    def loss(self, samples, weight=None) -> torch.Tensor:
+        """:meth:`LevelProblem.loss` (the value of the run's loss function, here from the
+        histogram itself); over the samples' own weight the histogram is kept for
+        :meth:`normal_equations`, which in the run always follows on the same samples."""
+        sampled, own = samples
+        if weight is not None:
+            return super().loss(samples, weight)
+        wide = precise(sampled.device)
+        n = sampled.shape[0]
+        with torch.no_grad():
+            warped = sampled[:, 0].reshape(n, -1).to(wide)
+            fixed = self.fixed.reshape(self.fixed.shape[0], -1).expand(n, -1).to(wide)
+            w = own.reshape(own.shape[0], -1).expand(n, -1).to(wide)
+            frames, joint = self._histogram(warped, fixed, w)
+            self._kept = (samples, frames, joint)
+            score = score_of_joint(joint, self.loss_fn.normalize)
+        loss = 2.0 - score if self.loss_fn.normalize else -score
+        return loss.cpu().double()
+
+    def normal_equations(self, samples):
+        """``(H (N, P, P), b (N, P))``, float64 on the CPU, in the model's ``P`` parameters."""
+        fn = self.loss_fn
+        with torch.no_grad():
+            warped, rows, f, weight, chain = self._jacobian_rows(samples)
+            kept = self._kept
+            if kept is not None and kept[0][0] is samples[0] and kept[0][1] is samples[1]:
+                frames, joint = kept[1:]
+            else:
+                frames, joint = self._histogram(warped, f, weight)
+            joint = joint.double()
+        with torch.enable_grad():
+            joint.requires_grad_()
+            (grad_joint,) = torch.autograd.grad(
+                -score_of_joint(joint, fn.normalize).sum(), joint, create_graph=True
+            )
+        with torch.no_grad():
+            first, second = pixel_derivatives(*frames[:3], weight, frames[3], grad_joint.detach())
+            first, second = first.to(rows.dtype), second.to(rows.dtype)
+            gradient = (rows @ first[..., None]).cpu().double()
+            hessian = ((rows * second[:, None]) @ rows.transpose(1, 2)).cpu().double()
+        if warped.shape[1] <= COUPLING_PIXELS:
+            with torch.no_grad():
+                moves = joint_jacobian(
+                    *frames[:3], weight.to(frames[0]), frames[3], rows.to(frames[0])
+                )
+                moves = moves.double()
+            hessian = hessian + _histogram_curvature(joint, grad_joint, moves)
+        with torch.no_grad():
+            hessian = chain.transpose(1, 2) @ hessian @ chain
+            gradient = (chain.transpose(1, 2) @ gradient)[..., 0]
+            values, vectors = torch.linalg.eigh(hessian)
+            floor = 1e-6 * values.abs().amax(-1, keepdim=True)
+            values = torch.maximum(values, floor)
+            hessian = vectors @ torch.diag_embed(values) @ vectors.transpose(1, 2)
+        return hessian, gradient
+
+
+def _histogram_curvature(joint, grad_joint, moves) -> torch.Tensor:
+    """``(∂J/∂θ)ᵀ (∂²L/∂J²) (∂J/∂θ)`` ``(N, Q, Q)``: ``moves`` ``(N, bins, bins, Q)`` the
+    histogram's derivatives, ``grad_joint`` ``∂L/∂J`` built with its graph on ``joint``
+    (a Hessian-vector product per parameter: the histogram is small)."""
+    products = []
+    with torch.enable_grad():
+        for q in range(moves.shape[-1]):
+            (h,) = torch.autograd.grad((grad_joint * moves[..., q]).sum(), joint, retain_graph=True)
+            products.append(h)
+    with torch.no_grad():
+        return torch.einsum("nijq,nijr->nqr", moves, torch.stack(products, -1)).cpu()
+
+
+def level_problem(model, fixed, moving, weight, loss_fn, metric: str) -> LevelProblem:
+    """The :class:`LevelProblem` of ``metric`` (one of :data:`METRICS`)."""
+    kind = MutualInformationProblem if metric == "mi" else LevelProblem
+    return kind(model, fixed, moving, weight, loss_fn, metric)
 
 
 def damped_step(hessian, gradient, damping, p: int) -> torch.Tensor:

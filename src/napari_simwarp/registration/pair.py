@@ -77,11 +77,22 @@ def _prepare_mask(mask, shape, device):
     return m.to(device)[None, None]
 
 
-def prepare_pair(fixed, moving, model, metric, mask, levels, device, grids, smooth=1.0):
+#: σ of the pre-blur of both images, in the fixed image's finest pixels
+PRE_BLUR = 1.0
+#: ... for the linear models with metric "mi": a blur after a non-linear intensity map
+#: smears the relation the joint histogram sees, and moves its optimum (bench_quality's
+#: 2-D multimodal pair: 0.023 px off with σ 1, 0.008 px with ½, 0.006 px with ¼ or 0;
+#: its 3-D pair: 0.032, 0.021, 0.027, 0.027 px; docs/benchmarks.md)
+PRE_BLUR_MI = 0.5
+
+
+def prepare_pair(fixed, moving, model, metric, mask, levels, device, grids, smooth=None):
     """Validate, normalize and build pyramids; returns a dict of what a run needs.
 
     ``grids`` is ``(fixed_spacing, fixed_origin, moving_spacing, moving_origin)`` as the
-    user gave them (checked here against the images' dimensionality).
+    user gave them (checked here against the images' dimensionality). ``smooth``: the
+    pre-blur's σ in the fixed image's finest pixels (default :data:`PRE_BLUR`, or
+    :data:`PRE_BLUR_MI` for a linear model with metric "mi").
 
     The fixed image's pyramid follows its anisotropy (:func:`~.pyramid.shrink_factors`)
     and the moving image's is built to the same pixel sizes. A dense model needs both
@@ -113,10 +124,12 @@ def prepare_pair(fixed, moving, model, metric, mask, levels, device, grids, smoo
     )
     shape, moving_shape = tuple(f.shape), tuple(m.shape)
     unit = min(fixed_grid.spacing)
+    if smooth is None:
+        smooth = PRE_BLUR_MI if metric == "mi" and model in LINEAR_MODELS else PRE_BLUR
     if levels == "auto":
         levels = auto_levels(shape, spacing=fixed_grid.spacing)
     wmask = _prepare_mask(mask, shape, dev)
-    # A light blur of both images (σ: the fixed image's finest pixel size) takes pixel
+    # A light blur of both images (σ: `smooth` fixed-image pixels) takes pixel
     # noise off the gradient and makes bilinear interpolation (exact only for
     # piecewise-linear images) far less biased.
     fn = gaussian_blur(
@@ -523,8 +536,10 @@ def register(
         of a pixel.
     optimizer : {"auto", "gauss-newton", "adam", "lbfgs"}
         auto: Gauss–Newton (Levenberg–Marquardt steps, a few per level) for the linear
-        models with metric "ncc" or "mse" and no landmark term; Adam otherwise (L-BFGS
-        stalls on the kinks bilinear interpolation puts in the loss). "gauss-newton" with
+        models with metric "ncc", "mse" or "mi" (for "mi" the system comes from the
+        derivatives of the Parzen joint histogram, docs/maths.md §6.4) and no landmark
+        term; Adam otherwise (L-BFGS stalls on the kinks bilinear interpolation puts in
+        the loss). "gauss-newton" with
         another model or metric, or with ``landmark_weight > 0``, is refused.
     callback : callable(Progress) -> bool, optional
         Called every ``report_every`` iterations with level, iteration, loss and the best
