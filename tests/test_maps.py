@@ -71,3 +71,67 @@ def test_axes_must_be_said_for_3d_data(pair):
         maps.local_std(pair[0], window=5, axes="ytx")
     with pytest.raises(MemoryError, match="one tile"):
         maps.local_std(pair[0], window=5, axes="tyx", memory_budget="1KiB")
+
+
+@pytest.mark.parametrize("chunks_a, chunks_b", [((5, 7, 30), (5, 7, 30)), ((12, 8, 9), (3, 30, 4))])
+def test_a_volume_at_any_chunking_equals_the_whole_volume(rng, chunks_a, chunks_b):
+    """Tiles thinner than the window (7 and 3 voxels against a 5-wide one) join a
+    neighbor; the two inputs of local NCC may be chunked differently (each tile reads its
+    box of each)."""
+    a = rng.random((12, 30, 33)).astype(np.float32)
+    b = (a + 0.5 * rng.random(a.shape)).astype(np.float32)
+    la, lb = da.from_array(a, chunks=chunks_a), da.from_array(b, chunks=chunks_b)
+    std = maps.local_std(la, window=5, axes="zyx")
+    expected = ops.local_std(torch.from_numpy(a)[None, None], window=5)[0, 0].numpy()
+    np.testing.assert_allclose(std.compute(), expected, atol=1e-6, rtol=0)
+    ncc = maps.local_ncc(la, lb, window=5, axes="zyx")
+    expected = ops.local_ncc(torch.from_numpy(a)[None, None], torch.from_numpy(b)[None, None],
+                             window=5)[0, 0].numpy()  # fmt: skip
+    np.testing.assert_allclose(ncc.compute(), expected, atol=1e-6, rtol=0)
+
+
+_PEAK = """
+import json, sys
+import numpy as np, dask, dask.array as da
+from napari_simwarp import maps
+
+def status(key):  # kB figures of /proc/self/status
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+
+maps.local_std(np.ones((16, 64, 64), np.float32), window=9, axes="zyx")  # warm up
+with open("/proc/self/clear_refs", "w") as f:  # the peak (VmHWM) restarts from here
+    f.write("5")
+base = status("VmRSS:")
+# a 128 x 512 x 512 volume made 16 planes at a time (128 MiB as float32), chunked as a
+# store often is: 64 x 512 x 512
+slab = dask.delayed(lambda z: np.full((16, 512, 512), z, np.uint16), pure=True)
+vol = da.concatenate([da.from_delayed(slab(z), (16, 512, 512), np.uint16) for z in range(8)])
+vol = vol.rechunk((64, 512, 512)).astype(np.float32)
+total = float(maps.local_std(vol, window=9, axes="zyx").sum().compute(scheduler="threads"))
+print(json.dumps({"extra": status("VmHWM:") - base, "total": total}))
+"""
+
+
+def test_a_volume_map_holds_a_few_tiles_not_the_volume():
+    """The tiled map of a lazily made 128 MiB volume in 64 MiB chunks: the process grows
+    by a few tiles (each split to fit ``TILE_WORK_BYTES``) and the chunks they read. A
+    task per chunk took 1.2 to 1.4 GiB here (a tile's working set is 6 to 7 times its
+    box), 10 times the volume. The map is checked against its known value: each 16-plane
+    slab is constant, so the std is nonzero only where a window spans two slabs."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "262144"}
+    out = subprocess.run([sys.executable, "-c", _PEAK], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["extra"] < 4 * 128 * 2**20, got["extra"] / 2**20
+    # plane z's windows span planes z-4..z+4 (reflected at the ends), slab k holding k
+    planes = np.arange(128)
+    window = np.abs(planes[:, None] + np.arange(-4, 5))
+    window = np.where(window > 127, 254 - window, window) // 16
+    assert np.isclose(got["total"], (window.std(axis=1) * 512 * 512).sum(), rtol=1e-4)

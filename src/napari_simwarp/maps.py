@@ -3,8 +3,9 @@
 The operators of :mod:`napari_simwarp.ops` take whole torch tensors; these functions take
 the arrays a viewer or a script holds (NumPy, dask, zarr) and compute the map tile by
 tile, each tile read with a halo of half the window and cropped back (overlap-and-crop,
-dask's ``map_overlap``), so the result equals the whole-array operator. A dask or zarr
-input gives a lazy dask array (nothing is computed until asked); a NumPy input gives NumPy.
+one task per tile reading only its box), so the result equals the whole-array operator.
+A dask or zarr input gives a lazy dask array (nothing is computed until asked); a NumPy
+input gives NumPy.
 
 Which axes are space is said explicitly by ``axes``: a string with one letter per axis,
 ``z``, ``y`` and ``x`` for space (the last two or three axes), anything else (``t``,
@@ -37,6 +38,9 @@ MAPS_PER_PIXEL = {"local_std": 8, "local_ncc": 24, "ssim": 28, "zncc": 24}
 #: default tile side per spatial axis (2-D, 3-D) for NumPy input
 TILE = {2: 1024, 3: 128}
 KINDS = tuple(MAPS_PER_PIXEL)
+#: the working set one tile's task may take unless chunks are given (the default tiling is
+#: split until it fits): a few tasks at once stay well within a GiB
+TILE_WORK_BYTES = 128 * 2**20
 
 
 def local_std(x, *, window, axes=None, normalize=True, padding="reflect", device="cpu", **kw):
@@ -161,22 +165,72 @@ def _tile_chunks(shape, d: int, chunks, halo) -> tuple:
     return lead + tuple(int(c) for c in sizes)
 
 
-def _no_thin_tiles(x, d: int, halo):
-    """``x`` rechunked so that no spatial chunk is thinner than the window (a thin last
-    chunk joins its neighbor): every tile then holds a whole window, as the operators
-    require, and dask's overlap never reaches past a neighbor."""
-    chunks = list(x.chunks)
-    for axis in range(x.ndim - d, x.ndim):
-        least = 2 * halo[axis - (x.ndim - d)] + 1
-        sizes = list(chunks[axis])
+def _no_thin_tiles(chunks, d: int, halo) -> tuple:
+    """``chunks`` (dask's sizes per axis) with no spatial tile thinner than the window (a
+    thin tile joins its neighbor): every tile's box then holds a whole window, as the
+    operators require."""
+    out = list(chunks)
+    for axis in range(len(chunks) - d, len(chunks)):
+        least = 2 * halo[axis - (len(chunks) - d)] + 1
         merged = []
-        for n in sizes:
+        for n in chunks[axis]:
             if merged and (n < least or merged[-1] < least):
                 merged[-1] += n
             else:
                 merged.append(n)
-        chunks[axis] = tuple(merged)
-    return x if tuple(chunks) == x.chunks else x.rechunk(tuple(chunks))
+        out[axis] = tuple(merged)
+    return tuple(out)
+
+
+def _split_to_fit(chunks, d: int, halo, kind: str) -> tuple:
+    """``chunks`` with each spatial tile split evenly (halves, then quarters...) along its
+    longest side until one tile's working set fits :data:`TILE_WORK_BYTES`, sides staying
+    a window wide: a store's chunks (often 64 × 512² or whole planes) would otherwise make
+    tasks of a GiB each, two of them at once on two threads."""
+    lead = len(chunks) - d
+    parts = [1] * d
+
+    def side(a):
+        return -(-max(chunks[lead + a]) // parts[a])
+
+    def work():
+        return math.prod(side(a) + 2 * h for a, h in enumerate(halo)) * 4 * MAPS_PER_PIXEL[kind]
+
+    while work() > TILE_WORK_BYTES:
+        longest = max(range(d), key=side)
+        if side(longest) // 2 < 2 * halo[longest] + 1:
+            break
+        parts[longest] *= 2
+    out = list(chunks)
+    for a, p in enumerate(parts):
+        out[lead + a] = tuple(
+            n // p + (i < n % p) for n in chunks[lead + a] for i in range(p) if n // p + (i < n % p)
+        )
+    return tuple(out)
+
+
+def _output_chunks(arrays, shape, d: int, chunks, halo, kind: str) -> tuple:
+    """The map's chunks: one plane per leading axis; spatially, the lazy input's own
+    chunks (split to fit :data:`TILE_WORK_BYTES`) unless ``chunks`` is given (NumPy input:
+    ``chunks``, or :data:`TILE` split to fit)."""
+    import dask.array as da
+
+    first = next((a for a in arrays if lazy.is_lazy(a)), None)
+    if first is None or chunks is not None:
+        sizes = _tile_chunks(shape, d, chunks, halo)
+    else:
+        own = lazy.as_dask(first).chunks
+        sizes = (1,) * (len(shape) - d) + tuple(own[len(shape) - d :])
+    sizes = da.core.normalize_chunks(sizes, shape)
+    if chunks is None:
+        sizes = _split_to_fit(sizes, d, halo, kind)
+    return _no_thin_tiles(sizes, d, halo)
+
+
+def _tile(kind, boxes, crop, d, device, options) -> np.ndarray:
+    """One tile of the map (a task): the map of its ``boxes`` (the tile and its halo,
+    clipped to the image), cropped back to the tile."""
+    return _compute(kind, boxes, d, device, options)[crop]
 
 
 def tiled(kind, *arrays, window, axes, device="cpu", options, chunks=None, memory_budget=None):
@@ -185,7 +239,14 @@ def tiled(kind, *arrays, window, axes, device="cpu", options, chunks=None, memor
     ``chunks``: the spatial tile shape (NumPy input; default :data:`TILE`) or, for dask and
     zarr input, a new spatial chunking (default: the input's own). ``memory_budget``: one
     tile must fit (checked before anything is read).
+
+    Each tile is one task that reads only its box (the tile widened by the halo, clipped
+    to the image, where the operator's own padding applies as on the whole array) and
+    keeps the tile's part of the map: the input is never rechunked or overlapped as a
+    whole, so computing the map holds a few boxes at a time, whatever its chunking (dask's
+    ``map_overlap`` held the whole overlapped volume: 2.5 GiB for a 0.5 GiB uint16 one).
     """
+    import dask
     import dask.array as da
 
     if kind not in KINDS:
@@ -197,18 +258,10 @@ def tiled(kind, *arrays, window, axes, device="cpu", options, chunks=None, memor
         if lazy.shape_of(a) != shape:
             raise ValueError(f"a and b must have the same shape, got {shape} and {a.shape}")
     d = parse_axes(axes, len(shape))
-    halo = _halo(window, d)
+    halo = (0,) * (len(shape) - d) + _halo(window, d)
     is_lazy = any(lazy.is_lazy(a) for a in arrays)
-    if is_lazy and chunks is None:
-        ins = [lazy.as_dask(a) for a in arrays]
-        ins = [x.rechunk((1,) * (x.ndim - d) + x.chunks[x.ndim - d :]) for x in ins]
-    else:
-        tile = _tile_chunks(shape, d, chunks, halo)
-        ins = [lazy.as_dask(np.asarray(a) if not lazy.is_lazy(a) else a, tile) for a in arrays]
-    ins = [_no_thin_tiles(x, d, halo) for x in ins]
-    biggest = max(
-        math.prod(max(c) + 2 * h for c, h in zip(ins[0].chunks[-d:], halo)), 1
-    ) * math.prod(max(c) for c in ins[0].chunks[:-d])
+    out_chunks = _output_chunks(arrays, shape, d, chunks, halo[len(shape) - d :], kind)
+    biggest = math.prod(max(c) + 2 * h for c, h in zip(out_chunks, halo))
     _budget.refuse(
         biggest * 4 * MAPS_PER_PIXEL[kind],
         _budget.memory_budget(memory_budget),
@@ -216,23 +269,19 @@ def tiled(kind, *arrays, window, axes, device="cpu", options, chunks=None, memor
         advice="choose smaller chunks",
     )
     dtype = np.float64 if np.dtype(arrays[0].dtype) == np.float64 else np.float32
-    depth = {
-        a: (0 if a < len(shape) - d else halo[a - (len(shape) - d)]) for a in range(len(shape))
-    }
-
-    def compute(*blocks):
-        return _compute(kind, blocks, d, device, options)
-
-    out = da.map_overlap(
-        compute,
-        *ins,
-        depth=depth,
-        boundary="none",
-        trim=True,
-        dtype=dtype,
-        meta=np.empty((0,) * len(shape), dtype),
-        align_arrays=True,
-    )
+    sources = [lazy.as_dask(a) if lazy.is_lazy(a) else a for a in arrays]
+    blocks = {}
+    for index, region in lazy.block_regions(out_chunks).items():
+        box = tuple(
+            slice(max(0, s.start - h), min(n, s.stop + h)) for s, h, n in zip(region, halo, shape)
+        )
+        crop = tuple(slice(s.start - b.start, s.stop - b.start) for s, b in zip(region, box))
+        # NumPy input: the box is cut here (a view), so each task carries its own pixels
+        boxes = [src[box] for src in sources]
+        task = dask.delayed(_tile, pure=True)(kind, boxes, crop, d, device, options)
+        size = tuple(s.stop - s.start for s in region)
+        blocks[index] = da.from_delayed(task, shape=size, dtype=dtype)
+    out = lazy.from_blocks(blocks, tuple(len(c) for c in out_chunks))
     return out if is_lazy else out.compute()
 
 

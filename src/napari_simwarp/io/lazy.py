@@ -162,3 +162,24 @@ class ReopenedArray:
         state = dict(self.__dict__)
         state["_array"] = None  # opened again where it is read
         return state
+
+
+def block_regions(chunks) -> dict[tuple[int, ...], tuple[slice, ...]]:
+    """Every block of a dask ``chunks`` tuple (sizes per axis): its index → its region."""
+    starts = [[0, *itertools.accumulate(sizes)] for sizes in chunks]
+    return {
+        index: tuple(slice(s[i], s[i + 1]) for s, i in zip(starts, index))
+        for index in itertools.product(*(range(len(sizes)) for sizes in chunks))
+    }
+
+
+def from_blocks(blocks: dict, counts: tuple[int, ...]):
+    """One dask array of ``blocks`` (block index → dask array), ``counts`` blocks per axis."""
+    import dask.array as da
+
+    def nest(prefix: tuple):
+        if len(prefix) == len(counts):
+            return blocks[prefix]
+        return [nest((*prefix, i)) for i in range(counts[len(prefix)])]
+
+    return da.block(nest(()))

@@ -98,18 +98,13 @@ def _output_chunks(chunks, src, d: int, out_shape) -> tuple[tuple[int, ...], ...
     )
 
 
-def _starts(sizes) -> list[int]:
-    return [0, *itertools.accumulate(sizes)][:-1]
-
-
 def _plans(transform, field, out_chunks, spatial, order) -> dict:
     """Per output chunk (its block index): the output region and the input box to read."""
     d = len(spatial)
     plans = {}
-    for index in itertools.product(*(range(len(c)) for c in out_chunks)):
-        start = [_starts(out_chunks[a])[i] for a, i in enumerate(index)]
-        stop = [s + out_chunks[a][i] for a, (s, i) in enumerate(zip(start, index))]
-        region = tuple(slice(a, b) for a, b in zip(start, stop))
+    for index, region in lazy.block_regions(out_chunks).items():
+        start = [s.start for s in region]
+        stop = [s.stop for s in region]
         if field is None:
             corners = np.array(list(itertools.product(*[(a, b - 1) for a, b in zip(start, stop)])))
             m = transform.matrix
@@ -152,13 +147,7 @@ def _assemble(src, transform, field, plans, out_chunks, d, order, dtype):
     spatial = tuple(src.shape[src.ndim - d :])
     matrix = getattr(transform, "matrix", None)
     blocks = {}
-    for lead_index in itertools.product(*(range(len(c)) for c in lead_chunks)):
-        lead_region = tuple(
-            slice(s, s + lead_chunks[a][i])
-            for a, (s, i) in enumerate(
-                zip((_starts(lead_chunks[a])[i] for a, i in enumerate(lead_index)), lead_index)
-            )
-        )
+    for lead_index, lead_region in lazy.block_regions(lead_chunks).items():
         lead_shape = tuple(s.stop - s.start for s in lead_region)
         for index, (region, box) in plans.items():
             shape = lead_shape + tuple(s.stop - s.start for s in region)
@@ -170,15 +159,8 @@ def _assemble(src, transform, field, plans, out_chunks, d, order, dtype):
                 src[lead_region + box], region, box, spatial, order, matrix, part
             )
             blocks[lead_index + index] = da.from_delayed(task, shape=shape, dtype=dtype)
-    grid = tuple(len(c) for c in lead_chunks) + tuple(len(c) for c in out_chunks)
-    return da.block(_nest(blocks, grid))
-
-
-def _nest(blocks: dict, grid: tuple, prefix: tuple = ()):
-    """The blocks as the nested lists ``dask.array.block`` takes."""
-    if len(prefix) == len(grid):
-        return blocks[prefix]
-    return [_nest(blocks, grid, (*prefix, i)) for i in range(grid[len(prefix)])]
+    counts = tuple(len(c) for c in lead_chunks) + tuple(len(c) for c in out_chunks)
+    return lazy.from_blocks(blocks, counts)
 
 
 def _positions(region, matrix, field_part) -> np.ndarray:
