@@ -348,6 +348,31 @@ def test_result_layers_are_added_before_the_worker_starts(viewer, qtbot, small_p
     np.testing.assert_allclose(registered, w.result.warped)  # then the result replaced it
 
 
+def test_result_layers_stay_on_top_and_keep_their_order_between_runs(
+    viewer, qtbot, small_pair, monkeypatch
+):
+    # A move re-emits the layer list's events (10-15 ms of GUI thread): the results are
+    # moved only above a layer that is not a result, not past each other at every run.
+    fixed, moving, _ = small_pair
+    w, _f, _m = _setup(viewer, fixed, moving, model="affine", iterations=10)
+    _run(qtbot, w)
+    results = ["moving registered", "displacement", "similarity gradient"]
+    names = [layer.name for layer in viewer.layers]
+    order = [n for n in names if n in results]
+    assert set(order) == set(results) and names[-3:] == order
+    moves = []
+    real_move = type(viewer.layers).move
+    monkeypatch.setattr(
+        type(viewer.layers), "move", lambda self, *a: moves.append(a) or real_move(self, *a)
+    )
+    _run(qtbot, w)
+    assert moves == [] and [layer.name for layer in viewer.layers] == names
+    viewer.add_image(fixed, name="newer")  # a newer layer above the results
+    _run(qtbot, w)
+    names = [layer.name for layer in viewer.layers]
+    assert names[-3:] == order and names.index("newer") < names.index(order[0])
+
+
 def test_fixed_equal_to_moving_is_refused_in_the_status_line(viewer, qtbot, camera_crop, errors):
     w, f, _ = _setup(viewer, camera_crop, camera_crop)
     w._moving.value = f

@@ -70,6 +70,9 @@ STEP_MS = 40
 #: least time between two updates of the Vectors layers (napari redraws their thumbnail,
 #: one Python loop per arrow, at each data change: ~85 ms for 1000 arrows)
 VECTORS_MS = 1000
+#: least time between two moves of napari's progress bar (each move runs a nested turn of
+#: the event loop: ``processEvents``, a repaint)
+PROGRESS_MS = 250
 #: the Vectors result layers' style, set once per run (the displacement's length follows
 #: its arrows, see :meth:`RegisterWidget._show`)
 VECTOR_STYLES = {
@@ -195,7 +198,7 @@ class RegisterWidget(WorkerWidget):
         self._styled: set[str] = set()
         self._moving_hidden = False
         self._waiting = None  # the newest snapshot not yet displayed (merged)
-        self._last_vectors = -np.inf
+        self._last_vectors = self._last_progress = -np.inf
         self._display_timer = QTimer()
         self._display_timer.setSingleShot(True)
         self._display_timer.setInterval(DISPLAY_MS)
@@ -318,7 +321,7 @@ class RegisterWidget(WorkerWidget):
         self.snapshots_shown = self.snapshots_received = 0
         self._styled = set()  # result layers whose properties this run has set
         self._moving_hidden = False  # hidden at the first registered image shown
-        self._waiting, self._last_vectors = None, -np.inf
+        self._waiting, self._last_vectors, self._last_progress = None, -np.inf, -np.inf
         self._plot.set_values([])
         # napari's progress bar, advanced by the steps each snapshot covers (snapshots are
         # merged in the worker, so one yield may stand for several steps).
@@ -431,8 +434,12 @@ class RegisterWidget(WorkerWidget):
         def add():
             added = put_layer(self._viewer, kind, name, first, **props)
             layers = self._viewer.layers
-            if layers.index(added) != len(layers) - 1:
-                layers.move(layers.index(added), len(layers))  # results stay on top
+            above = list(layers)[layers.index(added) + 1 :]
+            # Results stay on top: moved only above a layer that is not a result (a move
+            # re-emits the layer list's events, 10-15 ms; results swapping places at each
+            # run cost three per run).
+            if any(layer.name not in self._result_names() for layer in above):
+                layers.move(layers.index(added), len(layers))
 
         def fill():
             layer_by_name(self._viewer, name).data = data
@@ -457,8 +464,7 @@ class RegisterWidget(WorkerWidget):
         got (of that kind) yet, styled, from blank data of the right shape: a zero image
         that takes no memory (a broadcast view), a Vectors layer of one still arrow. The
         snapshots then only assign data."""
-        moving = self._moving_layer
-        name = WARPED_LAYER.format(moving=moving.name if moving is not None else "moving")
+        name = self._warped_name()
         shape = tuple(run.shape) if run.settings.mode == "pair" else tuple(run.moving.shape)
         d = len(shape)  # the arrows' dimension: a stack's have time first
         layers = [("image", name, np.broadcast_to(np.float32(0), shape), self._warped_style())]
@@ -472,6 +478,15 @@ class RegisterWidget(WorkerWidget):
             if not same_kind(layer_by_name(self._viewer, layer_name), kind, data):
                 steps += self._put(kind, layer_name, data, **style)
         return steps
+
+    def _warped_name(self) -> str:
+        """The registered image layer's name (after the run's moving layer)."""
+        moving = self._moving_layer
+        return WARPED_LAYER.format(moving=moving.name if moving is not None else "moving")
+
+    def _result_names(self) -> set[str]:
+        """The names of the layers this widget's runs fill."""
+        return {self._warped_name(), DISPLACEMENT_LAYER, GRADIENT_LAYER}
 
     def _vector_geometry(self, vectors) -> dict:
         """The result geometry for Vectors data ``(n, 2, D)`` (its last D axes)."""
@@ -491,8 +506,10 @@ class RegisterWidget(WorkerWidget):
             self._display_timer.start()
         # Last: napari's bar processes events as it moves (the worker's "finished" may be
         # handled in there), so this snapshot must be queued before.
-        bar = self._progress
-        if bar is not None and snap.step > bar.n:
+        bar, now = self._progress, time.perf_counter()
+        due = snap.final or now - self._last_progress >= PROGRESS_MS / 1000
+        if bar is not None and snap.step > bar.n and due:
+            self._last_progress = now
             bar.update(min(snap.step, bar.total) - bar.n)
 
     def _display_waiting(self):
@@ -550,13 +567,14 @@ class RegisterWidget(WorkerWidget):
 
         steps = [("curve", curve)]
         moving, fixed = self._moving_layer, self._fixed_layer
-        name = WARPED_LAYER.format(moving=moving.name if moving is not None else "moving")
+        name = self._warped_name()
         if snap.warped is not None:
             if not self._moving_hidden and moving is not None and moving is not fixed:
                 self._moving_hidden = True
 
                 def hide_moving():
-                    moving.visible = False  # the registered layer replaces it on screen
+                    if moving.visible:  # a set, even to the same value, refreshes the layer
+                        moving.visible = False  # the registered layer replaces it on screen
 
                 steps.append(("hide moving", hide_moving))
             steps += self._put("image", name, snap.warped, **self._warped_style())
