@@ -373,6 +373,37 @@ def test_result_layers_stay_on_top_and_keep_their_order_between_runs(
     assert names[-3:] == order and names.index("newer") < names.index(order[0])
 
 
+def test_live_snapshots_redraw_in_place_and_never_write_into_a_result(
+    viewer, qtbot, small_pair, monkeypatch
+):
+    # A data assignment re-emits through the layer list and redraws the thumbnail: live
+    # snapshots are copied into the array the run gave the layer, the canvas refreshed.
+    from napari_simwarp._qt import _register
+
+    fixed, moving, _ = small_pair
+    w, _f, _m = _setup(viewer, fixed, moving, model="deformable", iterations=40)
+    settings = w.settings
+    w.settings = lambda: dataclasses.replace(settings(), min_interval=0.0, vectors_interval=0.0)
+    monkeypatch.setattr(_register, "VECTORS_MS", 0)  # arrows at every display too
+    _run(qtbot, w)
+    held = viewer.layers["moving registered"].data
+    first = w.result.warped.copy()
+    in_place = []
+    real = _register.redraw_in_place
+    monkeypatch.setattr(
+        _register,
+        "redraw_in_place",
+        lambda layer, data: in_place.append(layer.name) or real(layer, data),
+    )
+    w._iterations.value = 60
+    _run(qtbot, w)
+    assert in_place.count("moving registered") >= 1
+    assert in_place.count("displacement") >= 1
+    np.testing.assert_array_equal(held, first)  # the first run's result is untouched
+    shown = viewer.layers["moving registered"].data
+    np.testing.assert_array_equal(shown, w.result.warped)  # the final snapshot: the result
+
+
 def test_fixed_equal_to_moving_is_refused_in_the_status_line(viewer, qtbot, camera_crop, errors):
     w, f, _ = _setup(viewer, camera_crop, camera_crop)
     w._moving.value = f

@@ -60,6 +60,29 @@ def put_layer(viewer, kind: str, name: str, data, like=None, **props):
     return layer
 
 
+def redraw_in_place(layer, data) -> bool:
+    """Copy ``data`` into ``layer.data`` (an array of the same shape) and redraw the layer's
+    slice on the canvas only: no thumbnail (a Vectors thumbnail is a Python loop per
+    arrow), no extent, no ``data`` event (each one re-emits through the layer list's Qt
+    model and recomputes the viewer's dims). For a live display of many updates that
+    ends with a plain ``layer.data = ...``. False (nothing done) when ``layer.data`` is
+    not a writable NumPy array of ``data``'s shape."""
+    target = layer.data
+    if not (
+        isinstance(target, np.ndarray)
+        and isinstance(data, np.ndarray)
+        and target.shape == data.shape
+        and target.flags.writeable
+    ):
+        return False
+    np.copyto(target, data, casting="same_kind")
+    try:
+        layer.refresh(thumbnail=False, extent=False, highlight=False)
+    except TypeError:  # napari before these keywords: a whole refresh
+        layer.refresh()
+    return True
+
+
 def _differs(current, value) -> bool:
     """Whether a layer property holding ``current`` must be set to ``value``: a colormap
     compares by name, per-item colours with the colour named, arrays by their values,

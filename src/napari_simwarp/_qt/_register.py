@@ -52,6 +52,7 @@ from ._common import (
     on_destroyed,
     plane_geometry,
     put_layer,
+    redraw_in_place,
     remove_layer,
     same_kind,
     start_worker,
@@ -196,6 +197,7 @@ class RegisterWidget(WorkerWidget):
         self.snapshots_shown = 0  # displays (several snapshots may merge into one)
         self.snapshots_received = 0  # snapshots from the worker
         self._styled: set[str] = set()
+        self._buffers: dict[str, np.ndarray] = {}
         self._moving_hidden = False
         self._waiting = None  # the newest snapshot not yet displayed (merged)
         self._last_vectors = self._last_progress = -np.inf
@@ -320,6 +322,7 @@ class RegisterWidget(WorkerWidget):
             remove_layer(self._viewer, GRADIENT_LAYER)
         self.snapshots_shown = self.snapshots_received = 0
         self._styled = set()  # result layers whose properties this run has set
+        self._buffers = {}  # result layer name -> the array this run gave it, refilled
         self._moving_hidden = False  # hidden at the first registered image shown
         self._waiting, self._last_vectors, self._last_progress = None, -np.inf, -np.inf
         self._plot.set_values([])
@@ -407,7 +410,7 @@ class RegisterWidget(WorkerWidget):
         )
         self._affine_btn.enabled = linear
 
-    def _put(self, kind: str, name: str, data, **props) -> list:
+    def _put(self, kind: str, name: str, data, final: bool = False, **props) -> list:
         """The display steps that show ``data`` in the result layer ``name``.
 
         Its properties (geometry, colours, widths) are set on the run's first snapshot
@@ -415,12 +418,24 @@ class RegisterWidget(WorkerWidget):
         redrew the layer each time). A Vectors layer is made with one arrow and its style,
         and given its arrows in a second step: napari draws its thumbnail (a Python loop
         per arrow) at each of the construction's refreshes.
+
+        During the run, data of the shape the layer holds is copied into the array this
+        run gave the layer and only the canvas is refreshed (:func:`redraw_in_place`: no
+        thumbnail, no extent, no layer-list events); the ``final`` snapshot's data is
+        assigned (the layer then holds the result's own array, thumbnail updated).
         """
         layer = layer_by_name(self._viewer, name)
         if name in self._styled and same_kind(layer, kind, data):
 
             def assign():
-                layer.data = data
+                own = self._buffers.pop(name, None)
+                live = not final and isinstance(data, np.ndarray)  # not a lazy stack
+                if live and own is not None and layer.data is own and redraw_in_place(layer, data):
+                    self._buffers[name] = own
+                    return
+                layer.data = data.copy() if live else data
+                if live and isinstance(layer.data, np.ndarray):
+                    self._buffers[name] = layer.data  # a copy: the next snapshots fill it
 
             return [(f"data {name}", assign)]
         self._styled.add(name)
@@ -577,7 +592,7 @@ class RegisterWidget(WorkerWidget):
                         moving.visible = False  # the registered layer replaces it on screen
 
                 steps.append(("hide moving", hide_moving))
-            steps += self._put("image", name, snap.warped, **self._warped_style())
+            steps += self._put("image", name, snap.warped, final=snap.final, **self._warped_style())
         if snap.displacement is not None:
             # Display length: the longest arrow spans about one grid cell (data unscaled);
             # re-set only when it changes by more than half (a property set redraws).
@@ -592,6 +607,7 @@ class RegisterWidget(WorkerWidget):
                 "vectors",
                 DISPLACEMENT_LAYER,
                 snap.displacement,
+                final=snap.final,
                 **self._vector_geometry(snap.displacement),
                 **VECTOR_STYLES[DISPLACEMENT_LAYER],
                 length=length,
@@ -608,6 +624,7 @@ class RegisterWidget(WorkerWidget):
                 "vectors",
                 GRADIENT_LAYER,
                 snap.gradient,
+                final=snap.final,
                 **self._vector_geometry(snap.gradient),
                 **VECTOR_STYLES[GRADIENT_LAYER],
             )
