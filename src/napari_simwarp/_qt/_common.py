@@ -190,19 +190,65 @@ class BackendLabel(Label):
             self.value = f"device: ? ({exc})"
 
 
-def start_worker(worker) -> None:
+#: workers started by :func:`start_worker` and not yet ended -> a callable that asks
+#: their computation to end early (None: it cannot be interrupted)
+_RUNNING: dict = {}
+
+
+def start_worker(worker, stop=None) -> None:
     """Start ``worker`` and note, from its own thread, when it has ended (see
-    :func:`wait_for`)."""
+    :func:`wait_for`). ``stop``: a callable that makes the computation end early (a
+    registration's :meth:`~..widgets_logic.registration.RegistrationRun.abort`), used
+    if Python exits while the worker runs (:func:`end_workers_at_exit`)."""
     import threading
 
     from qtpy.QtCore import Qt
 
     done = threading.Event()
+
+    def ended():
+        done.set()
+        _RUNNING.pop(worker, None)
+
     # Direct: set in the worker's thread as it finishes, even while the GUI thread is
     # busy closing (a queued signal would wait for the event loop).
-    worker.finished.connect(done.set, type=Qt.ConnectionType.DirectConnection)
+    worker.finished.connect(ended, type=Qt.ConnectionType.DirectConnection)
     worker._simwarp_done = done
+    if not _RUNNING:
+        _register_exit_hook()
+    _RUNNING[worker] = stop
     worker.start()
+
+
+def _register_exit_hook() -> None:
+    import atexit
+
+    atexit.unregister(end_workers_at_exit)  # once
+    atexit.register(end_workers_at_exit)
+
+
+def end_workers_at_exit(seconds: float = 5.0) -> None:
+    """Ask every worker still running to end and wait (bounded) until they have.
+
+    Run by :mod:`atexit` when a script leaves Python (its end, ``sys.exit`` or an
+    exception) while a widget computes: a worker thread still running Python while the
+    interpreter and Qt's objects are torn down crashed the process (exit 139, or an
+    abort on "WorkerBaseSignals has been deleted"). Registered after Qt's own exit
+    handlers, it runs before them.
+    """
+    import time
+
+    workers = list(_RUNNING.items())
+    for worker, stop in workers:
+        with contextlib.suppress(Exception):
+            if stop is not None:
+                stop()
+            worker.quit()
+    deadline = time.monotonic() + seconds
+    for worker, _ in workers:
+        done = getattr(worker, "_simwarp_done", None)
+        if done is not None:
+            done.wait(max(0.0, deadline - time.monotonic()))
 
 
 def wait_for(worker, msecs: int = 10000) -> None:

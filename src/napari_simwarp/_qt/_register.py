@@ -338,7 +338,7 @@ class RegisterWidget(WorkerWidget):
 
         def start():
             self._worker = worker
-            start_worker(worker)
+            start_worker(worker, stop=run.abort)
 
         # The result layers a session does not have yet are added first, one per turn of
         # the event loop, and the worker started after them: napari's add_image and
@@ -787,7 +787,7 @@ def _contrasting(fixed) -> str:
 
 
 def _stop_run(widget) -> None:
-    """Stop the registration loop itself (its generator), not only the worker thread, and
+    """Abort the registration loop itself (its generator), not only the worker thread, and
     the display timer (snapshots still queued are then dropped by ``_closed``)."""
     widget._waiting = None
     widget._steps.clear()
@@ -799,4 +799,4 @@ def _stop_run(widget) -> None:
         widget._display_timer.stop()
         widget._step_timer.stop()
     if widget._run is not None:
-        widget._run.stop()
+        widget._run.abort()  # no result wanted: end at the next progress report
