@@ -88,18 +88,23 @@ SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("what", ["viewer", "quit", "widgets"])
-def test_closing_mid_run_exits_cleanly(what, tmp_path):
+def _run_script(cwd, *args):
+    """The script in a fresh process: its result and its stdout + stderr."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, what],
+        [sys.executable, "-c", SCRIPT, *args],
         capture_output=True,
         text=True,
         timeout=300,
         env=env,
-        cwd=tmp_path,
+        cwd=cwd,
     )
-    out = proc.stdout + proc.stderr
+    return proc, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("what", ["viewer", "quit", "widgets"])
+def test_closing_mid_run_exits_cleanly(what, tmp_path):
+    proc, out = _run_script(tmp_path, what)
     assert proc.returncode == 0, out[-3000:]
     assert "closed cleanly" in proc.stdout, out[-3000:]
     assert "has been deleted" not in out, out[-3000:]
@@ -112,16 +117,7 @@ def test_leaving_python_mid_run_ends_the_workers_first(how, code, tmp_path):
     # before the exit hook). The registrations and a similarity map run; the template
     # matching is left out: with it a segmentation fault at teardown remains (exit 139,
     # about one run in three, with none of our workers running then: not ours to fix here).
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, how, "reg,drift,sim"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=tmp_path,
-    )
-    out = proc.stdout + proc.stderr
+    proc, out = _run_script(tmp_path, how, "reg,drift,sim")
     assert proc.returncode == code, out[-3000:]
     assert "has been deleted" not in out, out[-3000:]
     if how == "raise":
