@@ -328,13 +328,13 @@ def test_result_layers_are_added_before_the_worker_starts(viewer, qtbot, small_p
     seen = {}
     real = _register.start_worker
 
-    def start(worker):
+    def start(worker, **kwargs):
         for name in ("moving registered", "displacement", "similarity gradient"):
             # napari's LayerList has no .get()
             layer = viewer.layers[name] if name in viewer.layers else None  # noqa: SIM401
             seen[name] = None if layer is None else (type(layer).__name__, layer.data.shape)
         seen["limits"] = tuple(viewer.layers["moving registered"].contrast_limits)
-        real(worker)
+        real(worker, **kwargs)
 
     monkeypatch.setattr(_register, "start_worker", start)
     w, _f, m = _setup(viewer, fixed, moving, model="affine", iterations=20)
