@@ -125,8 +125,11 @@ def register_widget_vs_api(report, pairs: int = 7) -> None:
         "drawn). Live display: warped image at most every 200 ms, arrows every 1 s (the "
         "first one second into the run), displays coalesced to one per 100 ms, drawn as "
         "steps (one per layer) in batches of at most 40 ms per turn of the event loop; "
-        "result layers styled once per run, then only their data assigned; snapshots "
-        "without display data merged in the worker. Was 7-27x (issue 13).",
+        "result layers styled once per run, then live snapshots copied into the layers' "
+        "arrays with only the canvas refreshed (no thumbnail, extent or layer-list "
+        "events; the final snapshot assigned); the progress bar moved at most every "
+        "250 ms; snapshots without display data merged in the worker. Was 7-27x "
+        "(issue 13).",
     )
     viewer.close()
 

@@ -328,13 +328,13 @@ def test_result_layers_are_added_before_the_worker_starts(viewer, qtbot, small_p
     seen = {}
     real = _register.start_worker
 
-    def start(worker):
+    def start(worker, **kwargs):
         for name in ("moving registered", "displacement", "similarity gradient"):
             # napari's LayerList has no .get()
             layer = viewer.layers[name] if name in viewer.layers else None  # noqa: SIM401
             seen[name] = None if layer is None else (type(layer).__name__, layer.data.shape)
         seen["limits"] = tuple(viewer.layers["moving registered"].contrast_limits)
-        real(worker)
+        real(worker, **kwargs)
 
     monkeypatch.setattr(_register, "start_worker", start)
     w, _f, m = _setup(viewer, fixed, moving, model="affine", iterations=20)
@@ -346,6 +346,62 @@ def test_result_layers_are_added_before_the_worker_starts(viewer, qtbot, small_p
     assert seen["limits"] == (0.1, 0.7)  # the moving layer's, none computed on the blank
     registered = viewer.layers["moving registered"].data
     np.testing.assert_allclose(registered, w.result.warped)  # then the result replaced it
+
+
+def test_result_layers_stay_on_top_and_keep_their_order_between_runs(
+    viewer, qtbot, small_pair, monkeypatch
+):
+    # A move re-emits the layer list's events (10-15 ms of GUI thread): the results are
+    # moved only above a layer that is not a result, not past each other at every run.
+    fixed, moving, _ = small_pair
+    w, _f, _m = _setup(viewer, fixed, moving, model="affine", iterations=10)
+    _run(qtbot, w)
+    results = ["moving registered", "displacement", "similarity gradient"]
+    names = [layer.name for layer in viewer.layers]
+    order = [n for n in names if n in results]
+    assert set(order) == set(results) and names[-3:] == order
+    moves = []
+    real_move = type(viewer.layers).move
+    monkeypatch.setattr(
+        type(viewer.layers), "move", lambda self, *a: moves.append(a) or real_move(self, *a)
+    )
+    _run(qtbot, w)
+    assert moves == [] and [layer.name for layer in viewer.layers] == names
+    viewer.add_image(fixed, name="newer")  # a newer layer above the results
+    _run(qtbot, w)
+    names = [layer.name for layer in viewer.layers]
+    assert names[-3:] == order and names.index("newer") < names.index(order[0])
+
+
+def test_live_snapshots_redraw_in_place_and_never_write_into_a_result(
+    viewer, qtbot, small_pair, monkeypatch
+):
+    # A data assignment re-emits through the layer list and redraws the thumbnail: live
+    # snapshots are copied into the array the run gave the layer, the canvas refreshed.
+    from napari_simwarp._qt import _register
+
+    fixed, moving, _ = small_pair
+    w, _f, _m = _setup(viewer, fixed, moving, model="deformable", iterations=40)
+    settings = w.settings
+    w.settings = lambda: dataclasses.replace(settings(), min_interval=0.0, vectors_interval=0.0)
+    monkeypatch.setattr(_register, "VECTORS_MS", 0)  # arrows at every display too
+    _run(qtbot, w)
+    held = viewer.layers["moving registered"].data
+    first = w.result.warped.copy()
+    in_place = []
+    real = _register.redraw_in_place
+    monkeypatch.setattr(
+        _register,
+        "redraw_in_place",
+        lambda layer, data: in_place.append(layer.name) or real(layer, data),
+    )
+    w._iterations.value = 60
+    _run(qtbot, w)
+    assert in_place.count("moving registered") >= 1
+    assert in_place.count("displacement") >= 1
+    np.testing.assert_array_equal(held, first)  # the first run's result is untouched
+    shown = viewer.layers["moving registered"].data
+    np.testing.assert_array_equal(shown, w.result.warped)  # the final snapshot: the result
 
 
 def test_fixed_equal_to_moving_is_refused_in_the_status_line(viewer, qtbot, camera_crop, errors):

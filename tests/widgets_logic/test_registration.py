@@ -28,6 +28,23 @@ def test_pair_snapshots_and_stop():
     assert len(rest) <= 3
 
 
+def test_abort_ends_the_run_at_the_next_report_with_no_result():
+    # A closing viewer wants the run over, not finished: no final level, no result.
+    fixed, moving, _ = data.deformed_pair()
+    run = RegistrationRun(
+        fixed, moving, RunSettings(model="deformable", iterations=500, report_every=1)
+    )
+    reports = []
+    real = run._snapshot
+    run._snapshot = lambda progress, fill: reports.append(progress.level) or real(progress, fill)
+    gen = run.snapshots()
+    next(gen)
+    run.abort()
+    rest = list(gen)
+    assert rest == [] and run.result is None and run.stopping
+    assert len(reports) <= 2 and reports[-1] == 0  # still on the coarsest level
+
+
 def test_stack_snapshots():
     stack, shifts = data.drifting_timelapse(frames=4, size=64)
     run = RegistrationRun(None, stack, RunSettings(mode="stack", model="translation"))

@@ -60,6 +60,29 @@ def put_layer(viewer, kind: str, name: str, data, like=None, **props):
     return layer
 
 
+def redraw_in_place(layer, data) -> bool:
+    """Copy ``data`` into ``layer.data`` (an array of the same shape) and redraw the layer's
+    slice on the canvas only: no thumbnail (a Vectors thumbnail is a Python loop per
+    arrow), no extent, no ``data`` event (each one re-emits through the layer list's Qt
+    model and recomputes the viewer's dims). For a live display of many updates that
+    ends with a plain ``layer.data = ...``. False (nothing done) when ``layer.data`` is
+    not a writable NumPy array of ``data``'s shape."""
+    target = layer.data
+    if not (
+        isinstance(target, np.ndarray)
+        and isinstance(data, np.ndarray)
+        and target.shape == data.shape
+        and target.flags.writeable
+    ):
+        return False
+    np.copyto(target, data, casting="same_kind")
+    try:
+        layer.refresh(thumbnail=False, extent=False, highlight=False)
+    except TypeError:  # napari before these keywords: a whole refresh
+        layer.refresh()
+    return True
+
+
 def _differs(current, value) -> bool:
     """Whether a layer property holding ``current`` must be set to ``value``: a colormap
     compares by name, per-item colours with the colour named, arrays by their values,
@@ -167,19 +190,65 @@ class BackendLabel(Label):
             self.value = f"device: ? ({exc})"
 
 
-def start_worker(worker) -> None:
+#: workers started by :func:`start_worker` and not yet ended -> a callable that asks
+#: their computation to end early (None: it cannot be interrupted)
+_RUNNING: dict = {}
+
+
+def start_worker(worker, stop=None) -> None:
     """Start ``worker`` and note, from its own thread, when it has ended (see
-    :func:`wait_for`)."""
+    :func:`wait_for`). ``stop``: a callable that makes the computation end early (a
+    registration's :meth:`~..widgets_logic.registration.RegistrationRun.abort`), used
+    if Python exits while the worker runs (:func:`end_workers_at_exit`)."""
     import threading
 
     from qtpy.QtCore import Qt
 
     done = threading.Event()
+
+    def ended():
+        done.set()
+        _RUNNING.pop(worker, None)
+
     # Direct: set in the worker's thread as it finishes, even while the GUI thread is
     # busy closing (a queued signal would wait for the event loop).
-    worker.finished.connect(done.set, type=Qt.ConnectionType.DirectConnection)
+    worker.finished.connect(ended, type=Qt.ConnectionType.DirectConnection)
     worker._simwarp_done = done
+    if not _RUNNING:
+        _register_exit_hook()
+    _RUNNING[worker] = stop
     worker.start()
+
+
+def _register_exit_hook() -> None:
+    import atexit
+
+    atexit.unregister(end_workers_at_exit)  # once
+    atexit.register(end_workers_at_exit)
+
+
+def end_workers_at_exit(seconds: float = 5.0) -> None:
+    """Ask every worker still running to end and wait (bounded) until they have.
+
+    Run by :mod:`atexit` when a script leaves Python (its end, ``sys.exit`` or an
+    exception) while a widget computes: a worker thread still running Python while the
+    interpreter and Qt's objects are torn down crashed the process (exit 139, or an
+    abort on "WorkerBaseSignals has been deleted"). Registered after Qt's own exit
+    handlers, it runs before them.
+    """
+    import time
+
+    workers = list(_RUNNING.items())
+    for worker, stop in workers:
+        with contextlib.suppress(Exception):
+            if stop is not None:
+                stop()
+            worker.quit()
+    deadline = time.monotonic() + seconds
+    for worker, _ in workers:
+        done = getattr(worker, "_simwarp_done", None)
+        if done is not None:
+            done.wait(max(0.0, deadline - time.monotonic()))
 
 
 def wait_for(worker, msecs: int = 10000) -> None:

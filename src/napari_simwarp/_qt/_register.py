@@ -52,6 +52,7 @@ from ._common import (
     on_destroyed,
     plane_geometry,
     put_layer,
+    redraw_in_place,
     remove_layer,
     same_kind,
     start_worker,
@@ -70,6 +71,9 @@ STEP_MS = 40
 #: least time between two updates of the Vectors layers (napari redraws their thumbnail,
 #: one Python loop per arrow, at each data change: ~85 ms for 1000 arrows)
 VECTORS_MS = 1000
+#: least time between two moves of napari's progress bar (each move runs a nested turn of
+#: the event loop: ``processEvents``, a repaint)
+PROGRESS_MS = 250
 #: the Vectors result layers' style, set once per run (the displacement's length follows
 #: its arrows, see :meth:`RegisterWidget._show`)
 VECTOR_STYLES = {
@@ -193,9 +197,10 @@ class RegisterWidget(WorkerWidget):
         self.snapshots_shown = 0  # displays (several snapshots may merge into one)
         self.snapshots_received = 0  # snapshots from the worker
         self._styled: set[str] = set()
+        self._buffers: dict[str, np.ndarray] = {}
         self._moving_hidden = False
         self._waiting = None  # the newest snapshot not yet displayed (merged)
-        self._last_vectors = -np.inf
+        self._last_vectors = self._last_progress = -np.inf
         self._display_timer = QTimer()
         self._display_timer.setSingleShot(True)
         self._display_timer.setInterval(DISPLAY_MS)
@@ -317,8 +322,9 @@ class RegisterWidget(WorkerWidget):
             remove_layer(self._viewer, GRADIENT_LAYER)
         self.snapshots_shown = self.snapshots_received = 0
         self._styled = set()  # result layers whose properties this run has set
+        self._buffers = {}  # result layer name -> the array this run gave it, refilled
         self._moving_hidden = False  # hidden at the first registered image shown
-        self._waiting, self._last_vectors = None, -np.inf
+        self._waiting, self._last_vectors, self._last_progress = None, -np.inf, -np.inf
         self._plot.set_values([])
         # napari's progress bar, advanced by the steps each snapshot covers (snapshots are
         # merged in the worker, so one yield may stand for several steps).
@@ -332,7 +338,7 @@ class RegisterWidget(WorkerWidget):
 
         def start():
             self._worker = worker
-            start_worker(worker)
+            start_worker(worker, stop=run.abort)
 
         # The result layers a session does not have yet are added first, one per turn of
         # the event loop, and the worker started after them: napari's add_image and
@@ -404,7 +410,7 @@ class RegisterWidget(WorkerWidget):
         )
         self._affine_btn.enabled = linear
 
-    def _put(self, kind: str, name: str, data, **props) -> list:
+    def _put(self, kind: str, name: str, data, final: bool = False, **props) -> list:
         """The display steps that show ``data`` in the result layer ``name``.
 
         Its properties (geometry, colours, widths) are set on the run's first snapshot
@@ -412,12 +418,24 @@ class RegisterWidget(WorkerWidget):
         redrew the layer each time). A Vectors layer is made with one arrow and its style,
         and given its arrows in a second step: napari draws its thumbnail (a Python loop
         per arrow) at each of the construction's refreshes.
+
+        During the run, data of the shape the layer holds is copied into the array this
+        run gave the layer and only the canvas is refreshed (:func:`redraw_in_place`: no
+        thumbnail, no extent, no layer-list events); the ``final`` snapshot's data is
+        assigned (the layer then holds the result's own array, thumbnail updated).
         """
         layer = layer_by_name(self._viewer, name)
         if name in self._styled and same_kind(layer, kind, data):
 
             def assign():
-                layer.data = data
+                own = self._buffers.pop(name, None)
+                live = not final and isinstance(data, np.ndarray)  # not a lazy stack
+                if live and own is not None and layer.data is own and redraw_in_place(layer, data):
+                    self._buffers[name] = own
+                    return
+                layer.data = data.copy() if live else data
+                if live and isinstance(layer.data, np.ndarray):
+                    self._buffers[name] = layer.data  # a copy: the next snapshots fill it
 
             return [(f"data {name}", assign)]
         self._styled.add(name)
@@ -431,8 +449,12 @@ class RegisterWidget(WorkerWidget):
         def add():
             added = put_layer(self._viewer, kind, name, first, **props)
             layers = self._viewer.layers
-            if layers.index(added) != len(layers) - 1:
-                layers.move(layers.index(added), len(layers))  # results stay on top
+            above = list(layers)[layers.index(added) + 1 :]
+            # Results stay on top: moved only above a layer that is not a result (a move
+            # re-emits the layer list's events, 10-15 ms; results swapping places at each
+            # run cost three per run).
+            if any(layer.name not in self._result_names() for layer in above):
+                layers.move(layers.index(added), len(layers))
 
         def fill():
             layer_by_name(self._viewer, name).data = data
@@ -457,8 +479,7 @@ class RegisterWidget(WorkerWidget):
         got (of that kind) yet, styled, from blank data of the right shape: a zero image
         that takes no memory (a broadcast view), a Vectors layer of one still arrow. The
         snapshots then only assign data."""
-        moving = self._moving_layer
-        name = WARPED_LAYER.format(moving=moving.name if moving is not None else "moving")
+        name = self._warped_name()
         shape = tuple(run.shape) if run.settings.mode == "pair" else tuple(run.moving.shape)
         d = len(shape)  # the arrows' dimension: a stack's have time first
         layers = [("image", name, np.broadcast_to(np.float32(0), shape), self._warped_style())]
@@ -472,6 +493,15 @@ class RegisterWidget(WorkerWidget):
             if not same_kind(layer_by_name(self._viewer, layer_name), kind, data):
                 steps += self._put(kind, layer_name, data, **style)
         return steps
+
+    def _warped_name(self) -> str:
+        """The registered image layer's name (after the run's moving layer)."""
+        moving = self._moving_layer
+        return WARPED_LAYER.format(moving=moving.name if moving is not None else "moving")
+
+    def _result_names(self) -> set[str]:
+        """The names of the layers this widget's runs fill."""
+        return {self._warped_name(), DISPLACEMENT_LAYER, GRADIENT_LAYER}
 
     def _vector_geometry(self, vectors) -> dict:
         """The result geometry for Vectors data ``(n, 2, D)`` (its last D axes)."""
@@ -491,8 +521,10 @@ class RegisterWidget(WorkerWidget):
             self._display_timer.start()
         # Last: napari's bar processes events as it moves (the worker's "finished" may be
         # handled in there), so this snapshot must be queued before.
-        bar = self._progress
-        if bar is not None and snap.step > bar.n:
+        bar, now = self._progress, time.perf_counter()
+        due = snap.final or now - self._last_progress >= PROGRESS_MS / 1000
+        if bar is not None and snap.step > bar.n and due:
+            self._last_progress = now
             bar.update(min(snap.step, bar.total) - bar.n)
 
     def _display_waiting(self):
@@ -550,16 +582,17 @@ class RegisterWidget(WorkerWidget):
 
         steps = [("curve", curve)]
         moving, fixed = self._moving_layer, self._fixed_layer
-        name = WARPED_LAYER.format(moving=moving.name if moving is not None else "moving")
+        name = self._warped_name()
         if snap.warped is not None:
             if not self._moving_hidden and moving is not None and moving is not fixed:
                 self._moving_hidden = True
 
                 def hide_moving():
-                    moving.visible = False  # the registered layer replaces it on screen
+                    if moving.visible:  # a set, even to the same value, refreshes the layer
+                        moving.visible = False  # the registered layer replaces it on screen
 
                 steps.append(("hide moving", hide_moving))
-            steps += self._put("image", name, snap.warped, **self._warped_style())
+            steps += self._put("image", name, snap.warped, final=snap.final, **self._warped_style())
         if snap.displacement is not None:
             # Display length: the longest arrow spans about one grid cell (data unscaled);
             # re-set only when it changes by more than half (a property set redraws).
@@ -574,6 +607,7 @@ class RegisterWidget(WorkerWidget):
                 "vectors",
                 DISPLACEMENT_LAYER,
                 snap.displacement,
+                final=snap.final,
                 **self._vector_geometry(snap.displacement),
                 **VECTOR_STYLES[DISPLACEMENT_LAYER],
                 length=length,
@@ -590,6 +624,7 @@ class RegisterWidget(WorkerWidget):
                 "vectors",
                 GRADIENT_LAYER,
                 snap.gradient,
+                final=snap.final,
                 **self._vector_geometry(snap.gradient),
                 **VECTOR_STYLES[GRADIENT_LAYER],
             )
@@ -752,7 +787,7 @@ def _contrasting(fixed) -> str:
 
 
 def _stop_run(widget) -> None:
-    """Stop the registration loop itself (its generator), not only the worker thread, and
+    """Abort the registration loop itself (its generator), not only the worker thread, and
     the display timer (snapshots still queued are then dropped by ``_closed``)."""
     widget._waiting = None
     widget._steps.clear()
@@ -764,4 +799,4 @@ def _stop_run(widget) -> None:
         widget._display_timer.stop()
         widget._step_timer.stop()
     if widget._run is not None:
-        widget._run.stop()
+        widget._run.abort()  # no result wanted: end at the next progress report

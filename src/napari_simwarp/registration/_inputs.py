@@ -79,10 +79,11 @@ def robust_range(t: torch.Tensor, name: str, low: float = 0.5, high: float = 99.
     """
     flat = t.reshape(-1)
     step = max(1, flat.numel() // 200_000)
-    sample = flat[::step].double()
-    lo, hi = torch.quantile(
-        sample, torch.tensor([low / 100, high / 100], dtype=torch.float64, device=sample.device)
-    ).tolist()
+    sample = flat[::step].detach().double().cpu().numpy()
+    # NumPy's quantile (a partial sort, the same linear interpolation as torch.quantile's
+    # default): torch.quantile sorts the whole sample, 15 ms against 1-2 ms at 512², paid
+    # once per image by every run and by the widget's similarity-gradient display.
+    lo, hi = (float(v) for v in np.quantile(sample, [low / 100, high / 100]))
     if not hi > lo:
         lo, hi = float(t.min()), float(t.max())
     if not hi > lo:

@@ -191,6 +191,7 @@ class RegistrationRun:
         self.losses: list[float] = []
         self.loss_levels: list[int] = []
         self._stop = threading.Event()
+        self._abort = threading.Event()
         self._normalized = None
         #: drift correction: the stack frame the viewer is on, the one frame the live
         #: display warps (set from the GUI thread when the user moves the slider)
@@ -266,6 +267,18 @@ class RegistrationRun:
         """Ask the run to end within one iteration (the best result so far is kept)."""
         self._stop.set()
 
+    def abort(self) -> None:
+        """End the run at the engine's next progress report, with no result: the engine's
+        generator is closed there (nothing is computed after it, nothing is kept), and
+        :meth:`snapshots` yields no final snapshot. For a closing viewer or widget, whose
+        run must end within a second, not finish its last level."""
+        self._abort.set()
+        self._stop.set()
+
+    @property
+    def aborted(self) -> bool:
+        return self._abort.is_set()
+
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
@@ -295,7 +308,8 @@ class RegistrationRun:
 
     # -- snapshots -------------------------------------------------------------------------
     def snapshots(self):
-        """Yield :class:`Snapshot` s; the last one has ``final=True`` (``self.result`` set)."""
+        """Yield :class:`Snapshot` s; the last one has ``final=True`` (``self.result`` set),
+        unless the run was :meth:`abort` ed."""
         from ..registration import register_iter, register_stack_iter
 
         if _is_plane(self.fixed):  # a lazy or multiscale layer's plane: read here, once
@@ -316,9 +330,12 @@ class RegistrationRun:
                 self.moving, reference=self.settings.reference, **self._engine_kwargs()
             )
             fill = self._fill_stack_progress
-        res = self.result = yield from self._coalesced(
+        res = yield from self._coalesced(
             relay(run, lambda p: self._snapshot(p, fill), self._stop.is_set)
         )
+        if self.aborted:
+            return
+        self.result = res
         history = [float(v) for v in res.loss_history]
         last_level = self.loss_levels[-1] if self.loss_levels else 0
         snap = Snapshot(
@@ -350,10 +367,14 @@ class RegistrationRun:
         interval, pending, last = self.settings.yield_interval, None, -np.inf
         try:
             while True:
+                if self.aborted:  # the finally closes the engine's generator where it is
+                    return None
                 try:
                     snap = next(snapshots)
                 except StopIteration as done:
                     return done.value
+                if self.aborted:
+                    return None
                 pending = snap.merged_into(pending)
                 now = time.perf_counter()
                 heavy = any(

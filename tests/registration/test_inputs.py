@@ -1,0 +1,36 @@
+"""Input coercion of the registration engine: the robust intensity range."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from napari_simwarp.registration._inputs import normalize, robust_range
+
+
+@pytest.mark.parametrize("n", [1000, 262_144, 1_000_003])
+def test_robust_range_matches_torch_quantile_on_the_same_sample(n):
+    rng = np.random.default_rng(n)
+    t = torch.from_numpy(rng.gamma(2.0, 3.0, n).astype(np.float32))
+    step = max(1, n // 200_000)  # the documented subsample: every step-th value
+    sample = t[::step].double()
+    expected = torch.quantile(sample, torch.tensor([0.005, 0.995], dtype=torch.float64))
+    lo, hi = robust_range(t, "image")
+    np.testing.assert_allclose([lo, hi], expected.numpy(), rtol=1e-12)
+
+
+def test_normalize_maps_the_percentiles_to_0_and_1_without_touching_the_input():
+    rng = np.random.default_rng(0)
+    a = rng.normal(5.0, 2.0, (64, 64)).astype(np.float32)
+    t = torch.from_numpy(a.copy())
+    out = normalize(t, "image")
+    lo, hi = np.percentile(a, [0.5, 99.5])
+    np.testing.assert_allclose(np.percentile(out.numpy(), [0.5, 99.5]), [0, 1], atol=1e-5)
+    np.testing.assert_allclose(out.numpy(), (a - lo) / (hi - lo), atol=1e-5)
+    np.testing.assert_array_equal(t.numpy(), a)
+
+
+def test_a_constant_image_is_refused_by_name():
+    with pytest.raises(ValueError, match="fixed is constant"):
+        robust_range(torch.full((8, 8), 3.0), "fixed")
