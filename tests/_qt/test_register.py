@@ -395,7 +395,9 @@ def test_live_snapshots_redraw_in_place_and_never_write_into_a_result(
         "redraw_in_place",
         lambda layer, data: in_place.append(layer.name) or real(layer, data),
     )
-    w._iterations.value = 60
+    # long enough for several displays (one every DISPLAY_MS): the first live one replaces
+    # the previous result's array by a copy, the next ones fill that copy
+    w._iterations.value = 400
     _run(qtbot, w)
     assert in_place.count("moving registered") >= 1
     assert in_place.count("displacement") >= 1
