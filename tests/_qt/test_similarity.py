@@ -292,7 +292,19 @@ def test_kernel_build_is_a_visible_step_off_the_gui_thread(viewer, qtbot, camera
     assert w._status.value.startswith("local std")
 
 
-def test_whole_stack_map_is_an_explicit_lazy_action(viewer, qtbot, tmp_path):
+@pytest.fixture
+def dask_in_the_calling_thread():
+    """Each dask read runs in the thread that asked for it (the widget's worker, or
+    napari's slicing on the GUI thread), not in dask's pool, so reads can be told apart."""
+    import dask
+
+    with dask.config.set(scheduler="synchronous"):
+        yield
+
+
+def test_whole_stack_map_is_an_explicit_lazy_action(
+    viewer, qtbot, tmp_path, dask_in_the_calling_thread
+):
     stack = _stack(8)
     counting = _CountingStack(stack)
     lazy = da.from_array(counting, chunks=(1, *stack.shape[1:]), asarray=False)
