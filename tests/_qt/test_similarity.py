@@ -6,6 +6,7 @@ import threading
 
 import dask.array as da
 import numpy as np
+import pytest
 import torch
 from scipy import ndimage
 
