@@ -84,6 +84,17 @@ PRE_BLUR = 1.0
 #: 2-D multimodal pair: 0.023 px off with σ 1, 0.008 px with ½, 0.006 px with ¼ or 0;
 #: its 3-D pair: 0.032, 0.021, 0.027, 0.027 px; docs/benchmarks.md)
 PRE_BLUR_MI = 0.5
+#: ... for the deformable model: a lighter blur keeps the fine structure a local
+#: deformation is read from; with the deformable regularization 0.3 it lowered the
+#: end-point error on each of three draws of both 2-D dense cases of
+#: benchmarks/bench_quality.py (σ 0.5, 0.7, 1.0, 1.5 measured; issue 16)
+PRE_BLUR_DEFORMABLE = 0.7
+
+
+def _pre_blur(model: str, metric: str) -> float:
+    if model == "deformable":
+        return PRE_BLUR_DEFORMABLE
+    return PRE_BLUR_MI if metric == "mi" and model in LINEAR_MODELS else PRE_BLUR
 
 
 def prepare_pair(fixed, moving, model, metric, mask, levels, device, grids, smooth=None):
@@ -91,8 +102,9 @@ def prepare_pair(fixed, moving, model, metric, mask, levels, device, grids, smoo
 
     ``grids`` is ``(fixed_spacing, fixed_origin, moving_spacing, moving_origin)`` as the
     user gave them (checked here against the images' dimensionality). ``smooth``: the
-    pre-blur's σ in the fixed image's finest pixels (default :data:`PRE_BLUR`, or
-    :data:`PRE_BLUR_MI` for a linear model with metric "mi").
+    pre-blur's σ in the fixed image's finest pixels (default :data:`PRE_BLUR`;
+    :data:`PRE_BLUR_MI` for a linear model with metric "mi", :data:`PRE_BLUR_DEFORMABLE`
+    for the deformable model).
 
     The fixed image's pyramid follows its anisotropy (:func:`~.pyramid.shrink_factors`)
     and the moving image's is built to the same pixel sizes. A dense model needs both
@@ -125,7 +137,7 @@ def prepare_pair(fixed, moving, model, metric, mask, levels, device, grids, smoo
     shape, moving_shape = tuple(f.shape), tuple(m.shape)
     unit = min(fixed_grid.spacing)
     if smooth is None:
-        smooth = PRE_BLUR_MI if metric == "mi" and model in LINEAR_MODELS else PRE_BLUR
+        smooth = _pre_blur(model, metric)
     if levels == "auto":
         levels = auto_levels(shape, spacing=fixed_grid.spacing)
     wmask = _prepare_mask(mask, shape, dev)
