@@ -72,7 +72,9 @@ def test_cluster_run_equals_the_local_run(case, client, options, monkeypatch):
         remote = register_stack(_lazy(stack), batch_size=2, **options)
     ran = _ran(stream)
     batches = -(-(T - (options["reference"] == "previous")) // 2)
-    assert sum(ran.values()) >= batches and len(ran) == 2, ran  # on both workers
+    assert sum(ran.values()) >= batches, ran  # on the workers, not here
+    if options == CASES[0]:  # independent batches: the scheduler spreads them
+        assert len(ran) == 2, ran  # (a batch waiting on another's result may not be)
     np.testing.assert_allclose(_matrices(remote), _matrices(local), atol=1e-4)
     np.testing.assert_allclose(remote.frame_similarity, local.frame_similarity, atol=1e-5)
     assert remote.stopped is False and len(remote.transforms) == T
