@@ -1,4 +1,4 @@
-"""Input coercion of the registration engine: the robust intensity range."""
+"""Input coercion of the registration engine: the robust intensity range, read-only input."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from napari_simwarp.registration import _inputs
 from napari_simwarp.registration._inputs import normalize, robust_range
 
 
@@ -34,3 +35,26 @@ def test_normalize_maps_the_percentiles_to_0_and_1_without_touching_the_input():
 def test_a_constant_image_is_refused_by_name():
     with pytest.raises(ValueError, match="fixed is constant"):
         robust_range(torch.full((8, 8), 3.0), "fixed")
+
+
+def test_a_read_only_input_is_shared_without_a_warning(recwarn):
+    """A read-only array (a memory map, a decoded Zarr chunk) becomes a tensor without
+    torch's "not writable" warning reaching the user, and a registration leaves it as it
+    was."""
+    import warnings
+
+    from napari_simwarp.registration import register
+
+    rng = np.random.default_rng(0)
+    fixed = rng.random((48, 48)).astype(np.float32)
+    fixed.flags.writeable = False
+    moving = np.roll(fixed, 2, axis=1)
+    moving.flags.writeable = False
+    before = fixed.copy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        t = _inputs.to_tensor(fixed, "fixed")
+    assert np.shares_memory(t.numpy(), fixed)
+    register(fixed, moving, model="translation")
+    assert not [w for w in recwarn if "not writable" in str(w.message)]
+    np.testing.assert_array_equal(fixed, before)

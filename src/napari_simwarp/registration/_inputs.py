@@ -5,6 +5,8 @@ Nothing here modifies its input: every path copies (or casts) before changing va
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -39,7 +41,12 @@ def to_tensor(x, name: str, *, ndim=(2, 3), leading: int = 0) -> torch.Tensor:
             raise TypeError(f"{name} must be real, got dtype {arr.dtype}")
         if not arr.dtype.isnative:  # big-endian files (some TIFF/NPY writers): torch needs native
             arr = arr.astype(arr.dtype.newbyteorder("="))
-        t = torch.from_numpy(np.ascontiguousarray(arr))
+        with warnings.catch_warnings():
+            # A read-only array (a memory map, a decoded Zarr chunk) is shared, not copied:
+            # nothing writes into an input tensor (tests/trust), so torch's warning that
+            # writing would be undefined is noise to the user.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            t = torch.from_numpy(np.ascontiguousarray(arr))
     if t.is_complex():
         raise TypeError(f"{name} must be real, got dtype {t.dtype}")
     if t.numel() == 0:
