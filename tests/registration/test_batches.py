@@ -72,9 +72,9 @@ def test_cluster_run_equals_the_local_run(case, client, options, monkeypatch):
         remote = register_stack(_lazy(stack), batch_size=2, **options)
     ran = _ran(stream)
     batches = -(-(T - (options["reference"] == "previous")) // 2)
-    assert sum(ran.values()) >= batches, ran  # on the workers, not here
-    if options == CASES[0]:  # independent batches: the scheduler spreads them
-        assert len(ran) == 2, ran  # (a batch waiting on another's result may not be)
+    # every batch a task on the workers, not here (which worker is the scheduler's choice:
+    # batches waiting on a shared future may all be placed beside it)
+    assert sum(ran.values()) >= batches, ran
     np.testing.assert_allclose(_matrices(remote), _matrices(local), atol=1e-4)
     np.testing.assert_allclose(remote.frame_similarity, local.frame_similarity, atol=1e-5)
     assert remote.stopped is False and len(remote.transforms) == T
@@ -131,13 +131,16 @@ def test_worker_processes_read_a_zarr_store_and_a_tiff_by_path(case, tmp_path):
         ) as cluster,
         distributed.Client(cluster) as c,
     ):
+        # every batch a task on the workers (which worker is the scheduler's choice: a
+        # batch waiting on another's result may be placed beside it)
+        batches = -(-(T - 1) // 2)
         with distributed.get_task_stream(c) as stream:
             remote = register_stack(lazy, batch_size=2, reference="previous")
-        assert len(_ran(stream)) == 2
+        assert sum(_ran(stream).values()) >= batches
         out = tmp_path / "remote.zarr"
         with distributed.get_task_stream(c) as stream:
             code = _cli.main([*argv, "-o", str(out), "--scheduler", cluster.scheduler_address])
-        assert code == 0 and len(_ran(stream)) == 2
+        assert code == 0 and sum(_ran(stream).values()) >= batches
     np.testing.assert_allclose(_matrices(remote), _matrices(local), atol=1e-4)
     shifts = remote.shifts - remote.shifts[0]
     assert np.median(np.linalg.norm(shifts - (truth - truth[0]), axis=1)) < 0.1
