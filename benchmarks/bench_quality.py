@@ -11,6 +11,7 @@ determinant for dense ones. Each row is one call, timed and measured for peak me
 once (the suite stays at a few minutes on a shared machine); a warm-up call precedes it.
 
     python benchmarks/bench_quality.py [--quick] [--out FILE]     # a table alone
+    python benchmarks/bench_quality.py --cases multimodal --seeds 1 2 3   # those rows, 3 draws
     python benchmarks/run.py quality                               # into docs/benchmarks.md
 """
 
@@ -174,14 +175,17 @@ def ours(fixed, moving, model, metric=None, **kw):
     return run
 
 
-def linear_case(report, rng, group, shape, matrix, model, *, elastix_kind, stackreg=None, **kw):
+def linear_case(
+    report, rng, group, shape, matrix, model, *, elastix_kind, stackreg=None, adam=True, **kw
+):
     fixed, moving = linear_pair(rng, shape, matrix, **kw)
     acc = linear_accuracy(matrix, shape)
     if kw.get("remap"):  # no default metric is meant for a multimodal pair: "mi" is ours
         name = f"simwarp {model}/mi (Newton, the default)"
         once(report, group, name, ours(fixed, moving, model, "mi"), acc, ours=True)
-        adam = ours(fixed, moving, model, "mi", optimizer="adam")
-        once(report, group, f"simwarp {model}/mi, Adam", adam, acc)
+        if adam:
+            adam_run = ours(fixed, moving, model, "mi", optimizer="adam")
+            once(report, group, f"simwarp {model}/mi, Adam", adam_run, acc)
     else:
         name = f"simwarp {model} (defaults: ncc, Gauss–Newton)"
         once(report, group, name, ours(fixed, moving, model), acc, ours=True)
@@ -290,7 +294,7 @@ def cases_2d(report, quick):
         (
             "2-D affine, multimodal (sin remap), 256²",
             s,
-            affine_matrix(rng, s, 7, (1.03, 0.98), 0.0, (3, -3)),
+            affine_matrix(rng, s, **MULTIMODAL_2D),
             "affine",
             "affine",
             None,
@@ -340,6 +344,38 @@ def dense_case(report, rng, group, shape, amplitude, sigma, flows=False):
     once(report, group, "skimage optical_flow_tvl1", lambda: optical_flow_tvl1(f64, m64), acc)
 
 
+#: the multimodal cases' transforms (2-D, 3-D), as the suite draws them
+MULTIMODAL_2D = dict(degrees=7, scale=(1.03, 0.98), shear=0.0, shift=(3, -3))
+MULTIMODAL_3D = dict(degrees=8, axis=2, scale=(1.03, 0.98, 1.0), shift=(2.0, -1.5, 2.5))
+
+
+def multimodal_matrix_3d(shape):
+    m = MULTIMODAL_3D
+    lin = rotation(3, m["degrees"], axis=m["axis"]) @ np.diag(m["scale"])
+    return centered_affine(lin, list(m["shift"]), shape)
+
+
+def cases_multimodal(report, seeds):
+    """The multimodal rows alone (``--cases multimodal``): the suite's 2-D and 3-D
+    transforms, a new pair per seed (``np.random.default_rng(seed)``), ours and elastix
+    side by side, Adam left out."""
+    s2, s3 = (256, 256), (48, 48, 48)
+    m2 = affine_matrix(None, s2, **MULTIMODAL_2D)
+    m3 = multimodal_matrix_3d(s3)
+    for seed in seeds:
+        rng = np.random.default_rng(seed)
+        group = f"2-D affine, multimodal (sin remap), 256², seed {seed}"
+        linear_case(
+            report, rng, group, s2, m2, "affine", elastix_kind="affine", adam=False, remap=True
+        )
+    for seed in seeds:
+        rng = np.random.default_rng(seed)
+        group = f"3-D affine, multimodal (sin remap), 48³, seed {seed}"
+        linear_case(
+            report, rng, group, s3, m3, "affine", elastix_kind="affine", adam=False, remap=True
+        )
+
+
 def cases_3d(report, quick):
     rng = np.random.default_rng(163)
     s = (64, 72, 80)
@@ -351,12 +387,12 @@ def cases_3d(report, quick):
     s = (48, 48, 48)
     m = centered_affine(rotation(3, 25, axis=0), [3.0, -2.0, 4.0], s)
     linear_case(report, rng, "3-D rigid 25°, 48³", s, m, "rigid", elastix_kind="rigid")
-    m = centered_affine(rotation(3, 8, axis=2) @ np.diag([1.03, 0.98, 1.0]), [2.0, -1.5, 2.5], s)
+    m = multimodal_matrix_3d(s)
     group = "3-D affine, multimodal (sin remap), 48³"
     linear_case(report, rng, group, s, m, "affine", elastix_kind="affine", remap=True)
 
 
-def run(report) -> None:
+def run(report, cases="all", seeds=(16,)) -> None:
     # Threads and kernels start on a first call; keep that out of the first row.
     from napari_simwarp.registration import register
 
@@ -384,8 +420,11 @@ def run(report) -> None:
         "metric= or optimizer=. Quick mode (--quick): " + ("yes" if QUICK else "no") + ".",
     )
     start = time.perf_counter()
-    cases_2d(report, QUICK)
-    cases_3d(report, QUICK)
+    if cases == "multimodal":
+        cases_multimodal(report, seeds)
+    else:
+        cases_2d(report, QUICK)
+        cases_3d(report, QUICK)
     print(f"  (quality suite: {time.perf_counter() - start:.0f} s)", flush=True)
 
 
@@ -394,10 +433,19 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a few cases (about a minute)")
     parser.add_argument("--out", help="write the markdown table to this file")
+    parser.add_argument(
+        "--cases",
+        choices=("all", "multimodal"),
+        default="all",
+        help="multimodal: the 2-D and 3-D multimodal rows alone, one pair per --seeds",
+    )
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=[1, 2, 3], help="the draws of --cases multimodal"
+    )
     args = parser.parse_args(argv)
     QUICK = QUICK or args.quick
     report = Report()
-    run(report)
+    run(report, args.cases, args.seeds)
     return print_markdown(report, SECTION, args.out)
 
 
