@@ -10,6 +10,8 @@ from skimage.metrics import normalized_mutual_information
 
 from napari_simwarp.ops import mutual_information
 from napari_simwarp.ops.mutual_information import (
+    bspline_histograms,
+    cell_taps,
     joint_histogram,
     joint_jacobian,
     parzen_frames,
@@ -258,3 +260,23 @@ def test_pixel_derivatives_match_finite_differences(rng, kernel):
         assert abs(first[0, k].item() - d1) < 1e-6 * scale
         assert abs(second[0, k].item() - d2) < 1e-3 * scale
     assert np.abs(second.numpy()).max() > 0
+
+
+def test_histograms_over_several_weights_in_one_pass(rng):
+    """bspline_histograms (the fixed taps kept, one pass for several pixel weights, as the
+    Newton-type mi steps use it): each histogram is the reference histogram of its weight,
+    in the frames given (a batch of 2 rows, so the rows' offsets are exercised too)."""
+    a, b, w = _rows(rng)
+    w2 = rng.random(w.shape) * (rng.random(w.shape) < 0.7)
+    bins = 11
+    as_t = torch.from_numpy
+    frames = parzen_frames(as_t(a), as_t(b), as_t(w), bins, "bspline", 1.0)
+    joints = bspline_histograms(
+        cell_taps(frames[0], bins), frames[1], [as_t(w), None, as_t(w2)], bins
+    )
+    assert len(joints) == 3
+    for i in range(2):
+        frame = (b[i].min(), b[i].max())
+        for joint, weight in zip(joints, (w[i], np.ones_like(w[i]), w2[i])):
+            ref = _reference_joint(a[i], b[i], weight, bins, "bspline", 1.0, frame)
+            np.testing.assert_allclose(joint[i].numpy(), ref, atol=1e-12)

@@ -193,6 +193,34 @@ def test_mutual_information_gradient_matches_autograd(kind, fixed_shape, normali
     assert torch.linalg.eigvalsh(hessian).min() >= 0
 
 
+@pytest.mark.parametrize("normalize", [True, False])
+def test_mutual_information_losses_are_the_run_loss(normalize):
+    """The "mi" problem builds its histograms itself (the fixed taps kept, two weights in
+    one pass): each loss it reports is the run's loss function on the same warped level
+    and weight, whether the other weight shares the samples' frames or not, in any order
+    of calls."""
+    rng = np.random.default_rng(5)
+    shape = (30, 34)
+    model = _inside_model(rng, "affine", shape, 2, torch.float64, 0.3)
+    moving = torch.from_numpy(rng.standard_normal((2, 1, 60, 68)))
+    fixed = torch.sin(3.0 * torch.from_numpy(rng.standard_normal((1, 1, *shape))))
+    loss_fn = loss_for("mi", reduction="none", bins=16, normalize=normalize)
+    problem = gn.level_problem(model, fixed, moving, None, loss_fn, "mi")
+    samples = problem.sample()
+    own = samples[1]
+    half = own * torch.from_numpy(rng.uniform(0.5, 1.0, own.shape))  # the same frames
+    cut = own * (fixed < 0.9 * fixed.max())  # without the brightest pixels: other frames
+    expected = {
+        key: loss_fn(fixed, samples[0][:, :1], w).double()
+        for key, w in (("own", own), ("half", half), ("cut", cut))
+    }
+    for key, weight in (("half", half), ("cut", cut), ("own", None), ("half", half)):
+        got = problem.loss(samples, weight)
+        torch.testing.assert_close(got, expected[key], rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(problem.loss(samples), expected["own"], rtol=1e-12, atol=1e-14)
+    assert (expected["cut"] - expected["half"]).abs().min() > 1e-6  # the weights matter
+
+
 # -- whole runs -------------------------------------------------------------------------
 
 

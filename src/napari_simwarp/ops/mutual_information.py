@@ -52,6 +52,68 @@ def _bspline3_curvatures(xi: torch.Tensor, bins: int) -> torch.Tensor:
     return torch.cat([1.0 - f, 3 * f - 2, 1 - 3 * f, f], dim=-1)
 
 
+def _bspline3_cells(xi: torch.Tensor, bins: int, derivative: int = 0):
+    """``(cell, weights, slopes, curvatures)``: each pixel's cell ``(M, P)`` (int64) and
+    the weights ``(M, P, 4)`` of its four taps, bins ``cell − 1 … cell + 2`` (those of
+    :func:`_bspline3_taps`, in Horner form); their first (``derivative`` ≥ 1) and second
+    (2) derivatives with respect to ``ξ``, else None. Detached from ``xi``."""
+    cell = xi.detach().floor().clamp(1, bins - 3)
+    f = xi.detach() - cell
+    g = 1.0 - f
+    f2 = f * f
+    weights = torch.stack(
+        [
+            g * g * g / 6.0,
+            f2 * (0.5 * f - 1.0) + 2.0 / 3.0,
+            ((0.5 - 0.5 * f) * f + 0.5) * f + 1.0 / 6.0,
+            f2 * f / 6.0,
+        ],
+        dim=-1,
+    )
+    slopes = curves = None
+    if derivative >= 1:
+        slopes = torch.stack(
+            [-0.5 * g * g, f * (1.5 * f - 2.0), (1.0 - 1.5 * f) * f + 0.5, 0.5 * f2], dim=-1
+        )
+    if derivative >= 2:
+        curves = torch.stack([g, 3.0 * f - 2.0, 1.0 - 3.0 * f, f], dim=-1)
+    return cell.to(torch.int64), weights, slopes, curves
+
+
+def _cell_rows(cell_a: torch.Tensor, cell_b: torch.Tensor, bins: int) -> torch.Tensor:
+    """Flat index ``(M·P,)`` of each pixel's pair of cells in ``(M, bins, bins)``: one
+    index per pixel, its 4 × 4 tap pairs being the 16 columns of that row (counting into
+    16 columns of one row is half the time of 16 separate counts, docs/benchmarks.md)."""
+    m = cell_a.shape[0]
+    rows = cell_a * bins + cell_b
+    if m > 1:
+        rows = rows + torch.arange(m, device=rows.device).view(m, 1) * (bins * bins)
+    return rows.reshape(-1)
+
+
+def _spread_cells(counts: torch.Tensor, bins: int) -> torch.Tensor:
+    """``(M, bins, bins, 4, 4, *Q)`` counts per pair of cells and pair of taps → the joint
+    histogram ``(M, bins, bins, *Q)``: tap pair ``(i, j)`` of cells ``(k, l)`` is bin
+    ``(k + i − 1, l + j − 1)``."""
+    m, q = counts.shape[0], counts.shape[5:]
+    out = counts.new_zeros(m, bins + 3, bins + 3, *q)
+    for i in range(4):
+        for j in range(4):
+            out[:, i : i + bins, j : j + bins] += counts[:, :, :, i, j]
+    return out[:, 1 : bins + 1, 1 : bins + 1]
+
+
+def _cell_patches(grad_joint: torch.Tensor, bins: int) -> torch.Tensor:
+    """``G`` ``(M, bins, bins)`` → ``(M·bins·bins, 16)``: row ``(m, k, l)`` holds the 4 × 4
+    bins ``G[m, k − 1 … k + 2, l − 1 … l + 2]`` that the taps of cells ``(k, l)`` see (0
+    outside), the transpose of :func:`_spread_cells`."""
+    m = grad_joint.shape[0]
+    padded = grad_joint.new_zeros(m, bins + 3, bins + 3)
+    padded[:, 1 : bins + 1, 1 : bins + 1] = grad_joint
+    patches = padded.unfold(1, 4, 1).unfold(2, 4, 1)  # (M, bins, bins, 4, 4)
+    return patches.reshape(m * bins * bins, 16)
+
+
 def _gaussian_curvatures(xi: torch.Tensor, bins: int, sigma: float) -> torch.Tensor:
     """The second derivatives ``(M, P, bins)`` with respect to ``ξ`` of the normalized
     weights of :func:`_gaussian_taps`: ``(g/T)'' = g''/T − 2g'T'/T² − gT''/T² + 2gT'²/T³``."""
@@ -135,23 +197,17 @@ class _JointHistogram(torch.autograd.Function):
         ctx.parzen = parzen
         m, p = xi_a.shape
         bins = parzen.bins
+        if parzen.sparse:  # 4 × 4 tap pairs per pixel, counted directly
+            return _bspline_histogram(xi_a, xi_b, weight, bins)
         joint = xi_a.new_zeros(m * bins * bins)
         for chunk in _chunks(p, m * parzen.cost):
             index_a, wa, _ = parzen.taps(xi_a[:, chunk])
             index_b, wb, _ = parzen.taps(xi_b[:, chunk])
             if weight is not None:
                 wa = wa * weight[:, chunk].unsqueeze(-1)
-            if parzen.sparse:
-                # every pair of taps adds wa·wb to its bin: one weighted count (bincount:
-                # a shared-memory histogram on CUDA), no dense weights
-                flat = _pair_index(index_a, index_b, bins)
-                values = wa.unsqueeze(-1) * wb.unsqueeze(-2)
-                joint += torch.bincount(flat.reshape(-1), values.reshape(-1), m * bins * bins)
-            else:
-                dense = torch.bmm(
-                    parzen.dense(index_a, wa).transpose(1, 2), parzen.dense(index_b, wb)
-                )
-                joint += dense.reshape(-1)
+            # every bin a tap: dense weights and one batched matrix product
+            dense = torch.bmm(parzen.dense(index_a, wa).transpose(1, 2), parzen.dense(index_b, wb))
+            joint += dense.reshape(-1)
         return joint.reshape(m, bins, bins)
 
     @staticmethod
@@ -164,17 +220,21 @@ class _JointHistogram(torch.autograd.Function):
         grad_b = torch.zeros_like(xi_b) if need_b else None
         m, p = xi_a.shape
         grad_joint = grad_joint.contiguous()
+        patches = _cell_patches(grad_joint, parzen.bins) if parzen.sparse else None
         for chunk in _chunks(p, m * parzen.cost):
-            index_a, wa, slope_a = parzen.taps(xi_a[:, chunk], derivative=need_a)
-            index_b, wb, slope_b = parzen.taps(xi_b[:, chunk], derivative=need_b)
             w = None if weight is None else weight[:, chunk]
             # ∂L/∂ξ_a(p) = w_p Σ_k W'_a[p, k] Σ_l G[k, l] W_b[p, l], and the same for b:
             # what each tap of one image sees of G through the other image's weights
             if parzen.sparse:
-                g = grad_joint.reshape(-1)[_pair_index(index_a, index_b, parzen.bins)]
+                cell_a, wa, slope_a, _ = _bspline3_cells(xi_a[:, chunk], parzen.bins, need_a)
+                cell_b, wb, slope_b, _ = _bspline3_cells(xi_b[:, chunk], parzen.bins, need_b)
+                rows = _cell_rows(cell_a, cell_b, parzen.bins)
+                g = patches.index_select(0, rows).reshape(*cell_a.shape, 4, 4)
                 seen_a = (g * wb.unsqueeze(-2)).sum(-1) if need_a else None
                 seen_b = (g * wa.unsqueeze(-1)).sum(-2) if need_b else None
             else:
+                index_a, wa, slope_a = parzen.taps(xi_a[:, chunk], derivative=need_a)
+                index_b, wb, slope_b = parzen.taps(xi_b[:, chunk], derivative=need_b)
                 seen_a = seen_b = None
                 if need_a:
                     seen = torch.bmm(parzen.dense(index_b, wb), grad_joint.transpose(1, 2))
@@ -188,6 +248,66 @@ class _JointHistogram(torch.autograd.Function):
                 g = (slope_b * seen_b).sum(-1)
                 grad_b[:, chunk] = g if w is None else g * w
         return grad_a, grad_b, None, None
+
+
+def cell_taps(xi: torch.Tensor, bins: int):
+    """The cubic B-spline's taps at bin coordinates ``xi`` ``(M, P)``: ``(rows, weights)``,
+    ``rows`` ``(M, P)`` each pixel's cell times ``bins`` plus its row's offset ``m ·
+    bins²`` (int64), ``weights`` ``(M, P, 4)`` (bins ``cell − 1 … cell + 2``). The fixed
+    image's taps, kept across the steps of a level (its frame rarely changes)."""
+    m = xi.shape[0]
+    cell, weights, _, _ = _bspline3_cells(xi, bins)
+    rows = cell * bins
+    if m > 1:
+        rows = rows + torch.arange(m, device=rows.device).view(m, 1) * (bins * bins)
+    return rows, weights
+
+
+def bspline_histograms(taps_a, xi_b, weights, bins: int) -> list:
+    """The B-spline joint histograms ``(M, bins, bins)`` of the fixed taps ``taps_a``
+    (:func:`cell_taps`) and bin coordinates ``xi_b`` ``(M, P)``, one per pixel weight in
+    ``weights`` (each ``(M, P)`` or None), in one pass: each pixel's 16 tap pairs are
+    formed once and counted into the row of its pair of cells, one column block per
+    weight (:func:`_cell_rows`), then spread onto the bins (:func:`_spread_cells`)."""
+    rows_a, wa_all = taps_a
+    m, p = xi_b.shape
+    k = len(weights)
+    counts = xi_b.new_zeros(m * bins * bins, 16 * k)
+    ones = xi_b.new_ones(m, p)
+    scale = torch.stack([ones if w is None else w.expand(m, p) for w in weights], dim=-1)
+    for chunk in _chunks(p, m * 16 * k):
+        cell_b, wb, _, _ = _bspline3_cells(xi_b[:, chunk], bins)
+        # (M, p, K, 4, 4): every tap pair under every weight, formed in one product
+        wa = wa_all[:, chunk].unsqueeze(-2) * scale[:, chunk].unsqueeze(-1)  # (M, p, K, 4)
+        values = wa.unsqueeze(-1) * wb[:, :, None, None, :]
+        counts.index_add_(0, (rows_a[:, chunk] + cell_b).reshape(-1), values.reshape(-1, 16 * k))
+    counts = counts.reshape(m, bins, bins, k, 4, 4).permute(0, 1, 2, 4, 5, 3)
+    spread = _spread_cells(counts, bins)
+    return list(spread.unbind(-1))
+
+
+def bspline_pixel_derivatives(taps_a, xi_b, slope, weight, grad_joint, bins: int):
+    """:func:`pixel_derivatives` for the B-spline window from the fixed taps ``taps_a``
+    (:func:`cell_taps`): first and second derivatives ``(M, P)`` each."""
+    rows_a, wa_all = taps_a
+    m, p = xi_b.shape
+    first, second = torch.zeros_like(xi_b), torch.zeros_like(xi_b)
+    patches = _cell_patches(grad_joint.to(xi_b.dtype), bins)
+    for chunk in _chunks(p, m * 16):
+        cell_b, _, slopes, curves = _bspline3_cells(xi_b[:, chunk], bins, 2)
+        g = patches.index_select(0, (rows_a[:, chunk] + cell_b).reshape(-1))
+        g = g.reshape(*cell_b.shape, 4, 4)
+        seen = (g * wa_all[:, chunk].unsqueeze(-1)).sum(-2)  # (M, p, 4): G seen by b's taps
+        first[:, chunk] = (slopes * seen).sum(-1)
+        second[:, chunk] = (curves * seen).sum(-1)
+    if weight is not None:
+        first, second = first * weight, second * weight
+    return first * slope, second * slope * slope
+
+
+def _bspline_histogram(xi_a, xi_b, weight, bins: int) -> torch.Tensor:
+    """The B-spline's joint histogram ``(M, bins, bins)`` (:func:`bspline_histograms`)."""
+    return bspline_histograms(cell_taps(xi_a, bins), xi_b, [weight], bins)[0]
 
 
 def _pair_index(index_a: torch.Tensor, index_b: torch.Tensor, bins: int) -> torch.Tensor:
@@ -208,27 +328,36 @@ def _chunks(pixels: int, per_pixel: int):
         yield slice(start, min(pixels, start + step))
 
 
-def _bin_coordinates(x, valid, value_range, bins: int, pad: float):
-    """Intensities ``(M, P)`` → continuous bin coordinates in ``[pad, bins − 1 − pad]``,
-    and ``∂ξ/∂x`` ``(M, 1)`` inside the range.
+def frame_of(x: torch.Tensor, valid: torch.Tensor):
+    """The default histogram frame ``(lo, hi)`` ``(M, 1)`` each of intensities ``x``
+    ``(M, P)``: each row's min and max over its pixels in ``valid`` (detached: the frame
+    does not move with the image; ``(0, 1)`` for a row with no valid pixel)."""
+    big = torch.finfo(x.dtype).max
+    lo = torch.where(valid, x, x.new_tensor(big)).amin(1, keepdim=True).detach()
+    hi = torch.where(valid, x, x.new_tensor(-big)).amax(1, keepdim=True).detach()
+    empty = hi < lo  # no valid pixel: any frame will do, the weights are all 0
+    return torch.where(empty, 0.0, lo), torch.where(empty, 1.0, hi)
 
-    The range is ``value_range`` or, per row, the min and max of the pixels in ``valid``
-    (detached: the histogram's frame does not move with the image); values outside it are
-    clamped to it.
-    """
-    if value_range is None:
-        big = torch.finfo(x.dtype).max
-        lo = torch.where(valid, x, x.new_tensor(big)).amin(1, keepdim=True).detach()
-        hi = torch.where(valid, x, x.new_tensor(-big)).amax(1, keepdim=True).detach()
-        empty = hi < lo  # no valid pixel: any frame will do, the weights are all 0
-        lo, hi = torch.where(empty, 0.0, lo), torch.where(empty, 1.0, hi)
-    else:
-        lo, hi = (x.new_tensor(float(v)) for v in value_range)
+
+def bin_coordinates(x, lo, hi, bins: int, pad: float):
+    """Intensities ``(M, P)`` → continuous bin coordinates in ``[pad, bins − 1 − pad]``
+    for the frame ``[lo, hi]`` (values outside clamped to it), and ``∂ξ/∂x`` ``(M, 1)``
+    inside it."""
     span = hi - lo
     flat = span <= 0
     span = torch.where(flat, torch.ones_like(span), span)
     unit = ((torch.minimum(torch.maximum(x, lo), hi) - lo) / span).clamp(0.0, 1.0)
     return pad + unit * (bins - 1 - 2 * pad), (bins - 1 - 2 * pad) / span.expand(x.shape[0], 1)
+
+
+def _bin_coordinates(x, valid, value_range, bins: int, pad: float):
+    """Intensities ``(M, P)`` → :func:`bin_coordinates` in the frame ``value_range`` or,
+    per row, :func:`frame_of` the pixels in ``valid``."""
+    if value_range is None:
+        lo, hi = frame_of(x, valid)
+    else:
+        lo, hi = (x.new_tensor(float(v)) for v in value_range)
+    return bin_coordinates(x, lo, hi, bins, pad)
 
 
 def _entropy(p: torch.Tensor, dims) -> torch.Tensor:
@@ -277,6 +406,17 @@ def joint_jacobian(xi_a, xi_b, slope, weight, parzen, moves):
     m, p = xi_a.shape
     q = moves.shape[1]
     bins = parzen.bins
+    if parzen.sparse:
+        counts = xi_a.new_zeros(m * bins * bins, 16 * q)
+        for chunk in _chunks(p, m * 16 * q):
+            cell_a, wa, _, _ = _bspline3_cells(xi_a[:, chunk], bins)
+            cell_b, _, sb, _ = _bspline3_cells(xi_b[:, chunk], bins, 1)
+            if weight is not None:
+                wa = wa * weight[:, chunk].unsqueeze(-1)
+            mv = (moves[:, :, chunk] * slope[:, :, None]).transpose(1, 2)  # (M, p, Q)
+            values = (wa.unsqueeze(-1) * sb.unsqueeze(-2)).unsqueeze(-1) * mv[:, :, None, None]
+            counts.index_add_(0, _cell_rows(cell_a, cell_b, bins), values.reshape(-1, 16 * q))
+        return _spread_cells(counts.reshape(m, bins, bins, 4, 4, q), bins)
     out = xi_a.new_zeros(m * bins * bins, q)
     for chunk in _chunks(p, m * parzen.cost * q):
         index_a, wa, _ = parzen.taps(xi_a[:, chunk])
@@ -304,17 +444,17 @@ def pixel_derivatives(xi_a, xi_b, slope, weight, parzen, grad_joint):
     """
     m, p = xi_a.shape
     bins = parzen.bins
+    if parzen.sparse:
+        return bspline_pixel_derivatives(
+            cell_taps(xi_a, bins), xi_b, slope, weight, grad_joint, bins
+        )
     first, second = torch.zeros_like(xi_b), torch.zeros_like(xi_b)
     grad_joint = grad_joint.to(xi_b.dtype).contiguous()
     for chunk in _chunks(p, m * parzen.cost):
         index_a, wa, _ = parzen.taps(xi_a[:, chunk])
         index_b, _, slopes = parzen.taps(xi_b[:, chunk], derivative=True)
         curves = parzen.curvatures(xi_b[:, chunk])
-        if parzen.sparse:
-            g = grad_joint.reshape(-1)[_pair_index(index_a, index_b, bins)]
-            seen = (g * wa.unsqueeze(-1)).sum(-2)  # (M, p, 4): G seen by each tap of b
-        else:
-            seen = torch.bmm(parzen.dense(index_a, wa), grad_joint).gather(-1, index_b)
+        seen = torch.bmm(parzen.dense(index_a, wa), grad_joint).gather(-1, index_b)
         first[:, chunk] = (slopes * seen).sum(-1)
         second[:, chunk] = (curves * seen).sum(-1)
     if weight is not None:

@@ -31,6 +31,12 @@ import torch
 
 from ..ops._sampling import affine_grid, grid_sample, level_matrix
 from ..ops.mutual_information import (
+    _Parzen,
+    bin_coordinates,
+    bspline_histograms,
+    bspline_pixel_derivatives,
+    cell_taps,
+    frame_of,
     joint_histogram,
     joint_jacobian,
     parzen_frames,
@@ -249,59 +255,124 @@ class MutualInformationProblem(LevelProblem):
     largest) so that the damped step descends.
     """
 
-    #: (samples, frames, histogram) of the last :meth:`loss` over the samples' own weight
+    #: (sampled, own weight, frames, histogram) of the samples whose histogram over their
+    #: own weight was built last (by :meth:`loss`), for :meth:`normal_equations`
     _kept = None
+    #: (lo, hi, taps): the fixed level's B-spline taps (:func:`cell_taps`) in the frame
+    #: ``[lo, hi]``; the frame follows the pixels of positive weight, so it rarely changes
+    _fixed_taps = None
 
-    def _histogram(self, warped, fixed, weight):
+    def _rows(self, samples, weight=None):
+        """``(warped, fixed, weight)`` ``(N, P)`` each in :func:`precise` arithmetic: the
+        samples' warped level, the fixed level and the samples' own weight (or ``weight``,
+        ``(N or 1, 1, *S)``)."""
+        sampled, own = samples
+        w = own if weight is None else weight
+        wide = precise(sampled.device)
+        n = sampled.shape[0]
+        warped = sampled[:, 0].reshape(n, -1).to(wide)
+        fixed = self.fixed.reshape(self.fixed.shape[0], -1).expand(n, -1).to(wide)
+        return warped, fixed, w.reshape(w.shape[0], -1).expand(n, -1).to(wide)
+
+    def _frames(self, warped, fixed, weight):
+        """``(taps_a, xi_a, xi_b, ∂ξ_b/∂b)`` over the pixels of positive ``weight``: the
+        frames of :func:`~..ops.mutual_information.parzen_frames`, the fixed taps kept while
+        the fixed frame holds."""
+        bins = self.loss_fn.bins
+        valid = weight > 0
+        lo, hi = frame_of(fixed, valid)
+        xi_a = bin_coordinates(fixed, lo, hi, bins, 1.0)[0]
+        kept = self._fixed_taps
+        if kept is None or not (torch.equal(kept[0], lo) and torch.equal(kept[1], hi)):
+            kept = self._fixed_taps = (lo, hi, cell_taps(xi_a, bins))
+        xi_b, slope = bin_coordinates(warped, *frame_of(warped, valid), bins, 1.0)
+        return kept[2], xi_a, xi_b, slope
+
+    def _histograms(self, samples, weight=None):
+        """The joint histogram over the samples' own weight, kept (with its frames) for
+        :meth:`normal_equations`, and the one over ``weight`` where given: ``(own, other
+        or None)``. Both in one pass over the pixels where their frames agree."""
+        kept = self._kept
+        warped, fixed, own = self._rows(samples)
         fn = self.loss_fn
-        frames = parzen_frames(fixed, warped, weight, fn.bins, fn.kernel, fn.sigma)
-        return frames, joint_histogram(frames[0], frames[1], weight, frames[3])
+        if fn.kernel != "bspline":  # every bin a tap: the generic histogram
+            frames = parzen_frames(fixed, warped, own, fn.bins, fn.kernel, fn.sigma)
+            joint = joint_histogram(frames[0], frames[1], own, frames[3])
+            frames = (None, *frames[:3], frames[3])
+            other = None
+            if weight is not None:
+                _, _, w = self._rows(samples, weight)
+                other_frames = parzen_frames(fixed, warped, w, fn.bins, fn.kernel, fn.sigma)
+                other = joint_histogram(*other_frames[:2], w, other_frames[3])
+            self._kept = (samples[0], samples[1], frames, joint)
+            return joint, other
+        have = kept is not None and kept[0] is samples[0] and kept[1] is samples[1]
+        frames = kept[2] if have else self._frames(warped, fixed, own)
+        weights = [] if have else [own]
+        other_frames = None
+        if weight is not None:
+            _, _, w = self._rows(samples, weight)
+            other_frames = self._frames(warped, fixed, w)
+            same = other_frames[0] is frames[0] and torch.equal(other_frames[2], frames[2])
+            if same:
+                weights.append(w)
+        joints = bspline_histograms(frames[0], frames[2], weights, fn.bins) if weights else []
+        if not have:
+            self._kept = (samples[0], samples[1], frames, joints[0])
+        joint = self._kept[3]
+        if weight is None:
+            return joint, None
+        if len(joints) == len(weights) and len(weights) > (0 if have else 1):
+            return joint, joints[-1]
+        other = bspline_histograms(other_frames[0], other_frames[2], [w], fn.bins)[0]
+        return joint, other
+
+    def _loss_of(self, joint) -> torch.Tensor:
+        score = score_of_joint(joint, self.loss_fn.normalize)
+        loss = 2.0 - score if self.loss_fn.normalize else -score
+        return loss.cpu().double()
 
     def loss(self, samples, weight=None) -> torch.Tensor:
         """:meth:`LevelProblem.loss` (the value of the run's loss function, here from the
-        histogram itself); over the samples' own weight the histogram is kept for
-        :meth:`normal_equations`, which in the run always follows on the same samples."""
-        sampled, own = samples
-        if weight is not None:
-            return super().loss(samples, weight)
-        wide = precise(sampled.device)
-        n = sampled.shape[0]
+        histogram itself). The histogram over the samples' own weight is built with the
+        one over ``weight`` and kept for the next :meth:`loss` and
+        :meth:`normal_equations` on the same samples: after a step the run compares the
+        trial's loss over the weight it started from, then, where it keeps the step,
+        needs the trial's own."""
         with torch.no_grad():
-            warped = sampled[:, 0].reshape(n, -1).to(wide)
-            fixed = self.fixed.reshape(self.fixed.shape[0], -1).expand(n, -1).to(wide)
-            w = own.reshape(own.shape[0], -1).expand(n, -1).to(wide)
-            frames, joint = self._histogram(warped, fixed, w)
-            self._kept = (samples, frames, joint)
-            score = score_of_joint(joint, self.loss_fn.normalize)
-        loss = 2.0 - score if self.loss_fn.normalize else -score
-        return loss.cpu().double()
+            own, other = self._histograms(samples, weight)
+        return self._loss_of(own if weight is None else other)
 
     def normal_equations(self, samples):
         """``(H (N, P, P), b (N, P))``, float64 on the CPU, in the model's ``P`` parameters."""
         fn = self.loss_fn
         with torch.no_grad():
-            warped, rows, f, weight, chain = self._jacobian_rows(samples)
-            kept = self._kept
-            if kept is not None and kept[0][0] is samples[0] and kept[0][1] is samples[1]:
-                frames, joint = kept[1:]
-            else:
-                frames, joint = self._histogram(warped, f, weight)
-            joint = joint.double()
+            _, rows, _, _, chain = self._jacobian_rows(samples)
+            joint = self._histograms(samples)[0].double()
+            taps_a, xi_a, xi_b, slope = self._kept[2][:4]
+            _, _, weight = self._rows(samples)
         with torch.enable_grad():
             joint.requires_grad_()
             (grad_joint,) = torch.autograd.grad(
                 -score_of_joint(joint, fn.normalize).sum(), joint, create_graph=True
             )
         with torch.no_grad():
-            first, second = pixel_derivatives(*frames[:3], weight, frames[3], grad_joint.detach())
+            if taps_a is None:  # the generic window
+                parzen = self._kept[2][4]
+                first, second = pixel_derivatives(
+                    xi_a, xi_b, slope, weight, parzen, grad_joint.detach()
+                )
+            else:
+                first, second = bspline_pixel_derivatives(
+                    taps_a, xi_b, slope, weight, grad_joint.detach(), fn.bins
+                )
             first, second = first.to(rows.dtype), second.to(rows.dtype)
             gradient = (rows @ first[..., None]).cpu().double()
             hessian = ((rows * second[:, None]) @ rows.transpose(1, 2)).cpu().double()
-        if warped.shape[1] <= COUPLING_PIXELS:
+        if xi_b.shape[1] <= COUPLING_PIXELS:
             with torch.no_grad():
-                moves = joint_jacobian(
-                    *frames[:3], weight.to(frames[0]), frames[3], rows.to(frames[0])
-                )
+                parzen = _Parzen(fn.kernel, fn.bins, fn.sigma)
+                moves = joint_jacobian(xi_a, xi_b, slope, weight, parzen, rows.to(xi_a))
                 moves = moves.double()
             hessian = hessian + _histogram_curvature(joint, grad_joint, moves)
         with torch.no_grad():
@@ -386,12 +457,15 @@ def run_level(problem: LevelProblem, iterations: int, history: list, report_ever
         # cannot tell points this close apart: its minimum lies within half the step).
         settled = (moved < TOLERANCE) | (~better & (moved < REFUSED_TOLERANCE))
         done = done | settled | (damping > DAMPING["most"]) | ~torch.isfinite(moved)
-        if bool(better.any()):
+        if bool(better.all()):
+            samples = trial  # the same tensors: what the problem kept of them still holds
+        elif bool(better.any()):
             keep = better.view(-1, *([1] * (samples[0].dim() - 1))).to(samples[0].device)
             samples = (
                 torch.where(keep, trial[0], samples[0]),
                 torch.where(keep, trial[1], samples[1].expand_as(trial[1])),
             )
+        if bool(better.any()):
             loss = torch.where(better, problem.loss(samples), loss)
             if not bool(done.all()):
                 system = problem.normal_equations(samples)
