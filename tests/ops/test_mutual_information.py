@@ -16,6 +16,7 @@ from napari_simwarp.ops.mutual_information import (
     joint_jacobian,
     parzen_frames,
     pixel_derivatives,
+    score_curvature,
     score_of_joint,
 )
 from tests.images import random_smooth
@@ -280,3 +281,29 @@ def test_histograms_over_several_weights_in_one_pass(rng):
         for joint, weight in zip(joints, (w[i], np.ones_like(w[i]), w2[i])):
             ref = _reference_joint(a[i], b[i], weight, bins, "bspline", 1.0, frame)
             np.testing.assert_allclose(joint[i].numpy(), ref, atol=1e-12)
+
+
+@pytest.mark.parametrize("kernel", ["bspline", "gaussian"])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_score_curvature_is_autograds_second_derivative(rng, kernel, normalize):
+    """The closed-form ``(∂J/∂θ)ᵀ ∂²S/∂J² (∂J/∂θ)`` against float64 autograd
+    (double backward, one Hessian-vector product per direction), on histograms with
+    empty bins (B-spline, 9 bins, a thin relation) and without (Gaussian)."""
+    a, b, w = _rows(rng, m=2, p=200)
+    bins = 9
+    as_t = torch.from_numpy
+    frames = parzen_frames(as_t(a), as_t(b), as_t(w), bins, kernel, 0.8)
+    joint = joint_histogram(frames[0], frames[1], as_t(w), frames[3])
+    moves = joint_jacobian(*frames[:3], as_t(w), frames[3], as_t(rng.standard_normal((2, 4, 200))))
+    if kernel == "bspline":
+        assert (joint == 0).any()  # empty bins are exercised
+    got = score_curvature(joint, moves, normalize)
+    leaf = joint.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(score_of_joint(leaf, normalize).sum(), leaf, create_graph=True)
+    products = [
+        torch.autograd.grad((grad * moves[..., q]).sum(), leaf, retain_graph=True)[0]
+        for q in range(4)
+    ]
+    expected = torch.einsum("nijq,nijr->nqr", moves, torch.stack(products, -1))
+    torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-12 * expected.abs().max())
+    assert expected.abs().max() > 0

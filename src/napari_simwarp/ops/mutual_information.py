@@ -383,6 +383,73 @@ def score_of_joint(joint: torch.Tensor, normalize: bool) -> torch.Tensor:
     return h_a + h_b - h_ab
 
 
+def score_curvature(joint: torch.Tensor, moves: torch.Tensor, normalize: bool) -> torch.Tensor:
+    """``(∂J/∂θ)ᵀ (∂²S/∂J²) (∂J/∂θ)`` ``(M, Q, Q)``: the second derivatives of the score
+    ``S`` of :func:`score_of_joint` (the mutual information or its normalized form) along
+    the histogram's derivatives ``moves`` ``(M, bins, bins, Q)``, in closed form
+    (docs/maths.md §10.3). With ``T = ΣJ`` and ``Σ_x = Σ J_x log J_x`` over the joint
+    (or a marginal), each entropy is ``H = log T − Σ_x / T``; its second derivative
+    along ``U, V`` is
+
+        −U_T V_T / T² − Σ U V / J / T + (dΣ[U] V_T + dΣ[V] U_T) / T² − 2 Σ_x U_T V_T / T³
+
+    with ``dΣ[V] = Σ V (log J + 1)`` (``U_T = ΣU``; marginals for ``H(a)``, ``H(b)``).
+    Empty bins count for nothing: the B-spline's taps and their derivatives vanish
+    together at the ends of their support, so no move reaches an empty bin, and the
+    Gaussian's taps are never 0. In float64 (float32 on MPS)."""
+    wide = torch.float64 if joint.device.type != "mps" else torch.float32
+    joint, moves = joint.to(wide), moves.to(wide)
+    total = joint.sum((1, 2))  # (M,)
+    t = total.clamp_min(_TINY)[:, None, None]
+    v_total = moves.sum((1, 2))  # (M, Q)
+    outer = v_total[:, :, None] * v_total[:, None, :]
+
+    def entropy_terms(j, v):
+        # j (M, K), v (M, K, Q) → value H (M,), first dH (M, Q), second d²H (M, Q, Q)
+        filled = j > 0
+        log_j = torch.log(torch.where(filled, j, torch.ones_like(j)))
+        inverse = torch.where(filled, 1.0 / torch.where(filled, j, torch.ones_like(j)), 0.0)
+        sigma = (j * log_j).sum(1)
+        d_sigma = torch.einsum("mkq,mk->mq", v, log_j + 1.0)
+        dd_sigma = torch.einsum("mkq,mk,mkr->mqr", v, inverse, v)
+        t1 = t[:, 0, 0]
+        value = torch.log(t1) - sigma / t1
+        first = (
+            v_total / t1[:, None]
+            - d_sigma / t1[:, None]
+            + sigma[:, None] * v_total / (t1[:, None] ** 2)
+        )
+        second = (
+            -outer / t**2
+            - dd_sigma / t
+            + (
+                d_sigma[:, None, :] * v_total[:, :, None]
+                + d_sigma[:, :, None] * v_total[:, None, :]
+            )
+            / t**2
+            - 2.0 * sigma[:, None, None] * outer / t**3
+        )
+        return value, first, second
+
+    m = joint.shape[0]
+    q = moves.shape[-1]
+    h_ab = entropy_terms(joint.reshape(m, -1), moves.reshape(m, -1, q))
+    h_a = entropy_terms(joint.sum(2), moves.sum(2))
+    h_b = entropy_terms(joint.sum(1), moves.sum(1))
+    if not normalize:
+        return h_a[2] + h_b[2] - h_ab[2]
+    num = [x + y for x, y in zip(h_a, h_b)]
+    den = h_ab
+    d = den[0][:, None, None]
+    cross = num[1][:, :, None] * den[1][:, None, :]
+    return (
+        num[2] / d
+        - (cross + cross.transpose(1, 2)) / d**2
+        - num[0][:, None, None] * den[2] / d**2
+        + 2.0 * num[0][:, None, None] * den[1][:, :, None] * den[1][:, None, :] / d**3
+    )
+
+
 def parzen_frames(a, b, weight, bins: int, kernel: str, sigma: float):
     """``(xi_a, xi_b, ∂ξ_b/∂b (M, 1), parzen)``: the default frames of
     :func:`mutual_information` (each row's range over its pixels of positive weight) for

@@ -41,6 +41,7 @@ from ..ops.mutual_information import (
     joint_jacobian,
     parzen_frames,
     pixel_derivatives,
+    score_curvature,
     score_of_joint,
 )
 
@@ -353,9 +354,7 @@ class MutualInformationProblem(LevelProblem):
             _, _, weight = self._rows(samples)
         with torch.enable_grad():
             joint.requires_grad_()
-            (grad_joint,) = torch.autograd.grad(
-                -score_of_joint(joint, fn.normalize).sum(), joint, create_graph=True
-            )
+            (grad_joint,) = torch.autograd.grad(-score_of_joint(joint, fn.normalize).sum(), joint)
         with torch.no_grad():
             if taps_a is None:  # the generic window
                 parzen = self._kept[2][4]
@@ -374,7 +373,9 @@ class MutualInformationProblem(LevelProblem):
                 parzen = _Parzen(fn.kernel, fn.bins, fn.sigma)
                 moves = joint_jacobian(xi_a, xi_b, slope, weight, parzen, rows.to(xi_a))
                 moves = moves.double()
-            hessian = hessian + _histogram_curvature(joint, grad_joint, moves)
+                # the loss is −score (+ 2): its curvature is the score's, negated
+                curvature = score_curvature(joint.detach(), moves, fn.normalize).cpu()
+            hessian = hessian - curvature
         with torch.no_grad():
             hessian = chain.transpose(1, 2) @ hessian @ chain
             gradient = (chain.transpose(1, 2) @ gradient)[..., 0]
@@ -383,19 +384,6 @@ class MutualInformationProblem(LevelProblem):
             values = torch.maximum(values, floor)
             hessian = vectors @ torch.diag_embed(values) @ vectors.transpose(1, 2)
         return hessian, gradient
-
-
-def _histogram_curvature(joint, grad_joint, moves) -> torch.Tensor:
-    """``(∂J/∂θ)ᵀ (∂²L/∂J²) (∂J/∂θ)`` ``(N, Q, Q)``: ``moves`` ``(N, bins, bins, Q)`` the
-    histogram's derivatives, ``grad_joint`` ``∂L/∂J`` built with its graph on ``joint``
-    (a Hessian-vector product per parameter: the histogram is small)."""
-    products = []
-    with torch.enable_grad():
-        for q in range(moves.shape[-1]):
-            (h,) = torch.autograd.grad((grad_joint * moves[..., q]).sum(), joint, retain_graph=True)
-            products.append(h)
-    with torch.no_grad():
-        return torch.einsum("nijq,nijr->nqr", moves, torch.stack(products, -1)).cpu()
 
 
 def level_problem(model, fixed, moving, weight, loss_fn, metric: str) -> LevelProblem:
