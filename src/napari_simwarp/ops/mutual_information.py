@@ -54,9 +54,12 @@ def _bspline3_curvatures(xi: torch.Tensor, bins: int) -> torch.Tensor:
 
 def _bspline3_cells(xi: torch.Tensor, bins: int, derivative: int = 0):
     """``(cell, weights, slopes, curvatures)``: each pixel's cell ``(M, P)`` (int64) and
-    the weights ``(M, P, 4)`` of its four taps, bins ``cell − 1 … cell + 2`` (those of
+    the weights ``(4, M, P)`` of its four taps, bins ``cell − 1 … cell + 2`` (those of
     :func:`_bspline3_taps`, in Horner form); their first (``derivative`` ≥ 1) and second
-    (2) derivatives with respect to ``ξ``, else None. Detached from ``xi``."""
+    (2) derivatives with respect to ``ξ``, else None. Detached from ``xi``.
+
+    The tap is the leading axis, the pixels the contiguous one: torch's elementwise
+    products over a trailing axis of 4 ran 5 to 7 times slower (docs/benchmarks.md)."""
     cell = xi.detach().floor().clamp(1, bins - 3)
     f = xi.detach() - cell
     g = 1.0 - f
@@ -67,23 +70,22 @@ def _bspline3_cells(xi: torch.Tensor, bins: int, derivative: int = 0):
             f2 * (0.5 * f - 1.0) + 2.0 / 3.0,
             ((0.5 - 0.5 * f) * f + 0.5) * f + 1.0 / 6.0,
             f2 * f / 6.0,
-        ],
-        dim=-1,
+        ]
     )
     slopes = curves = None
     if derivative >= 1:
         slopes = torch.stack(
-            [-0.5 * g * g, f * (1.5 * f - 2.0), (1.0 - 1.5 * f) * f + 0.5, 0.5 * f2], dim=-1
+            [-0.5 * g * g, f * (1.5 * f - 2.0), (1.0 - 1.5 * f) * f + 0.5, 0.5 * f2]
         )
     if derivative >= 2:
-        curves = torch.stack([g, 3.0 * f - 2.0, 1.0 - 3.0 * f, f], dim=-1)
+        curves = torch.stack([g, 3.0 * f - 2.0, 1.0 - 3.0 * f, f])
     return cell.to(torch.int64), weights, slopes, curves
 
 
 def _cell_rows(cell_a: torch.Tensor, cell_b: torch.Tensor, bins: int) -> torch.Tensor:
     """Flat index ``(M·P,)`` of each pixel's pair of cells in ``(M, bins, bins)``: one
-    index per pixel, its 4 × 4 tap pairs being the 16 columns of that row (counting into
-    16 columns of one row is half the time of 16 separate counts, docs/benchmarks.md)."""
+    index per pixel, its 4 × 4 tap pairs counted in 16 rows of the counts at that column
+    (:func:`_spread_cells`; 16 separate flat indices per pixel took twice the time)."""
     m = cell_a.shape[0]
     rows = cell_a * bins + cell_b
     if m > 1:
@@ -92,26 +94,34 @@ def _cell_rows(cell_a: torch.Tensor, cell_b: torch.Tensor, bins: int) -> torch.T
 
 
 def _spread_cells(counts: torch.Tensor, bins: int) -> torch.Tensor:
-    """``(M, bins, bins, 4, 4, *Q)`` counts per pair of cells and pair of taps → the joint
-    histogram ``(M, bins, bins, *Q)``: tap pair ``(i, j)`` of cells ``(k, l)`` is bin
+    """Counts ``(4, 4, Q, M, bins, bins)`` per pair of taps and pair of cells → the joint
+    histograms ``(M, bins, bins, Q)``: tap pair ``(i, j)`` of cells ``(k, l)`` is bin
     ``(k + i − 1, l + j − 1)``."""
-    m, q = counts.shape[0], counts.shape[5:]
-    out = counts.new_zeros(m, bins + 3, bins + 3, *q)
+    q, m = counts.shape[2:4]
+    out = counts.new_zeros(q, m, bins + 3, bins + 3)
     for i in range(4):
         for j in range(4):
-            out[:, i : i + bins, j : j + bins] += counts[:, :, :, i, j]
-    return out[:, 1 : bins + 1, 1 : bins + 1]
+            out[..., i : i + bins, j : j + bins] += counts[i, j]
+    return out[..., 1 : bins + 1, 1 : bins + 1].permute(1, 2, 3, 0)
 
 
 def _cell_patches(grad_joint: torch.Tensor, bins: int) -> torch.Tensor:
-    """``G`` ``(M, bins, bins)`` → ``(M·bins·bins, 16)``: row ``(m, k, l)`` holds the 4 × 4
-    bins ``G[m, k − 1 … k + 2, l − 1 … l + 2]`` that the taps of cells ``(k, l)`` see (0
-    outside), the transpose of :func:`_spread_cells`."""
+    """``G`` ``(M, bins, bins)`` → ``(16, M·bins·bins)``: column ``(m, k, l)`` holds the
+    4 × 4 bins ``G[m, k − 1 … k + 2, l − 1 … l + 2]`` that the taps of cells ``(k, l)``
+    see (0 outside), row ``4i + j`` tap pair ``(i, j)``: the transpose of
+    :func:`_spread_cells`."""
     m = grad_joint.shape[0]
     padded = grad_joint.new_zeros(m, bins + 3, bins + 3)
     padded[:, 1 : bins + 1, 1 : bins + 1] = grad_joint
     patches = padded.unfold(1, 4, 1).unfold(2, 4, 1)  # (M, bins, bins, 4, 4)
-    return patches.reshape(m * bins * bins, 16)
+    return patches.permute(3, 4, 0, 1, 2).reshape(16, m * bins * bins)
+
+
+def _seen(patches: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The 4 × 4 bins of ``G`` each pixel's tap pairs see ``(4, 4, M, P)``, from
+    :func:`_cell_patches` and the pixels' :func:`_cell_rows` ``(M, P)``."""
+    g = patches.gather(1, rows.reshape(1, -1).expand(16, -1))
+    return g.reshape(4, 4, *rows.shape)
 
 
 def _gaussian_curvatures(xi: torch.Tensor, bins: int, sigma: float) -> torch.Tensor:
@@ -225,27 +235,26 @@ class _JointHistogram(torch.autograd.Function):
             w = None if weight is None else weight[:, chunk]
             # ∂L/∂ξ_a(p) = w_p Σ_k W'_a[p, k] Σ_l G[k, l] W_b[p, l], and the same for b:
             # what each tap of one image sees of G through the other image's weights
-            if parzen.sparse:
+            if parzen.sparse:  # taps leading: (4, M, p); seen (4, 4, M, p)
                 cell_a, wa, slope_a, _ = _bspline3_cells(xi_a[:, chunk], parzen.bins, need_a)
                 cell_b, wb, slope_b, _ = _bspline3_cells(xi_b[:, chunk], parzen.bins, need_b)
-                rows = _cell_rows(cell_a, cell_b, parzen.bins)
-                g = patches.index_select(0, rows).reshape(*cell_a.shape, 4, 4)
-                seen_a = (g * wb.unsqueeze(-2)).sum(-1) if need_a else None
-                seen_b = (g * wa.unsqueeze(-1)).sum(-2) if need_b else None
-            else:
-                index_a, wa, slope_a = parzen.taps(xi_a[:, chunk], derivative=need_a)
-                index_b, wb, slope_b = parzen.taps(xi_b[:, chunk], derivative=need_b)
-                seen_a = seen_b = None
+                g = _seen(patches, _cell_rows(cell_a, cell_b, parzen.bins).view(cell_a.shape))
                 if need_a:
-                    seen = torch.bmm(parzen.dense(index_b, wb), grad_joint.transpose(1, 2))
-                    seen_a = seen.gather(-1, index_a)
+                    total = (slope_a * (g * wb[None]).sum(1)).sum(0)
+                    grad_a[:, chunk] = total if w is None else total * w
                 if need_b:
-                    seen_b = torch.bmm(parzen.dense(index_a, wa), grad_joint).gather(-1, index_b)
+                    total = (slope_b * (g * wa[:, None]).sum(0)).sum(0)
+                    grad_b[:, chunk] = total if w is None else total * w
+                continue
+            index_a, wa, slope_a = parzen.taps(xi_a[:, chunk], derivative=need_a)
+            index_b, wb, slope_b = parzen.taps(xi_b[:, chunk], derivative=need_b)
             if need_a:
-                g = (slope_a * seen_a).sum(-1)
+                seen = torch.bmm(parzen.dense(index_b, wb), grad_joint.transpose(1, 2))
+                g = (slope_a * seen.gather(-1, index_a)).sum(-1)
                 grad_a[:, chunk] = g if w is None else g * w
             if need_b:
-                g = (slope_b * seen_b).sum(-1)
+                seen = torch.bmm(parzen.dense(index_a, wa), grad_joint).gather(-1, index_b)
+                g = (slope_b * seen).sum(-1)
                 grad_b[:, chunk] = g if w is None else g * w
         return grad_a, grad_b, None, None
 
@@ -253,7 +262,7 @@ class _JointHistogram(torch.autograd.Function):
 def cell_taps(xi: torch.Tensor, bins: int):
     """The cubic B-spline's taps at bin coordinates ``xi`` ``(M, P)``: ``(rows, weights)``,
     ``rows`` ``(M, P)`` each pixel's cell times ``bins`` plus its row's offset ``m ·
-    bins²`` (int64), ``weights`` ``(M, P, 4)`` (bins ``cell − 1 … cell + 2``). The fixed
+    bins²`` (int64), ``weights`` ``(4, M, P)`` (bins ``cell − 1 … cell + 2``). The fixed
     image's taps, kept across the steps of a level (its frame rarely changes)."""
     m = xi.shape[0]
     cell, weights, _, _ = _bspline3_cells(xi, bins)
@@ -267,23 +276,21 @@ def bspline_histograms(taps_a, xi_b, weights, bins: int) -> list:
     """The B-spline joint histograms ``(M, bins, bins)`` of the fixed taps ``taps_a``
     (:func:`cell_taps`) and bin coordinates ``xi_b`` ``(M, P)``, one per pixel weight in
     ``weights`` (each ``(M, P)`` or None), in one pass: each pixel's 16 tap pairs are
-    formed once and counted into the row of its pair of cells, one column block per
-    weight (:func:`_cell_rows`), then spread onto the bins (:func:`_spread_cells`)."""
+    formed once and counted at the column of its pair of cells, 16 rows per weight
+    (:func:`_cell_rows`), then spread onto the bins (:func:`_spread_cells`)."""
     rows_a, wa_all = taps_a
     m, p = xi_b.shape
     k = len(weights)
-    counts = xi_b.new_zeros(m * bins * bins, 16 * k)
+    counts = xi_b.new_zeros(k * 16, m * bins * bins)
     ones = xi_b.new_ones(m, p)
-    scale = torch.stack([ones if w is None else w.expand(m, p) for w in weights], dim=-1)
+    scale = torch.stack([ones if w is None else w.expand(m, p) for w in weights])  # (K, M, P)
     for chunk in _chunks(p, m * 16 * k):
         cell_b, wb, _, _ = _bspline3_cells(xi_b[:, chunk], bins)
-        # (M, p, K, 4, 4): every tap pair under every weight, formed in one product
-        wa = wa_all[:, chunk].unsqueeze(-2) * scale[:, chunk].unsqueeze(-1)  # (M, p, K, 4)
-        values = wa.unsqueeze(-1) * wb[:, :, None, None, :]
-        counts.index_add_(0, (rows_a[:, chunk] + cell_b).reshape(-1), values.reshape(-1, 16 * k))
-    counts = counts.reshape(m, bins, bins, k, 4, 4).permute(0, 1, 2, 4, 5, 3)
-    spread = _spread_cells(counts, bins)
-    return list(spread.unbind(-1))
+        wa = wa_all[:, :, chunk].unsqueeze(0) * scale[:, None, :, chunk]  # (K, 4, M, p)
+        values = wa.unsqueeze(2) * wb[None, None]  # (K, 4, 4, M, p): every pair, every weight
+        counts.index_add_(1, (rows_a[:, chunk] + cell_b).reshape(-1), values.reshape(k * 16, -1))
+    counts = counts.reshape(k, 4, 4, m, bins, bins).permute(1, 2, 0, 3, 4, 5)
+    return list(_spread_cells(counts, bins).unbind(-1))
 
 
 def bspline_pixel_derivatives(taps_a, xi_b, slope, weight, grad_joint, bins: int):
@@ -295,11 +302,10 @@ def bspline_pixel_derivatives(taps_a, xi_b, slope, weight, grad_joint, bins: int
     patches = _cell_patches(grad_joint.to(xi_b.dtype), bins)
     for chunk in _chunks(p, m * 16):
         cell_b, _, slopes, curves = _bspline3_cells(xi_b[:, chunk], bins, 2)
-        g = patches.index_select(0, (rows_a[:, chunk] + cell_b).reshape(-1))
-        g = g.reshape(*cell_b.shape, 4, 4)
-        seen = (g * wa_all[:, chunk].unsqueeze(-1)).sum(-2)  # (M, p, 4): G seen by b's taps
-        first[:, chunk] = (slopes * seen).sum(-1)
-        second[:, chunk] = (curves * seen).sum(-1)
+        g = _seen(patches, rows_a[:, chunk] + cell_b)  # (4, 4, M, p)
+        seen = (g * wa_all[:, None, :, chunk]).sum(0)  # (4, M, p): G seen by b's taps
+        first[:, chunk] = (slopes * seen).sum(0)
+        second[:, chunk] = (curves * seen).sum(0)
     if weight is not None:
         first, second = first * weight, second * weight
     return first * slope, second * slope * slope
@@ -473,17 +479,17 @@ def joint_jacobian(xi_a, xi_b, slope, weight, parzen, moves):
     m, p = xi_a.shape
     q = moves.shape[1]
     bins = parzen.bins
-    if parzen.sparse:
-        counts = xi_a.new_zeros(m * bins * bins, 16 * q)
+    if parzen.sparse:  # taps leading, as in bspline_histograms
+        counts = xi_a.new_zeros(16 * q, m * bins * bins)
         for chunk in _chunks(p, m * 16 * q):
             cell_a, wa, _, _ = _bspline3_cells(xi_a[:, chunk], bins)
             cell_b, _, sb, _ = _bspline3_cells(xi_b[:, chunk], bins, 1)
             if weight is not None:
-                wa = wa * weight[:, chunk].unsqueeze(-1)
-            mv = (moves[:, :, chunk] * slope[:, :, None]).transpose(1, 2)  # (M, p, Q)
-            values = (wa.unsqueeze(-1) * sb.unsqueeze(-2)).unsqueeze(-1) * mv[:, :, None, None]
-            counts.index_add_(0, _cell_rows(cell_a, cell_b, bins), values.reshape(-1, 16 * q))
-        return _spread_cells(counts.reshape(m, bins, bins, 4, 4, q), bins)
+                wa = wa * weight[:, chunk]
+            mv = (moves[:, :, chunk] * slope[:, :, None]).transpose(0, 1)  # (Q, M, p)
+            values = (wa[:, None] * sb[None])[:, :, None] * mv  # (4, 4, Q, M, p)
+            counts.index_add_(1, _cell_rows(cell_a, cell_b, bins), values.reshape(16 * q, -1))
+        return _spread_cells(counts.reshape(4, 4, q, m, bins, bins), bins)
     out = xi_a.new_zeros(m * bins * bins, q)
     for chunk in _chunks(p, m * parzen.cost * q):
         index_a, wa, _ = parzen.taps(xi_a[:, chunk])
