@@ -11,7 +11,8 @@ determinant for dense ones. Each row is one call, timed and measured for peak me
 once (the suite stays at a few minutes on a shared machine); a warm-up call precedes it.
 
     python benchmarks/bench_quality.py [--quick] [--out FILE]     # a table alone
-    python benchmarks/bench_quality.py --cases multimodal --seeds 1 2 3   # those rows, 3 draws
+    python benchmarks/bench_quality.py --cases multimodal --seeds 1 2 3 [--repeat 3]
+                                                   # those rows, 3 draws (median of 3 calls)
     python benchmarks/run.py quality                               # into docs/benchmarks.md
 """
 
@@ -44,20 +45,26 @@ SECTION = "Registration quality and capture range (issue 16)"
 QUICK = os.environ.get("SIMWARP_BENCH_QUICK") == "1"
 #: elastix runs on as many threads as torch (run with OMP_NUM_THREADS=1 on a shared machine)
 ELASTIX_THREADS = int(os.environ.get("OMP_NUM_THREADS", "2"))
+#: calls per row (``--repeat``): the row's time is their median, its peak memory the first's
+REPEAT = 1
 
 
 def once(report, group, impl, fn, accuracy, *, ours=False):
-    """Run ``fn`` once, timed and under the peak-memory probe; ``accuracy(result)`` → note."""
+    """Run ``fn`` :data:`REPEAT` times (once by default), timed, the first under the
+    peak-memory probe; ``accuracy(result)`` → note."""
     out = {}
 
     def call():
         t0 = time.perf_counter()
         out["result"] = fn()
-        out["seconds"] = time.perf_counter() - t0
+        out.setdefault("times", []).append(time.perf_counter() - t0)
         return None
 
     try:
         peak = peak_memory_mb(call)
+        for _ in range(REPEAT - 1):
+            call()
+        out["seconds"] = float(np.median(out["times"]))
         note = accuracy(out["result"])
     except Exception as exc:  # a peer that fails on a case is a result too
         peak, note = None, f"failed: {type(exc).__name__}: {str(exc)[:60]}"
@@ -429,7 +436,7 @@ def run(report, cases="all", seeds=(16,)) -> None:
 
 
 def main(argv=None) -> int:
-    global QUICK
+    global QUICK, REPEAT
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a few cases (about a minute)")
     parser.add_argument("--out", help="write the markdown table to this file")
@@ -442,8 +449,12 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--seeds", type=int, nargs="+", default=[1, 2, 3], help="the draws of --cases multimodal"
     )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="calls per row, the median time reported"
+    )
     args = parser.parse_args(argv)
     QUICK = QUICK or args.quick
+    REPEAT = max(1, args.repeat)
     report = Report()
     run(report, args.cases, args.seeds)
     return print_markdown(report, SECTION, args.out)
