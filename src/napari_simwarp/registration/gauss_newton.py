@@ -309,24 +309,24 @@ class MutualInformationProblem(LevelProblem):
             return joint, other
         have = kept is not None and kept[0] is samples[0] and kept[1] is samples[1]
         frames = kept[2] if have else self._frames(warped, fixed, own)
-        weights = [] if have else [own]
-        other_frames = None
-        if weight is not None:
-            _, _, w = self._rows(samples, weight)
-            other_frames = self._frames(warped, fixed, w)
+        if weight is None:
+            if not have:
+                joint = bspline_histograms(frames[0], frames[2], [own], fn.bins)[0]
+                self._kept = (samples[0], samples[1], frames, joint)
+            return self._kept[3], None
+        _, _, w = self._rows(samples, weight)
+        other_frames = self._frames(warped, fixed, w)
+        other = bspline_histograms(other_frames[0], other_frames[2], [w], fn.bins)[0]
+        if not have:
             same = other_frames[0] is frames[0] and torch.equal(other_frames[2], frames[2])
             if same:
-                weights.append(w)
-        joints = bspline_histograms(frames[0], frames[2], weights, fn.bins) if weights else []
-        if not have:
-            self._kept = (samples[0], samples[1], frames, joints[0])
-        joint = self._kept[3]
-        if weight is None:
-            return joint, None
-        if len(joints) == len(weights) and len(weights) > (0 if have else 1):
-            return joint, joints[-1]
-        other = bspline_histograms(other_frames[0], other_frames[2], [w], fn.bins)[0]
-        return joint, other
+                # The histogram is linear in the weight, and the two weights differ only
+                # where the moving image's edges moved: own = w + (own − w) on those pixels.
+                joint = other + _partial_histogram(frames, own - w, fn.bins)
+            else:
+                joint = bspline_histograms(frames[0], frames[2], [own], fn.bins)[0]
+            self._kept = (samples[0], samples[1], frames, joint)
+        return self._kept[3], other
 
     def _loss_of(self, joint) -> torch.Tensor:
         score = score_of_joint(joint, self.loss_fn.normalize)
@@ -384,6 +384,17 @@ class MutualInformationProblem(LevelProblem):
             values = torch.maximum(values, floor)
             hessian = vectors @ torch.diag_embed(values) @ vectors.transpose(1, 2)
         return hessian, gradient
+
+
+def _partial_histogram(frames, weight, bins: int) -> torch.Tensor:
+    """The B-spline joint histogram ``(M, bins, bins)`` of ``frames`` (from
+    :meth:`MutualInformationProblem._frames`) over ``weight`` ``(M, P)``, counting only
+    the pixels where some row's weight is not 0 (a thin band at the edges)."""
+    taps_a, _, xi_b, _ = frames
+    changed = (weight != 0).any(0).nonzero().squeeze(1)
+    rows_a, wa = taps_a
+    part = (rows_a[:, changed], wa[:, :, changed])
+    return bspline_histograms(part, xi_b[:, changed], [weight[:, changed]], bins)[0]
 
 
 def level_problem(model, fixed, moving, weight, loss_fn, metric: str) -> LevelProblem:
