@@ -96,13 +96,11 @@ def _cell_rows(cell_a: torch.Tensor, cell_b: torch.Tensor, bins: int) -> torch.T
 def _spread_cells(counts: torch.Tensor, bins: int) -> torch.Tensor:
     """Counts ``(4, 4, Q, M, bins, bins)`` per pair of taps and pair of cells → the joint
     histograms ``(M, bins, bins, Q)``: tap pair ``(i, j)`` of cells ``(k, l)`` is bin
-    ``(k + i − 1, l + j − 1)``."""
+    ``(k + i − 1, l + j − 1)`` (overlapping 4 × 4 blocks summed: ``fold``)."""
     q, m = counts.shape[2:4]
-    out = counts.new_zeros(q, m, bins + 3, bins + 3)
-    for i in range(4):
-        for j in range(4):
-            out[..., i : i + bins, j : j + bins] += counts[i, j]
-    return out[..., 1 : bins + 1, 1 : bins + 1].permute(1, 2, 3, 0)
+    blocks = counts.reshape(16, q, m, bins * bins).permute(2, 1, 0, 3).reshape(m, q * 16, -1)
+    out = torch.nn.functional.fold(blocks, (bins + 3, bins + 3), (4, 4))  # (M, Q, b+3, b+3)
+    return out[..., 1 : bins + 1, 1 : bins + 1].permute(0, 2, 3, 1)
 
 
 def _cell_patches(grad_joint: torch.Tensor, bins: int) -> torch.Tensor:
