@@ -270,38 +270,48 @@ def cell_taps(xi: torch.Tensor, bins: int):
     return rows, weights
 
 
+def _taps_in(taps_a, chunk, bins: int):
+    """The fixed taps ``(rows (M, p), weights (4, M, p))`` of the pixels ``chunk``: from
+    :func:`cell_taps` kept whole, or computed here from bin coordinates ``(M, P)`` (so
+    that a one-off histogram holds no whole-image taps)."""
+    if isinstance(taps_a, torch.Tensor):
+        return cell_taps(taps_a[:, chunk], bins)
+    rows, weights = taps_a
+    return rows[:, chunk], weights[:, :, chunk]
+
+
 def bspline_histograms(taps_a, xi_b, weights, bins: int) -> list:
     """The B-spline joint histograms ``(M, bins, bins)`` of the fixed taps ``taps_a``
-    (:func:`cell_taps`) and bin coordinates ``xi_b`` ``(M, P)``, one per pixel weight in
-    ``weights`` (each ``(M, P)`` or None), in one pass: each pixel's 16 tap pairs are
-    formed once and counted at the column of its pair of cells, 16 rows per weight
-    (:func:`_cell_rows`), then spread onto the bins (:func:`_spread_cells`)."""
-    rows_a, wa_all = taps_a
+    (:func:`cell_taps`, or the fixed bin coordinates ``(M, P)``) and bin coordinates
+    ``xi_b`` ``(M, P)``, one per pixel weight in ``weights`` (each ``(M, P)`` or None),
+    in one pass: each pixel's 16 tap pairs are formed once and counted at the column of
+    its pair of cells, 16 rows per weight (:func:`_cell_rows`), then spread onto the
+    bins (:func:`_spread_cells`)."""
     m, p = xi_b.shape
     k = len(weights)
     counts = xi_b.new_zeros(k * 16, m * bins * bins)
-    ones = xi_b.new_ones(m, p)
-    scale = torch.stack([ones if w is None else w.expand(m, p) for w in weights])  # (K, M, P)
     for chunk in _chunks(p, m * 16 * k):
+        rows_a, wa = _taps_in(taps_a, chunk, bins)
         cell_b, wb, _, _ = _bspline3_cells(xi_b[:, chunk], bins)
-        wa = wa_all[:, :, chunk].unsqueeze(0) * scale[:, None, :, chunk]  # (K, 4, M, p)
+        wa = torch.stack([wa if w is None else wa * w[:, chunk] for w in weights])  # (K,4,M,p)
         values = wa.unsqueeze(2) * wb[None, None]  # (K, 4, 4, M, p): every pair, every weight
-        counts.index_add_(1, (rows_a[:, chunk] + cell_b).reshape(-1), values.reshape(k * 16, -1))
+        counts.index_add_(1, (rows_a + cell_b).reshape(-1), values.reshape(k * 16, -1))
     counts = counts.reshape(k, 4, 4, m, bins, bins).permute(1, 2, 0, 3, 4, 5)
     return list(_spread_cells(counts, bins).unbind(-1))
 
 
 def bspline_pixel_derivatives(taps_a, xi_b, slope, weight, grad_joint, bins: int):
     """:func:`pixel_derivatives` for the B-spline window from the fixed taps ``taps_a``
-    (:func:`cell_taps`): first and second derivatives ``(M, P)`` each."""
-    rows_a, wa_all = taps_a
+    (:func:`cell_taps`, or the fixed bin coordinates): first and second derivatives
+    ``(M, P)`` each."""
     m, p = xi_b.shape
     first, second = torch.zeros_like(xi_b), torch.zeros_like(xi_b)
     patches = _cell_patches(grad_joint.to(xi_b.dtype), bins)
     for chunk in _chunks(p, m * 16):
+        rows_a, wa = _taps_in(taps_a, chunk, bins)
         cell_b, _, slopes, curves = _bspline3_cells(xi_b[:, chunk], bins, 2)
-        g = _seen(patches, rows_a[:, chunk] + cell_b)  # (4, 4, M, p)
-        seen = (g * wa_all[:, None, :, chunk]).sum(0)  # (4, M, p): G seen by b's taps
+        g = _seen(patches, rows_a + cell_b)  # (4, 4, M, p)
+        seen = (g * wa[:, None]).sum(0)  # (4, M, p): G seen by b's taps
         first[:, chunk] = (slopes * seen).sum(0)
         second[:, chunk] = (curves * seen).sum(0)
     if weight is not None:
@@ -311,7 +321,7 @@ def bspline_pixel_derivatives(taps_a, xi_b, slope, weight, grad_joint, bins: int
 
 def _bspline_histogram(xi_a, xi_b, weight, bins: int) -> torch.Tensor:
     """The B-spline's joint histogram ``(M, bins, bins)`` (:func:`bspline_histograms`)."""
-    return bspline_histograms(cell_taps(xi_a, bins), xi_b, [weight], bins)[0]
+    return bspline_histograms(xi_a, xi_b, [weight], bins)[0]
 
 
 def _pair_index(index_a: torch.Tensor, index_b: torch.Tensor, bins: int) -> torch.Tensor:
@@ -516,9 +526,7 @@ def pixel_derivatives(xi_a, xi_b, slope, weight, parzen, grad_joint):
     m, p = xi_a.shape
     bins = parzen.bins
     if parzen.sparse:
-        return bspline_pixel_derivatives(
-            cell_taps(xi_a, bins), xi_b, slope, weight, grad_joint, bins
-        )
+        return bspline_pixel_derivatives(xi_a, xi_b, slope, weight, grad_joint, bins)
     first, second = torch.zeros_like(xi_b), torch.zeros_like(xi_b)
     grad_joint = grad_joint.to(xi_b.dtype).contiguous()
     for chunk in _chunks(p, m * parzen.cost):
