@@ -16,9 +16,9 @@ small normal equations are formed from float32 pixels and solved in float64. ``W
 the fixed image's mask times :func:`edge_taper` of both images' edges. A step is kept
 when it lowers the run's loss (then ``λ`` shrinks), else ``λ`` grows and the step is
 retried; a pair is done once a step moves no corner of the fixed level by
-:data:`TOLERANCE` level pixels, or once the loss refuses a step shorter than
-:data:`REFUSED_TOLERANCE`. Near the optimum the convergence is quadratic: a few steps per
-level where Adam takes tens.
+:data:`TOLERANCE` level pixels (:data:`MI_TOLERANCE` for "mi"), or once the loss refuses
+a step shorter than :data:`REFUSED_TOLERANCE`. Near the optimum the convergence is
+quadratic: a few steps per level where Adam takes tens.
 
 ``metric="mi"`` runs the same steps with another system: :class:`MutualInformationProblem`
 builds the gradient and a positive semi-definite approximate Hessian of the loss from the
@@ -50,6 +50,12 @@ from ..ops.mutual_information import (
 METRICS = ("ncc", "mse", "mi")
 #: a level ends once no corner of the fixed image moves this many level pixels in a step
 TOLERANCE = 1e-3
+#: metric "mi": its level ends once no corner moves this many level pixels. Its steps
+#: converge linearly (each about a quarter of the one before), so what such a step leaves
+#: is about a third of it, well below the estimate's own error; on five draws each of
+#: bench_quality's multimodal pairs (2-D 256², 3-D 48³) 1e-2 changed no corner error by
+#: more than 1e-4 px and saved one step on most levels (docs/benchmarks.md, issue 16)
+MI_TOLERANCE = 1e-2
 #: ... or once the loss refuses a step that moves no corner this many level pixels
 REFUSED_TOLERANCE = 0.02
 #: width in level pixels of the weight's ramp at the edges of both images (:func:`edge_taper`)
@@ -119,6 +125,9 @@ class LevelProblem:
     *S)`` or None; loss_fn : the run's loss at this level (``(N,)`` per pair); metric : one
     of :data:`METRICS`.
     """
+
+    #: a step moving no corner this many level pixels ends the level
+    tolerance = TOLERANCE
 
     def __init__(self, model, fixed, moving, weight, loss_fn, metric: str):
         self.model, self.fixed = model, fixed
@@ -256,12 +265,16 @@ class MutualInformationProblem(LevelProblem):
     largest) so that the damped step descends.
     """
 
+    tolerance = MI_TOLERANCE
     #: (sampled, own weight, frames, histogram) of the samples whose histogram over their
     #: own weight was built last (by :meth:`loss`), for :meth:`normal_equations`
     _kept = None
-    #: (lo, hi, taps): the fixed level's B-spline taps (:func:`cell_taps`) in the frame
-    #: ``[lo, hi]``; the frame follows the pixels of positive weight, so it rarely changes
+    #: (lo, hi, taps, ξ): the fixed level's B-spline taps (:func:`cell_taps`) and bin
+    #: coordinates in the frame ``[lo, hi]``; the frame follows the pixels of positive
+    #: weight, so it rarely changes
     _fixed_taps = None
+    #: the fixed level's pixels ``(N, P)`` in :func:`precise` arithmetic
+    _fixed_rows = None
 
     def _rows(self, samples, weight=None):
         """``(warped, fixed, weight)`` ``(N, P)`` each in :func:`precise` arithmetic: the
@@ -272,8 +285,9 @@ class MutualInformationProblem(LevelProblem):
         wide = precise(sampled.device)
         n = sampled.shape[0]
         warped = sampled[:, 0].reshape(n, -1).to(wide)
-        fixed = self.fixed.reshape(self.fixed.shape[0], -1).expand(n, -1).to(wide)
-        return warped, fixed, w.reshape(w.shape[0], -1).expand(n, -1).to(wide)
+        if self._fixed_rows is None or self._fixed_rows.shape[0] != n:  # the same each step
+            self._fixed_rows = self.fixed.reshape(self.fixed.shape[0], -1).expand(n, -1).to(wide)
+        return warped, self._fixed_rows, w.reshape(w.shape[0], -1).expand(n, -1).to(wide)
 
     def _frames(self, warped, fixed, weight):
         """``(taps_a, xi_a, xi_b, ∂ξ_b/∂b)`` over the pixels of positive ``weight``: the
@@ -282,12 +296,12 @@ class MutualInformationProblem(LevelProblem):
         bins = self.loss_fn.bins
         valid = weight > 0
         lo, hi = frame_of(fixed, valid)
-        xi_a = bin_coordinates(fixed, lo, hi, bins, 1.0)[0]
         kept = self._fixed_taps
         if kept is None or not (torch.equal(kept[0], lo) and torch.equal(kept[1], hi)):
-            kept = self._fixed_taps = (lo, hi, cell_taps(xi_a, bins))
+            xi_a = bin_coordinates(fixed, lo, hi, bins, 1.0)[0]
+            kept = self._fixed_taps = (lo, hi, cell_taps(xi_a, bins), xi_a)
         xi_b, slope = bin_coordinates(warped, *frame_of(warped, valid), bins, 1.0)
-        return kept[2], xi_a, xi_b, slope
+        return kept[2], kept[3], xi_b, slope
 
     def _histograms(self, samples, weight=None):
         """The joint histogram over the samples' own weight, kept (with its frames) for
@@ -454,7 +468,7 @@ def run_level(problem: LevelProblem, iterations: int, history: list, report_ever
         )
         # Done: a step too small to matter, or a small step the loss refuses (the loss
         # cannot tell points this close apart: its minimum lies within half the step).
-        settled = (moved < TOLERANCE) | (~better & (moved < REFUSED_TOLERANCE))
+        settled = (moved < problem.tolerance) | (~better & (moved < REFUSED_TOLERANCE))
         done = done | settled | (damping > DAMPING["most"]) | ~torch.isfinite(moved)
         if bool(better.all()):
             samples = trial  # the same tensors: what the problem kept of them still holds
