@@ -275,6 +275,8 @@ class MutualInformationProblem(LevelProblem):
     _fixed_taps = None
     #: the fixed level's pixels ``(N, P)`` in :func:`precise` arithmetic
     _fixed_rows = None
+    #: (source, lo, hi, ξ, ∂ξ/∂b): the last warped level's bin coordinates in ``[lo, hi]``
+    _moving_bins = None
 
     def _rows(self, samples, weight=None):
         """``(warped, fixed, weight)`` ``(N, P)`` each in :func:`precise` arithmetic: the
@@ -289,10 +291,11 @@ class MutualInformationProblem(LevelProblem):
             self._fixed_rows = self.fixed.reshape(self.fixed.shape[0], -1).expand(n, -1).to(wide)
         return warped, self._fixed_rows, w.reshape(w.shape[0], -1).expand(n, -1).to(wide)
 
-    def _frames(self, warped, fixed, weight):
+    def _frames(self, warped, fixed, weight, source=None):
         """``(taps_a, xi_a, xi_b, ∂ξ_b/∂b)`` over the pixels of positive ``weight``: the
         frames of :func:`~..ops.mutual_information.parzen_frames`, the fixed taps kept while
-        the fixed frame holds."""
+        the fixed frame holds, the moving bin coordinates while the moving frame holds for
+        the same ``source`` (the sampled tensor ``warped`` comes from)."""
         bins = self.loss_fn.bins
         valid = weight > 0
         lo, hi = frame_of(fixed, valid)
@@ -300,8 +303,13 @@ class MutualInformationProblem(LevelProblem):
         if kept is None or not (torch.equal(kept[0], lo) and torch.equal(kept[1], hi)):
             xi_a = bin_coordinates(fixed, lo, hi, bins, 1.0)[0]
             kept = self._fixed_taps = (lo, hi, cell_taps(xi_a, bins), xi_a)
-        xi_b, slope = bin_coordinates(warped, *frame_of(warped, valid), bins, 1.0)
-        return kept[2], kept[3], xi_b, slope
+        lo_b, hi_b = frame_of(warped, valid)
+        moving = self._moving_bins
+        same = moving is not None and source is not None and moving[0] is source
+        if not (same and torch.equal(moving[1], lo_b) and torch.equal(moving[2], hi_b)):
+            moving = (source, lo_b, hi_b, *bin_coordinates(warped, lo_b, hi_b, bins, 1.0))
+            self._moving_bins = moving
+        return kept[2], kept[3], moving[3], moving[4]
 
     def _histograms(self, samples, weight=None):
         """The joint histogram over the samples' own weight, kept (with its frames) for
@@ -322,17 +330,17 @@ class MutualInformationProblem(LevelProblem):
             self._kept = (samples[0], samples[1], frames, joint)
             return joint, other
         have = kept is not None and kept[0] is samples[0] and kept[1] is samples[1]
-        frames = kept[2] if have else self._frames(warped, fixed, own)
+        frames = kept[2] if have else self._frames(warped, fixed, own, samples[0])
         if weight is None:
             if not have:
                 joint = bspline_histograms(frames[0], frames[2], [own], fn.bins)[0]
                 self._kept = (samples[0], samples[1], frames, joint)
             return self._kept[3], None
         _, _, w = self._rows(samples, weight)
-        other_frames = self._frames(warped, fixed, w)
+        other_frames = self._frames(warped, fixed, w, samples[0])
         other = bspline_histograms(other_frames[0], other_frames[2], [w], fn.bins)[0]
         if not have:
-            same = other_frames[0] is frames[0] and torch.equal(other_frames[2], frames[2])
+            same = other_frames[0] is frames[0] and other_frames[2] is frames[2]
             if same:
                 # The histogram is linear in the weight, and the two weights differ only
                 # where the moving image's edges moved: own = w + (own − w) on those pixels.
