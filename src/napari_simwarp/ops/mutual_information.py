@@ -293,7 +293,10 @@ def bspline_histograms(taps_a, xi_b, weights, bins: int) -> list:
     for chunk in _chunks(p, m * 16 * k):
         rows_a, wa = _taps_in(taps_a, chunk, bins)
         cell_b, wb, _, _ = _bspline3_cells(xi_b[:, chunk], bins)
-        wa = torch.stack([wa if w is None else wa * w[:, chunk] for w in weights])  # (K,4,M,p)
+        if k == 1:  # (K, 4, M, p): the fixed taps under each weight
+            wa = (wa if weights[0] is None else wa * weights[0][:, chunk]).unsqueeze(0)
+        else:
+            wa = torch.stack([wa if w is None else wa * w[:, chunk] for w in weights])
         values = wa.unsqueeze(2) * wb[None, None]  # (K, 4, 4, M, p): every pair, every weight
         counts.index_add_(1, (rows_a + cell_b).reshape(-1), values.reshape(k * 16, -1))
     counts = counts.reshape(k, 4, 4, m, bins, bins).permute(1, 2, 0, 3, 4, 5)
@@ -311,7 +314,9 @@ def bspline_pixel_derivatives(taps_a, xi_b, slope, weight, grad_joint, bins: int
         rows_a, wa = _taps_in(taps_a, chunk, bins)
         cell_b, _, slopes, curves = _bspline3_cells(xi_b[:, chunk], bins, 2)
         g = _seen(patches, rows_a + cell_b)  # (4, 4, M, p)
-        seen = (g * wa[:, None]).sum(0)  # (4, M, p): G seen by b's taps
+        seen = g[0] * wa[0]  # (4, M, p): G seen by b's taps, summed over a's taps in place
+        for i in range(1, 4):
+            seen.addcmul_(g[i], wa[i])
         first[:, chunk] = (slopes * seen).sum(0)
         second[:, chunk] = (curves * seen).sum(0)
     if weight is not None:
