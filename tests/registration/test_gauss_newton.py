@@ -151,9 +151,15 @@ def test_normal_equations_match_autograd(kind, fixed_shape, metric):
 
 @pytest.mark.parametrize("normalize", [True, False])
 @pytest.mark.parametrize(
-    "kind,fixed_shape", [("affine", (14, 18)), ("affine", (40, 36)), ("rigid", (8, 9, 10))]
+    "kind,fixed_shape,kernel",
+    [
+        ("affine", (14, 18), "bspline"),
+        ("affine", (40, 36), "bspline"),
+        ("rigid", (8, 9, 10), "bspline"),
+        ("affine", (14, 18), "gaussian"),
+    ],
 )
-def test_mutual_information_gradient_matches_autograd(kind, fixed_shape, normalize):
+def test_mutual_information_gradient_matches_autograd(kind, fixed_shape, kernel, normalize):
     """The gradient of the "mi" system against float64 autograd of the run's loss through
     the same warp (the histogram's frame and the pixel weights held fixed, as the run
     holds them); its matrix is symmetric positive semi-definite. (14, 18) takes the
@@ -167,7 +173,7 @@ def test_mutual_information_gradient_matches_autograd(kind, fixed_shape, normali
     # a fixed image related to where its pixels land, through a non-monotonic map
     fixed = torch.sin(4.0 * torch.from_numpy(_ramp(fixed_shape)))[None, None]
     fixed = fixed + 0.05 * torch.from_numpy(rng.standard_normal(fixed.shape))
-    loss_fn = loss_for("mi", reduction="none", bins=12, normalize=normalize)
+    loss_fn = loss_for("mi", reduction="none", bins=12, normalize=normalize, kernel=kernel)
     # The warped ramp's extremes, which set the histogram's frame, lie at the corners;
     # autograd splits a pixel's derivative at the frame's end (a tie of torch.minimum)
     # where the system takes it from inside: the corners weigh (almost) nothing.
@@ -193,8 +199,10 @@ def test_mutual_information_gradient_matches_autograd(kind, fixed_shape, normali
     assert torch.linalg.eigvalsh(hessian).min() >= 0
 
 
-@pytest.mark.parametrize("normalize", [True, False])
-def test_mutual_information_losses_are_the_run_loss(normalize):
+@pytest.mark.parametrize(
+    "normalize,kernel", [(True, "bspline"), (False, "bspline"), (True, "gaussian")]
+)
+def test_mutual_information_losses_are_the_run_loss(normalize, kernel):
     """The "mi" problem builds its histograms itself (the fixed taps kept, two weights in
     one pass): each loss it reports is the run's loss function on the same warped level
     and weight, whether the other weight shares the samples' frames or not, in any order
@@ -204,7 +212,7 @@ def test_mutual_information_losses_are_the_run_loss(normalize):
     model = _inside_model(rng, "affine", shape, 2, torch.float64, 0.3)
     moving = torch.from_numpy(rng.standard_normal((2, 1, 60, 68)))
     fixed = torch.sin(3.0 * torch.from_numpy(rng.standard_normal((1, 1, *shape))))
-    loss_fn = loss_for("mi", reduction="none", bins=16, normalize=normalize)
+    loss_fn = loss_for("mi", reduction="none", bins=16, normalize=normalize, kernel=kernel)
     problem = gn.level_problem(model, fixed, moving, None, loss_fn, "mi")
     samples = problem.sample()
     own = samples[1]

@@ -316,7 +316,8 @@ class MutualInformationProblem(LevelProblem):
     def _histograms(self, samples, weight=None):
         """The joint histogram over the samples' own weight, kept (with its frames) for
         :meth:`normal_equations`, and the one over ``weight`` where given: ``(own, other
-        or None)``. Both in one pass over the pixels where their frames agree."""
+        or None)``. Where their frames agree, the own one is the other plus the pixels
+        where the two weights differ (:func:`_partial_histogram`)."""
         kept = self._kept
         warped, fixed, own = self._rows(samples)
         fn = self.loss_fn
