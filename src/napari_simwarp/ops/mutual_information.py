@@ -25,38 +25,13 @@ _CHUNK_ELEMENTS = 1 << 22
 _TINY = 1e-300
 
 
-def _bspline3_taps(xi: torch.Tensor, bins: int, derivative: bool):
-    """The cubic B-spline's four non-zero taps at bin coordinates ``xi`` ``(M, P)`` in
-    ``[1, bins − 2]``: bins ``cell − 1 … cell + 2`` with ``cell = ⌊ξ⌋`` (kept ≤ bins − 3,
-    so ``f = ξ − cell ∈ [0, 1]``), weights ``β³(ξ − k)`` in closed form, and their
-    derivatives with respect to ``ξ``."""
-    cell = xi.detach().floor().clamp(1, bins - 3)
-    f = (xi - cell).unsqueeze(-1)
-    index = cell.to(torch.int64).unsqueeze(-1) + torch.arange(-1, 3, device=xi.device)
-    g = 1.0 - f
-    f2, f3 = f * f, f * f * f
-    weights = (
-        torch.cat([g * g * g, 3 * f3 - 6 * f2 + 4, -3 * f3 + 3 * f2 + 3 * f + 1, f3], dim=-1) / 6.0
-    )
-    if not derivative:
-        return index, weights, None
-    slopes = torch.cat([-0.5 * g * g, 1.5 * f2 - 2 * f, -1.5 * f2 + f + 0.5, 0.5 * f2], dim=-1)
-    return index, weights, slopes
-
-
-def _bspline3_curvatures(xi: torch.Tensor, bins: int) -> torch.Tensor:
-    """The second derivatives ``(M, P, 4)`` with respect to ``ξ`` of the taps of
-    :func:`_bspline3_taps` (same bins)."""
-    cell = xi.detach().floor().clamp(1, bins - 3)
-    f = (xi - cell).unsqueeze(-1)
-    return torch.cat([1.0 - f, 3 * f - 2, 1 - 3 * f, f], dim=-1)
-
-
 def _bspline3_cells(xi: torch.Tensor, bins: int, derivative: int = 0):
-    """``(cell, weights, slopes, curvatures)``: each pixel's cell ``(M, P)`` (int64) and
-    the weights ``(4, M, P)`` of its four taps, bins ``cell − 1 … cell + 2`` (those of
-    :func:`_bspline3_taps`, in Horner form); their first (``derivative`` ≥ 1) and second
-    (2) derivatives with respect to ``ξ``, else None. Detached from ``xi``.
+    """The cubic B-spline's four non-zero taps at bin coordinates ``xi`` ``(M, P)`` in
+    ``[1, bins − 2]``: ``(cell, weights, slopes, curvatures)``, each pixel's cell ``cell =
+    ⌊ξ⌋`` ``(M, P)`` (int64; kept ≤ bins − 3, so ``f = ξ − cell ∈ [0, 1]``) and the
+    weights ``β³(ξ − k)`` ``(4, M, P)`` of bins ``k = cell − 1 … cell + 2`` (closed form,
+    Horner), their first (``derivative`` ≥ 1) and second (2) derivatives with respect to
+    ``ξ``, else None. Detached from ``xi``.
 
     The tap is the leading axis, the pixels the contiguous one: torch's elementwise
     products over a trailing axis of 4 ran 5 to 7 times slower (docs/benchmarks.md)."""
@@ -159,7 +134,8 @@ class _Parzen:
     derivatives with respect to its bin coordinate ``ξ``), and their dense form.
 
     B-spline: 4 taps, summing to 1 for ``ξ ∈ [1, bins − 2]`` (where the intensities are
-    mapped). Gaussian (``sigma`` in bins): every bin a tap, normalized to sum 1.
+    mapped; :func:`_bspline3_cells`). Gaussian (``sigma`` in bins): every bin a tap,
+    normalized to sum 1 (:meth:`taps`).
     """
 
     def __init__(self, kernel: str, bins: int, sigma: float):
@@ -171,16 +147,13 @@ class _Parzen:
         self.cost = 16 if self.sparse else bins
 
     def taps(self, xi: torch.Tensor, derivative: bool = False):
-        """``(index, weights, slopes)``, each ``(M, P, T)`` (``slopes`` None unless asked)."""
-        if self.kernel == "bspline":
-            return _bspline3_taps(xi, self.bins, derivative)
+        """The Gaussian's ``(index, weights, slopes)``, each ``(M, P, bins)`` (``slopes``
+        None unless asked); the B-spline's taps come from :func:`_bspline3_cells`, laid
+        out tap-first."""
         return _gaussian_taps(xi, self.bins, self.sigma, derivative)
 
     def curvatures(self, xi: torch.Tensor) -> torch.Tensor:
-        """The taps' second derivatives ``(M, P, T)`` with respect to ``ξ`` (same bins as
-        :meth:`taps`)."""
-        if self.kernel == "bspline":
-            return _bspline3_curvatures(xi, self.bins)
+        """The Gaussian taps' second derivatives ``(M, P, bins)`` with respect to ``ξ``."""
         return _gaussian_curvatures(xi, self.bins, self.sigma)
 
     def dense(self, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
