@@ -357,8 +357,8 @@ def test_window_and_grid_spacing_are_physical_units(rotated_volumes, monkeypatch
     monkeypatch.setattr(stack_module, "make_schedule", spy_schedule)
     monkeypatch.setattr(stack_module, "DenseModel", SpyDense)
     small = rotated_volumes[0][:2, :8, :24, :24]
-    register_stack(small, model="deformable", spacing=(6.0, 2.0, 2.0), window=14.0,
-                   grid_spacing=20.0, iterations=1, levels=1)  # fmt: skip
+    register_stack(small, model="deformable", metric="lncc", spacing=(6.0, 2.0, 2.0),
+                   window=14.0, grid_spacing=20.0, iterations=1, levels=1)  # fmt: skip
     assert seen == {"window": 7.0, "grid_spacing": 10.0, "spacing": (6.0, 2.0, 2.0)}
     register_stack(small, model="deformable", spacing=(6.0, 2.0, 2.0), iterations=1, levels=1)
     assert seen["window"] is None and seen["grid_spacing"] == 8.0  # register's defaults

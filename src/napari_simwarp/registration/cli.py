@@ -127,7 +127,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--metric",
         default=None,
         choices=METRICS,
-        help="similarity (default: ncc for linear models, lncc for dense ones)",
+        help="similarity (default: ncc, but lncc for diffeomorphic)",
     )
     p.add_argument(
         "--levels",
