@@ -26,11 +26,13 @@ def import_itk(report, section: str):
 
 
 def registration(
-    itk, fixed, moving, kind: str, *, metric=None, spacing=None, threads=None
+    itk, fixed, moving, kind: str, *, metric=None, spacing=None, threads=None, overrides=None
 ) -> Callable:
     """A call running elastix's default map ``kind`` on ``fixed``, ``moving`` (array order;
-    ``spacing`` per axis, array order) with ``metric`` in place of the map's; it returns
-    elastix's ``(result image, transform parameter object)``."""
+    ``spacing`` per axis, array order) with ``metric`` in place of the map's and the
+    entries of ``overrides`` (parameter name → value or list of values, written as elastix
+    reads them) in place of the default map's; it returns elastix's ``(result image,
+    transform parameter object)``."""
     images = [
         itk.image_view_from_array(np.ascontiguousarray(a, dtype=np.float32))
         for a in (fixed, moving)
@@ -42,6 +44,9 @@ def registration(
     pmap = params.GetDefaultParameterMap(kind)
     if metric is not None:
         pmap["Metric"] = [metric]
+    for name, value in (overrides or {}).items():
+        values = value if isinstance(value, (list, tuple)) else [value]
+        pmap[name] = [str(v) for v in values]
     params.AddParameterMap(pmap)
     options = {} if threads is None else {"number_of_threads": threads}
 

@@ -210,6 +210,7 @@ def deformable_case(report, rng):
 
     from napari_simwarp.ops import jacobian_determinant
     from napari_simwarp.registration import register
+    from napari_simwarp.registration._names import default_metric
 
     group = "deformable pair 512², ~4 px"
     shape = (512, 512)
@@ -236,7 +237,7 @@ def deformable_case(report, rng):
             note += f", min Jacobian determinant {jac:.3f}"
         report.measure(
             group,
-            f"simwarp register {model}/lncc",
+            f"simwarp register {model}/{default_metric(model)}",
             "register",
             lambda model=model: register(fixed, moving, model=model),
             ours=model == "deformable",
@@ -267,6 +268,7 @@ def deformable_case(report, rng):
 
 def volume_case(report, rng):
     from napari_simwarp.registration import register
+    from napari_simwarp.registration._names import default_metric
 
     shape = (96, 96, 96)
     vol = scene(rng, shape)
@@ -292,7 +294,7 @@ def volume_case(report, rng):
     e = float(np.linalg.norm(est - d, axis=0)[8:-8, 8:-8, 8:-8].mean())
     report.measure(
         "3-D 96³ deformable (~3 px)",
-        "simwarp register deformable/lncc",
+        f"simwarp register deformable/{default_metric('deformable')}",
         "register",
         lambda: register(fixed, moving, model="deformable"),
         ours=True,

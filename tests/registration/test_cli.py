@@ -242,12 +242,12 @@ def test_cli_register_stack_reads_a_npy_stack_frame_by_frame(tmp_path, capsys):
 
 
 def test_cli_register_stack_metric_defaults_as_the_api():
-    """``register-stack`` without ``--metric`` leaves it to register_stack (None: "ncc" for
-    linear models, "lncc" for dense ones), and its help says so."""
+    """``register-stack`` without ``--metric`` leaves it to register_stack (None: "ncc" but
+    for the diffeomorphic model, "lncc"), and its help says so."""
     parser = argparse.ArgumentParser()
     stack = cli.add_stack_parser(parser.add_subparsers(dest="command"))
     argv = ["register-stack", "s.tif", "-o", "o.zarr", "--model", "rigid"]
     assert parser.parse_args(argv).metric is None
     assert parser.parse_args([*argv, "--metric", "lncc"]).metric == "lncc"
     help_text = " ".join(stack.format_help().split())
-    assert "default: ncc for linear models, lncc for dense ones" in help_text
+    assert "default: ncc, but lncc for diffeomorphic" in help_text

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import torch
 from scipy import ndimage as ndi
+from scipy.interpolate import BSpline
 from scipy.spatial.transform import Rotation
 
 from napari_simwarp.registration.grid import Grid
-from napari_simwarp.registration.models import DenseModel, LinearModel
+from napari_simwarp.registration.models import DenseModel, LinearModel, bspline_weights
 from napari_simwarp.registration.transforms import (
     AffineTransform,
     DisplacementTransform,
@@ -294,11 +295,17 @@ class TestDenseModel:
         return model
 
     def test_control_grid_size(self):
-        model = DenseModel("deformable", (64, 50), 2, grid_spacing=8)
+        model = DenseModel("deformable", (64, 50), 2, grid_spacing=8, control="linear")
         model.set_level((64, 50))
         assert model.field.shape == (2, 2, 8, 7) and float(model.field.abs().max()) == 0
         model.set_level((16, 13))  # coarse levels: at least 2 control points per axis
         assert model.field.shape == (2, 2, 2, 2)
+        # B-spline: one knot more past each end and one more beyond (8 cells: 11 knots)
+        spline = DenseModel("deformable", (64, 50), 2, grid_spacing=8, control="bspline")
+        spline.set_level((64, 50))
+        assert spline.field.shape == (2, 2, 11, 10)
+        spline.set_level((4, 3))
+        assert spline.field.shape == (2, 2, 4, 4)
 
     @pytest.mark.parametrize(
         "shape,level", [((64, 48), (32, 24)), ((64, 48), (64, 48)), ((24, 32, 16), (12, 16, 8))]
@@ -307,7 +314,7 @@ class TestDenseModel:
         d = len(shape)
         control = tuple(n // 8 for n in shape)
         field = rng.normal(0, 2, (1, d, *control))
-        model = self._model("deformable", shape, field)
+        model = self._model("deformable", shape, field, control="linear")
         out = model.displacement(level).detach().numpy()[0]
         assert out.shape == (d, *level)
         for axis in range(d):
@@ -337,7 +344,8 @@ class TestDenseModel:
         field *= 18.0 / np.abs(field).max()  # large: x + d(x) folds
         dets = {}
         for kind in ("deformable", "diffeomorphic"):
-            d = self._model(kind, shape, field).displacement(shape).detach().numpy()[0]
+            model = self._model(kind, shape, field, control="linear")
+            d = model.displacement(shape).detach().numpy()[0]
             # det(I + ∇d) by NumPy central differences
             (d00, d01), (d10, d11) = [np.gradient(c) for c in d]
             dets[kind] = (1 + d00) * (1 + d11) - d01 * d10
@@ -375,8 +383,10 @@ class TestDenseModel:
         centers = [(np.arange(c) + 0.5) * n / c - 0.5 for c, n in zip(control, shape)]
         x = np.stack(np.meshgrid(*centers, indexing="ij"))
         field = np.einsum("ij,j...->i...", g, x)[None]
-        reg = self._model("deformable", shape, field).regularizer().detach().numpy()
-        np.testing.assert_allclose(reg, [(g**2).sum() / 2], rtol=1e-12)
+        model = self._model("deformable", shape, field, control="linear")
+        np.testing.assert_allclose(
+            model.regularizer().detach().numpy(), [(g**2).sum() / 2], rtol=1e-12
+        )
 
     def test_regularizer_is_physical_on_anisotropic_grids(self):
         # u(x) = G x in physical units on a grid of pixel sizes (3, 0.5): the field holds
@@ -386,18 +396,21 @@ class TestDenseModel:
         centers = [(np.arange(c) + 0.5) * n / c - 0.5 for c, n in zip(control, shape)]
         x = np.stack(np.meshgrid(*centers, indexing="ij")) * spacing.reshape(2, 1, 1)
         field = (np.einsum("ij,j...->i...", g, x) / spacing.reshape(2, 1, 1))[None]
-        model = self._model("deformable", shape, field, spacing=tuple(spacing))
+        model = self._model("deformable", shape, field, spacing=tuple(spacing), control="linear")
         np.testing.assert_allclose(
             model.regularizer().detach().numpy(), [(g**2).sum() / 2], rtol=1e-12
         )
 
     def test_control_grid_is_isotropic_in_physical_space(self):
         # z voxels 4x deeper: nodes 8 pixels apart in y, x and 2 pixels apart in z
-        model = DenseModel("deformable", (16, 64, 64), 1, grid_spacing=8, spacing=(4.0, 1.0, 1.0))
-        model.set_level((16, 64, 64))
-        assert model.field.shape[2:] == (8, 8, 8)
-        model.set_level((16, 32, 32))  # the level where z has not shrunk: 2x deeper
-        assert model.field.shape[2:] == (4, 4, 4)
+        for control, extra in (("linear", 0), ("bspline", 3)):
+            model = DenseModel(
+                "deformable", (16, 64, 64), 1, grid_spacing=8, spacing=(4, 1, 1), control=control
+            )
+            model.set_level((16, 64, 64))
+            assert model.field.shape[2:] == (8 + extra,) * 3
+            model.set_level((16, 32, 32))  # the level where z has not shrunk: 2x deeper
+            assert model.field.shape[2:] == (4 + extra,) * 3
 
     def test_transforms_compose_the_resampling_onto_the_fixed_grid(self, rng):
         fixed, moving = Grid.make(2, 0.5, (2.0, 1.0)), Grid.make(2, (1.0, 0.8), (0.0, 3.0))
@@ -440,3 +453,114 @@ class TestDenseModel:
         with_init = DenseModel("diffeomorphic", shape, 2, dtype=torch.float64, init=init)
         with_init.set_level(shape)
         assert [type(t) for t in with_init.transforms()] == [DisplacementTransform] * 2
+
+
+def _spline_design(n_control: int, size: int) -> np.ndarray:
+    """SciPy's cubic B-spline design matrix ``(size, n_control)`` for the knot layout of
+    ``bspline_weights``: knots 1 apart in knot coordinates, basis ``k`` centered on knot
+    ``k``, pixel ``x`` at ``(x + 0.5) / h + 1`` with ``h = size / (n_control - 3)``."""
+    knots = np.arange(n_control + 4, dtype=float) - 2.0
+    t = (np.arange(size) + 0.5) * (n_control - 3) / size + 1.0
+    return BSpline.design_matrix(t, knots, 3).toarray()
+
+
+def _knot_positions(n_control: int, size: int) -> np.ndarray:
+    """Where the knots sit, in pixels of an axis of ``size``."""
+    h = size / (n_control - 3)
+    return (np.arange(n_control) - 1.0) * h - 0.5
+
+
+class TestBSplineControl:
+    @pytest.mark.parametrize("n_control,size", [(4, 7), (11, 64), (35, 256), (7, 30)])
+    def test_weights_are_scipy_cubic_bsplines(self, n_control, size):
+        w = bspline_weights(n_control, size).numpy()
+        np.testing.assert_allclose(w, _spline_design(n_control, size), atol=1e-12)
+        np.testing.assert_allclose(w.sum(axis=1), 1.0, atol=1e-12)  # partition of unity
+        # Linear functions are reproduced: knot values of x give x at every pixel.
+        np.testing.assert_allclose(
+            w @ _knot_positions(n_control, size), np.arange(size), atol=1e-10
+        )
+
+    def test_too_few_control_points_are_refused(self):
+        with pytest.raises(ValueError, match="n_control"):
+            bspline_weights(3, 16)
+
+    @pytest.mark.parametrize("shape,level", [((64, 48), (32, 24)), ((24, 32, 16), (24, 32, 16))])
+    def test_displacement_is_the_tensor_spline_in_level_pixels(self, rng, shape, level):
+        d = len(shape)
+        control = tuple(n // 8 + 3 for n in shape)
+        field = rng.normal(0, 2, (1, d, *control))
+        model = DenseModel("deformable", shape, 1, dtype=torch.float64, control="bspline")
+        model.field = torch.from_numpy(field).requires_grad_()
+        out = model.displacement(level).detach().numpy()[0]
+        designs = [_spline_design(c, n) for c, n in zip(control, level)]
+        for axis in range(d):
+            ref = field[0, axis]
+            for a, m in enumerate(designs):  # apply each axis's design matrix
+                ref = np.moveaxis(np.tensordot(m, ref, axes=([1], [a])), 0, a)
+            np.testing.assert_allclose(out[axis], ref * level[axis] / shape[axis], atol=1e-10)
+
+    @pytest.mark.parametrize("shape", [(64, 48), (32, 48, 64)])
+    def test_refining_the_grid_keeps_the_field(self, rng, shape):
+        # From a level to one twice as fine (whole cells on both) the knots nest: the fit
+        # is exact.
+        coarse = tuple(n // 2 for n in shape)
+        model = DenseModel("deformable", shape, 2, dtype=torch.float64, control="bspline")
+        model.set_level(coarse)
+        with torch.no_grad():
+            model.field.copy_(torch.from_numpy(rng.normal(0, 2, model.field.shape)))
+        before = model.displacement(shape).detach().clone()
+        grid = tuple(model.field.shape[2:])
+        model.set_level(shape)
+        assert tuple(model.field.shape[2:]) != grid and model.field.requires_grad
+        np.testing.assert_allclose(model.displacement(shape).detach(), before, atol=1e-9)
+
+    def test_gradients_match_finite_differences(self, rng):
+        model = DenseModel("deformable", (20, 18, 12), 1, dtype=torch.float64, control="bspline")
+        field = torch.from_numpy(rng.normal(0, 1, (1, 3, 5, 6, 4))).requires_grad_()
+        model.field = field
+        assert torch.autograd.gradcheck(lambda f: model.displacement((10, 9, 12), f), (field,))
+        for kind in ("diffusion", "bending"):
+            model.regularizer_kind = kind
+
+            def energy(f, model=model):
+                model.field = f
+                return model.regularizer()
+
+            assert torch.autograd.gradcheck(energy, (field,))
+
+    @pytest.mark.parametrize("spacing", [(1.0, 1.0), (3.0, 0.5)])
+    def test_energies_of_polynomial_fields(self, spacing):
+        # u(x) = G x + (a x_0² + b x_0 x_1) e_0 in physical units; the B-spline coefficients
+        # of such a field are its knot values up to a constant (quadratics: − h²/3), so the
+        # diffusion energy of the linear part is Σ G_ij² / D, and the bending energy is the
+        # mean of (∂00 u)² + 2 (∂01 u)² + (∂11 u)² over the components: ((2a)² + 2 b²) / 2.
+        shape, spacing = (40, 64), np.asarray(spacing)
+        g, a, b = np.array([[0.02, -0.05], [0.03, 0.01]]), 0.003, -0.002
+        model = DenseModel(
+            "deformable", shape, 1, dtype=torch.float64, control="bspline", spacing=spacing
+        )
+        model.set_level(shape)
+        cshape = model.field.shape[2:]
+        knots = [_knot_positions(c, n) * s for c, n, s in zip(cshape, shape, spacing)]
+        x = np.stack(np.meshgrid(*knots, indexing="ij"))
+        linear = np.einsum("ij,j...->i...", g, x)
+        quadratic = np.zeros_like(linear)
+        quadratic[0] = a * x[0] ** 2 + b * x[0] * x[1]
+        for field, kind, expected in (
+            (linear, "diffusion", (g**2).sum() / 2),
+            (linear, "bending", 0.0),
+            (quadratic, "bending", ((2 * a) ** 2 + 2 * b**2) / 2),
+        ):
+            model.field = torch.from_numpy(field / spacing.reshape(2, 1, 1))[None]
+            model.regularizer_kind = kind
+            reg = model.regularizer().detach().numpy()
+            np.testing.assert_allclose(reg, [expected], rtol=1e-10, atol=1e-15)
+
+    def test_bad_options_are_refused(self):
+        with pytest.raises(ValueError, match="control"):
+            DenseModel("deformable", (16, 16), 1, control="cubic")
+        with pytest.raises(ValueError, match="control"):
+            DenseModel("diffeomorphic", (16, 16), 1, control="bspline")
+        with pytest.raises(ValueError, match="regularizer_kind"):
+            DenseModel("deformable", (16, 16), 1, regularizer_kind="tv")

@@ -116,6 +116,20 @@ def test_deformable_default_recovers_a_local_deformation_without_folding():
     assert float(jacobian_determinant(torch.from_numpy(est)[None]).min()) > 0
 
 
+def test_deformable_default_recovers_a_3d_deformation_without_folding():
+    # The B-spline field and its bending energy in 3-D (issue 16): 2 px at most, structure
+    # 5 px wide, followed to a tenth of its size and one-to-one.
+    rng = np.random.default_rng(17)
+    fixed, moving, d = deformed_pair(rng, (40, 40, 40), amplitude=2.0, sigma=5.0)
+    result = register(fixed, moving, model="deformable")
+    est = result.transform.to_displacement(fixed.shape)
+    inner = (slice(6, -6),) * 3
+    epe = np.linalg.norm(est - d, axis=0)[inner].mean()
+    moved = np.linalg.norm(d, axis=0)[inner].mean()
+    assert epe < 0.1 * 2.0 and epe < 0.2 * moved, (epe, moved)
+    assert float(jacobian_determinant(torch.from_numpy(est)[None]).min()) > 0
+
+
 def test_diffeomorphic_keeps_jacobian_positive():
     rng = np.random.default_rng(12)
     fixed, moving, d = deformed_pair(rng, (96, 96), amplitude=3.0)

@@ -357,8 +357,8 @@ def test_window_and_grid_spacing_are_physical_units(rotated_volumes, monkeypatch
     monkeypatch.setattr(stack_module, "make_schedule", spy_schedule)
     monkeypatch.setattr(stack_module, "DenseModel", SpyDense)
     small = rotated_volumes[0][:2, :8, :24, :24]
-    register_stack(small, model="deformable", spacing=(6.0, 2.0, 2.0), window=14.0,
-                   grid_spacing=20.0, iterations=1, levels=1)  # fmt: skip
+    register_stack(small, model="deformable", metric="lncc", spacing=(6.0, 2.0, 2.0),
+                   window=14.0, grid_spacing=20.0, iterations=1, levels=1)  # fmt: skip
     assert seen == {"window": 7.0, "grid_spacing": 10.0, "spacing": (6.0, 2.0, 2.0)}
     register_stack(small, model="deformable", spacing=(6.0, 2.0, 2.0), iterations=1, levels=1)
     assert seen["window"] is None and seen["grid_spacing"] == 8.0  # register's defaults
@@ -413,10 +413,11 @@ def _rigid_drift_stack(rng, frames, shape, bleach=1.0):
     return stack, [np.linalg.inv(a) @ drifts[0] for a in drifts]
 
 
-def test_default_metric_is_global_ncc_for_linear_models_and_local_ncc_for_dense_ones():
+def test_default_metric_is_global_ncc_but_local_ncc_for_the_diffeomorphic_model():
     """The default the stack benchmark chose (docs/benchmarks.md, "Drift correction:
-    register_stack's metric"): metric=None runs "ncc" (Gauss–Newton) for the linear models
-    and "lncc" for the dense ones, as ``register`` does; an explicit metric is kept."""
+    register_stack's metric"): metric=None runs "ncc" (Gauss–Newton) for the linear models,
+    "ncc" for the deformable one and "lncc" for the diffeomorphic one, as ``register``
+    does; an explicit metric is kept."""
     import inspect
 
     from napari_simwarp.registration import register_stack_iter
@@ -426,9 +427,9 @@ def test_default_metric_is_global_ncc_for_linear_models_and_local_ncc_for_dense_
         assert inspect.signature(fn).parameters["metric"].default is None
     rng = np.random.default_rng(5)
     stack, _ = _rigid_drift_stack(rng, 2, (48, 48))
-    for model in ("rigid", "deformable"):
+    for model, expected in (("rigid", "ncc"), ("deformable", "ncc"), ("diffeomorphic", "lncc")):
         result = register_stack(stack, model=model, iterations=2)
-        assert result.metric == DEFAULT_METRICS[model] == ("ncc" if model == "rigid" else "lncc")
+        assert result.metric == DEFAULT_METRICS[model] == expected
     assert register_stack(stack, model="rigid", metric="mse", iterations=2).metric == "mse"
 
 

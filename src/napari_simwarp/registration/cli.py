@@ -127,7 +127,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--metric",
         default=None,
         choices=METRICS,
-        help="similarity (default: ncc for linear models, lncc for dense ones)",
+        help="similarity (default: ncc, but lncc for diffeomorphic)",
     )
     p.add_argument(
         "--levels",
@@ -169,7 +169,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--regularization",
         type=float,
         default=None,
-        help="deformable: smoothness weight (default 0.2)",
+        help="dense models: smoothness weight (default 0.5 deformable, 0.2 diffeomorphic)",
     )
     p.add_argument("--mask", default=None, help="mask file for the fixed image (non-zero = use)")
     p.add_argument(
@@ -312,8 +312,8 @@ def add_stack_parser(subparsers) -> argparse.ArgumentParser:
         "--metric",
         default=None,
         choices=METRICS,
-        help="similarity of models other than translation (default: ncc for linear "
-        "models, lncc for dense ones)",
+        help="similarity of models other than translation (default: ncc, but lncc for "
+        "diffeomorphic)",
     )
     p.add_argument(
         "--spacing",

@@ -242,17 +242,64 @@ class LinearModel:
         ]
 
 
+#: the dense models' control-grid interpolations (see :class:`DenseModel`)
+CONTROLS = ("linear", "bspline")
+#: each dense model's control grid by default (see :class:`DenseModel`)
+DEFAULT_CONTROL = {"deformable": "bspline", "diffeomorphic": "linear"}
+
+
+def bspline_weights(n_control: int, size: int, dtype=torch.float64, device=None) -> torch.Tensor:
+    """The cubic B-spline weights ``(size, n_control)`` of ``n_control`` control points
+    spread over an axis of ``size`` pixels (pixel-center convention: the axis spans
+    ``[-0.5, size - 0.5]``).
+
+    The knots are ``h = size / (n_control - 3)`` pixels apart, one outside each end of the
+    axis and one more beyond it (a cubic B-spline spans four knots, so every pixel is
+    covered by four of them, as in elastix's B-spline transform): pixel ``x`` sits at knot
+    coordinate ``t = (x + 0.5) / h + 1`` and takes ``Σ_k c_k β³(t − k)``. The weights
+    depend only on where a pixel sits in the field of view, so the same control points
+    give the same field at every pyramid level.
+    """
+    if n_control < 4:
+        raise ValueError(f"n_control must be at least 4 for a cubic B-spline, got {n_control}")
+    h = size / (n_control - 3)
+    t = (torch.arange(size, dtype=torch.float64, device=device) + 0.5) / h + 1.0
+    r = (t[:, None] - torch.arange(n_control, dtype=torch.float64, device=device)).abs()
+    w = torch.where(
+        r < 1, 2.0 / 3.0 - r**2 + r**3 / 2, torch.where(r < 2, (2 - r).clamp(min=0) ** 3 / 6, 0.0)
+    )
+    return w.to(dtype)
+
+
+def apply_per_axis(x: torch.Tensor, matrices) -> torch.Tensor:
+    """``x`` ``(N, C, *S)`` with matrix ``A_a`` ``(T_a, S_a)`` applied along each spatial axis
+    ``a``: ``(N, C, *T)``. A separable linear map (B-spline evaluation, its least-squares
+    inverse), differentiable with respect to ``x``."""
+    for axis, a in enumerate(matrices):
+        dim = 2 + axis
+        x = torch.movedim(torch.movedim(x, dim, -1) @ a.T.to(x.dtype), -1, dim)
+    return x
+
+
 class DenseModel:
     """A displacement (``deformable``) or stationary velocity (``diffeomorphic``) field.
 
-    The field lives on a control grid, in full-resolution pixels, and is upsampled
-    (bilinear) to the level; a coarse grid is its own smoothness prior and keeps the
-    parameter count small. Between levels the control grid is refined by interpolation.
-    Its nodes are ``grid_spacing`` level pixels apart along the level's finest axes and
+    The field lives on a control grid, in full-resolution pixels, and is upsampled to the
+    level; a coarse grid is its own smoothness prior and keeps the parameter count small.
+    ``control="linear"``: the control values are the field's values at the nodes, upsampled
+    bilinearly (trilinear in 3-D) and refined by interpolation between levels;
+    ``"bspline"``: they are the coefficients of a cubic B-spline (:func:`bspline_weights`,
+    a smooth field with continuous second derivatives, as elastix's B-spline transform),
+    refined between levels by a least-squares fit of the finer grid to the coarser field
+    (diffeomorphic runs: linear only); ``None``: :data:`DEFAULT_CONTROL` of ``kind``. The
+    nodes are about ``grid_spacing`` level pixels apart along the level's finest axes and
     the same physical distance along the others (``spacing``: the fixed image's pixel size
-    per axis; default isotropic). ``Reg`` is the diffusion energy, the mean squared
-    spatial derivative of the displacement in physical units (dimensionless), so that
-    z is smoothed as much as xy in an anisotropic volume.
+    per axis; default isotropic). ``Reg`` is
+    the diffusion energy, the mean squared spatial derivative of the control values in
+    physical units per control cell (dimensionless), so that z is smoothed as much as xy
+    in an anisotropic volume; ``regularizer_kind="bending"``: the bending energy instead,
+    the mean squared second differences (cross terms twice) per squared control cell
+    (``None``: bending for a B-spline grid, diffusion for a linear one).
     """
 
     def __init__(
@@ -270,7 +317,23 @@ class DenseModel:
         fixed_grid: Grid | None = None,
         moving_grid: Grid | None = None,
         moving_shape=None,
+        control: str | None = None,
+        regularizer_kind: str | None = None,
     ):
+        if control is None:
+            control = DEFAULT_CONTROL[kind]
+        if regularizer_kind is None:  # elastix's pairing: a cubic B-spline, bending energy
+            regularizer_kind = "bending" if control == "bspline" else "diffusion"
+        if control not in CONTROLS:
+            raise ValueError(f"control must be one of {CONTROLS}, got {control!r}")
+        if control == "bspline" and kind == "diffeomorphic":
+            raise ValueError("control='bspline' is for the deformable model only")
+        if regularizer_kind not in ("diffusion", "bending"):
+            raise ValueError(
+                f"regularizer_kind must be 'diffusion' or 'bending', got {regularizer_kind!r}"
+            )
+        self.control = control
+        self.regularizer_kind = regularizer_kind
         self.kind = kind
         self.shape = tuple(shape)
         self.ndim = len(shape)
@@ -300,14 +363,38 @@ class DenseModel:
 
     def _control_shape(self, level_shape):
         ratios = level_anisotropy(self.spacing, self.shape, level_shape)
-        return tuple(
-            max(2, math.ceil(m * r / self.grid_spacing)) for m, r in zip(level_shape, ratios)
-        )
+        cells = [math.ceil(m * r / self.grid_spacing) for m, r in zip(level_shape, ratios)]
+        if self.control == "bspline":  # a cubic B-spline's knots reach 1.5 cells past the ends
+            return tuple(max(1, c) + 3 for c in cells)
+        return tuple(max(2, c) for c in cells)
+
+    def _cells(self, cshape) -> list[float]:
+        """The control cell's size per axis, in full-resolution pixels."""
+        if self.control == "bspline":
+            return [n / (c - 3) for n, c in zip(self.shape, cshape)]
+        return [n / c for n, c in zip(self.shape, cshape)]
+
+    def _interpolate(self, f: torch.Tensor, shape) -> torch.Tensor:
+        """Control values ``(N, D, *c)`` → the field at a grid of ``shape``, same units."""
+        if self.control == "linear":
+            return resize(f, shape)
+        weights = [bspline_weights(c, n, f.dtype, f.device) for c, n in zip(f.shape[2:], shape)]
+        return apply_per_axis(f, weights)
 
     def set_level(self, level_shape) -> None:
         cshape = self._control_shape(level_shape)
         if self.field is None:
             f = torch.zeros(self.batch, self.ndim, *cshape, dtype=self.dtype, device=self.device)
+        elif self.control == "bspline":
+            # The finer grid's least-squares fit to the coarser field at this level's pixels
+            # (exact: a cubic B-spline is refined exactly by a grid of half its cells).
+            old = self.field.detach()
+            dense = self._interpolate(old.double(), level_shape)
+            fits = [
+                torch.linalg.pinv(bspline_weights(c, n, device=old.device))
+                for c, n in zip(cshape, level_shape)
+            ]
+            f = apply_per_axis(dense, fits).to(old.dtype)
         else:
             f = resize(self.field.detach(), cshape)
         self.field = f.clone().requires_grad_(True)
@@ -327,7 +414,7 @@ class DenseModel:
             cshape = tuple(f.shape[2:])
             v = self._rescale(f, self.shape, cshape)
             f = self._rescale(integrate_velocity(v, self.steps), cshape, self.shape)
-        d = self._rescale(resize(f, shape), self.shape, shape)
+        d = self._rescale(self._interpolate(f, shape), self.shape, shape)
         if self.init is not None:
             d = d + self._rescale(resize(self.init, shape), self.shape, shape)
         return d
@@ -365,10 +452,19 @@ class DenseModel:
         # Component a in physical units (× s_a), differences along b per physical length.
         spacing = torch.tensor(self.spacing, dtype=f.dtype, device=f.device)
         f = f * spacing.view(1, -1, *([1] * self.ndim))
+        cells = [c * s for c, s in zip(self._cells(f.shape[2:]), self.spacing)]  # physical
         total = f.new_zeros(f.shape[0])
+        if self.regularizer_kind == "bending":
+            for a in range(self.ndim):
+                for b in range(a, self.ndim):
+                    if min(f.shape[2 + a], f.shape[2 + b]) < (3 if a == b else 2):
+                        continue
+                    g = torch.diff(torch.diff(f, dim=2 + a), dim=2 + b) / (cells[a] * cells[b])
+                    w = 1.0 if a == b else 2.0  # ∂²/∂a∂b and ∂²/∂b∂a
+                    total = total + w * (g * g).mean(dim=tuple(range(1, g.dim())))
+            return total
         for axis in range(self.ndim):
-            cell = self.shape[axis] / f.shape[2 + axis] * self.spacing[axis]  # per control cell
-            g = torch.diff(f, dim=2 + axis) / cell
+            g = torch.diff(f, dim=2 + axis) / cells[axis]  # per control cell
             total = total + (g * g).mean(dim=tuple(range(1, g.dim())))
         return total
 

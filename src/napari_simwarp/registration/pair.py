@@ -85,10 +85,10 @@ PRE_BLUR = 1.0
 #: its 3-D pair: 0.032, 0.021, 0.027, 0.027 px; docs/benchmarks.md)
 PRE_BLUR_MI = 0.5
 #: ... for the deformable model: a lighter blur keeps the fine structure a local
-#: deformation is read from; with the deformable regularization 0.3 it lowered the
-#: end-point error on each of three draws of both 2-D dense cases of
-#: benchmarks/bench_quality.py (σ 0.5, 0.7, 1.0, 1.5 measured; issue 16)
-PRE_BLUR_DEFORMABLE = 0.7
+#: deformation is read from. With the B-spline field, metric "ncc" and bending weight 0.5,
+#: σ 0.6 gave the lowest end-point error on three draws of both 2-D dense cases of
+#: benchmarks/bench_quality.py (σ 0.5, 0.6, 0.7, 0.8, 1.0 measured; issue 16)
+PRE_BLUR_DEFORMABLE = 0.6
 
 
 def _pre_blur(model: str, metric: str) -> float:
@@ -484,8 +484,11 @@ def register(
         They may differ in shape, pixel size and origin.
     model : {"translation", "rigid", "similarity", "affine", "deformable", "diffeomorphic"}
     metric : {"ncc", "lncc", "ssim", "mse", "mi"}, optional
-        Default (None): "ncc" (global normalized cross-correlation) for the linear models,
-        "lncc" (local NCC) for the dense ones; ``result.metric`` says which ran.
+        Default (None): "ncc" (global normalized cross-correlation) for the linear models
+        and the deformable one, "lncc" (local NCC) for the diffeomorphic one;
+        ``result.metric`` says which ran. A deformable pair whose intensities differ
+        locally (uneven illumination, bleaching) wants "lncc" (with ``regularization``
+        2 to 4).
     mask : array, shape of ``fixed``, optional
         Non-zero where the fixed image should be matched.
     fixed_spacing, moving_spacing : float or sequence of float, optional
@@ -500,7 +503,8 @@ def register(
         16 in 3-D). An anisotropic volume's finest axes are halved first, until its
         voxels are near-isotropic (as ANTs and elastix do).
     iterations : int or list of int, optional
-        Most iterations per level (default 100 for linear, 60 for dense models).
+        Most iterations per level (default 100 for linear, 150 for deformable, 60 for
+        diffeomorphic models).
     lr : float, optional
         Initial step in pixels of each level (default 0.5); halved on plateaus. Adam and
         L-BFGS only: Gauss–Newton sizes its own steps.
@@ -516,11 +520,13 @@ def register(
     grid_spacing : float, optional
         Dense models: control-grid spacing in physical units at full resolution (default
         8 of the fixed image's finest pixels; larger is smoother), refined with the levels
-        as the window is.
+        as the window is. The deformable field is a cubic B-spline on that grid (as
+        elastix's), the diffeomorphic velocity is interpolated linearly.
     regularization : float, optional
-        Dense models: weight of the diffusion regularizer (default 0.2, chosen by
-        benchmarks/bench_quality.py), the mean squared physical derivative of the
-        displacement, so that every axis is smoothed alike.
+        Dense models: weight of the regularizer, chosen by benchmarks/bench_quality.py.
+        Deformable: the bending energy of the B-spline field (default 0.5; measured with
+        the default metric "ncc", local NCC wanted 2 to 4); diffeomorphic: the diffusion
+        energy (default 0.2). Both in physical units, so every axis is smoothed alike.
     steps : int
         Diffeomorphic: scaling-and-squaring steps.
     init : Transform or array, optional

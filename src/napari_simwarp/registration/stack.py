@@ -146,11 +146,12 @@ def register_stack(
         the refinement is least squares on locally normalized intensities).
     metric : {"ncc", "lncc", "ssim", "mse", "mi"}, optional
         Default (None): "ncc" (global normalized cross-correlation, solved by
-        Gauss–Newton) for the linear models, "lncc" (local NCC, Adam) for the dense ones,
-        as in ``register``. Chosen by measurement on rigid drift with every reference,
-        photobleaching and noise (docs/benchmarks.md, "Drift correction: register_stack's
-        metric"): several times faster than "lncc" and as accurate or more, but for
-        bleaching with heavy noise; "mse" fails when the intensity decays over the stack.
+        Gauss–Newton) for the linear models and the deformable one (Adam), "lncc" (local
+        NCC, Adam) for the diffeomorphic one, as in ``register``. Chosen by measurement on
+        rigid drift with every reference, photobleaching and noise (docs/benchmarks.md,
+        "Drift correction: register_stack's metric"): several times faster than "lncc" and
+        as accurate or more, but for bleaching with heavy noise; "mse" fails when the
+        intensity decays over the stack.
         With a bright object moving over the scene, "lncc" is more accurate (a global
         metric weighs the object's mismatch over the whole frame): pass it there; a very
         bright one is followed instead of the drift whatever the metric.

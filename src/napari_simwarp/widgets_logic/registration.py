@@ -39,8 +39,8 @@ class RunSettings:
 
     mode : "pair" (fixed + moving, 2-D or 3-D) or "stack" (a ``(T, *S)`` moving stack
         aligned to a reference frame; the fixed layer is not used)
-    metric : "auto" (the engine's default for the model: "ncc" for linear models, "lncc"
-        for dense ones) or a name of ``registration.METRICS``
+    metric : "auto" (the engine's default for the model: "ncc", but "lncc" for
+        diffeomorphic) or a name of ``registration.METRICS``
     levels : 0 or "auto" for automatic, else the number of pyramid levels
     iterations : per level; None for the engine's default
     vector_spacing : pixels between displayed arrows; None: about 20 per axis
