@@ -1,9 +1,13 @@
-"""_qt/_common.py: result layers by name."""
+"""_qt/_common.py: result layers by name; the widgets' teardown at exit."""
 
 import dask.array as da
 import numpy as np
 
+from napari_simwarp import data
+from napari_simwarp._qt import RegisterWidget, _common
 from napari_simwarp._qt._common import put_layer
+
+from .conftest import dock
 
 
 def test_a_lazy_result_is_put_in_a_layer_without_being_computed(viewer):
@@ -18,3 +22,27 @@ def test_a_lazy_result_is_put_in_a_layer_without_being_computed(viewer):
     put_layer(viewer, "image", "result", lazy + 1)  # reused: the same layer, new data
     assert viewer.layers["result"] is layer and len(computed) - before <= 4
     assert np.shape(layer.data) == (6, 32, 32)
+
+
+def test_the_exit_teardown_stops_a_running_widget_and_deletes_it_at_once(viewer, qtbot):
+    # Run at exit before PyQt's own cleanup, whose deletion of our widgets mid-walk of
+    # sip's wrappers crashed the process (tests/_qt/test_close.py runs the exit itself).
+    fixed, moving, _ = data.deformed_pair()
+    w = dock(viewer, RegisterWidget(viewer))
+    w._fixed.value = viewer.add_image(fixed, name="fixed")
+    w._moving.value = viewer.add_image(moving, name="moving")
+    w._model.value, w._iterations.value = "deformable", 5000
+    w.run()
+    # In its thread (superqt starts a worker one turn of the event loop after start()).
+    qtbot.waitUntil(lambda: w.snapshots_received > 0, timeout=60000)
+    run, worker = w._run, w._worker
+    assert w in _common._WIDGETS
+    destroyed = []
+    w.native.destroyed.connect(lambda *_: destroyed.append(True))
+
+    _common.tear_down_widgets([w])
+    assert destroyed  # deleted now, not left to PyQt's exit handler
+    assert w._closed and run.stopping and w._progress is None
+    assert worker._simwarp_done.is_set()  # its worker has left its thread
+    assert not w._display_timer.isActive() and not w._step_timer.isActive()
+    _common.tear_down_widgets([w])  # again (the exit hook after a test): nothing to do

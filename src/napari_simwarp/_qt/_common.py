@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import numpy as np
 from magicgui.widgets import ComboBox, Container, Label
@@ -228,7 +229,8 @@ def _register_exit_hook() -> None:
 
 
 def end_workers_at_exit(seconds: float = 5.0) -> None:
-    """Ask every worker still running to end and wait (bounded) until they have.
+    """Ask every worker still running to end and wait (bounded) until they have, then tear
+    down the widgets still open (:func:`tear_down_widgets`).
 
     Run by :mod:`atexit` when a script leaves Python (its end, ``sys.exit`` or an
     exception) while a widget computes: a worker thread still running Python while the
@@ -236,6 +238,11 @@ def end_workers_at_exit(seconds: float = 5.0) -> None:
     abort on "WorkerBaseSignals has been deleted"). Registered after Qt's own exit
     handlers, it runs before them.
     """
+    _end_workers(seconds)
+    tear_down_widgets()
+
+
+def _end_workers(seconds: float) -> None:
     import time
 
     workers = list(_RUNNING.items())
@@ -249,6 +256,45 @@ def end_workers_at_exit(seconds: float = 5.0) -> None:
         done = getattr(worker, "_simwarp_done", None)
         if done is not None:
             done.wait(max(0.0, deadline - time.monotonic()))
+
+
+#: the widgets made in this process (weakly held), torn down at exit
+_WIDGETS: weakref.WeakSet = weakref.WeakSet()
+
+
+def tear_down_widgets(widgets=None) -> None:
+    """Run the teardown of every open widget (or of ``widgets``: its ``destroyed``
+    callback, which stops its timers, progress bars, registration and worker) and delete
+    its Qt objects now, while Python is whole; run at exit (:func:`end_workers_at_exit`).
+
+    Otherwise PyQt's own exit handler deletes them: it walks sip's table of every Python
+    wrapper and deletes each parentless QObject in turn, and the Python that their
+    deletion runs (these callbacks closing napari's progress bars, magicgui's event
+    filters) frees and creates wrappers in that table mid-walk, which crashed the process
+    in the walk about one exit in four (exit 139 in ``cleanup_qobject`` from
+    ``sip_api_visit_wrappers``; a script that left with the Register, drift correction,
+    similarity and template matching widgets open and computing).
+    """
+    widgets = list(_WIDGETS if widgets is None else widgets)
+    if not widgets:
+        return
+    from qtpy.QtCore import QCoreApplication, QEvent
+
+    for w in widgets:
+        teardown = getattr(w, "_teardown", None)
+        with contextlib.suppress(Exception):  # one widget's failure must not keep the rest
+            if teardown is not None:
+                teardown()
+    for w in widgets:
+        # Its Qt objects may be deleted already (RuntimeError), its callback disconnected
+        # by an earlier call (TypeError).
+        with contextlib.suppress(RuntimeError, TypeError):
+            if getattr(w, "_teardown", None) is not None:
+                w.native.destroyed.disconnect(w._teardown)
+        with contextlib.suppress(RuntimeError):
+            w.native.deleteLater()
+    if QCoreApplication.instance() is not None:
+        QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)  # delete now
 
 
 def wait_for(worker, msecs: int = 10000) -> None:
@@ -368,6 +414,9 @@ class WorkerWidget(Container):
         super().__init__()
         self._worker = None
         self._closed = False
+        self._teardown = None  # the destroyed callback (watch_destroyed), also run at exit
+        _WIDGETS.add(self)
+        _register_exit_hook()
         self._device = ComboBox(
             name="device", choices=device_choices(), value="auto", label="device"
         )
@@ -375,6 +424,12 @@ class WorkerWidget(Container):
         self._status.native.setWordWrap(True)  # whole error messages, not cut at the edge
         self._backend = BackendLabel(lambda: self._device.value)
         self._device.changed.connect(self._backend.refresh)
+
+    def watch_destroyed(self, stop=None) -> None:
+        """When the native widget is destroyed (or Python exits first), mark the widget
+        closed, call ``stop(self)`` and end its worker (:func:`on_destroyed`)."""
+        self._teardown = on_destroyed(self, stop)
+        self.native.destroyed.connect(self._teardown)
 
     def _on_error(self, exc):
         """The whole message in the status label (a toast cuts long ones) and a toast."""

@@ -29,7 +29,6 @@ from ..widgets_logic.planes import MODES, default_mode, plane_at
 from ._common import (
     WorkerWidget,
     level_choice,
-    on_destroyed,
     plane_geometry,
     put_layer,
     remove_layer,
@@ -113,7 +112,7 @@ class TemplateMatchingWidget(WorkerWidget):
         self._run.changed.connect(self.run)
         self.result = None
         self._plane = None  # the image plane of the last run (its geometry places results)
-        self.native.destroyed.connect(on_destroyed(self))
+        self.watch_destroyed()
         self._update_visibility()
         self._on_image()
         self._backend.refresh()

@@ -49,7 +49,6 @@ from ._common import (
     notify_error,
     notify_info,
     notify_warning,
-    on_destroyed,
     plane_geometry,
     put_layer,
     redraw_in_place,
@@ -214,7 +213,7 @@ class RegisterWidget(WorkerWidget):
         self._step_timer.timeout.connect(self._next_step)
         # Drift correction shows live the frame the viewer is on: follow the slider.
         napari_viewer.dims.events.current_step.connect(self._on_step)
-        self.native.destroyed.connect(on_destroyed(self, _stop_run))
+        self.watch_destroyed(_stop_run)
         self._update_visibility()
         self._on_layers()
         self._backend.refresh()

@@ -40,7 +40,6 @@ from ._common import (
     after_kernel_build,
     level_choice,
     notify_error,
-    on_destroyed,
     plane_geometry,
     put_layer,
     remove_layer,
@@ -137,11 +136,7 @@ class SimilarityMapWidget(WorkerWidget):
         dims = napari_viewer.dims.events
         dims.current_step.connect(self._on_step)
         dims.ndisplay.connect(self._on_ndisplay)
-        self.native.destroyed.connect(
-            on_destroyed(
-                self, _refresh_stopper(self._timer, dims, self._on_step, self._on_ndisplay)
-            )
-        )
+        self.watch_destroyed(_refresh_stopper(self._timer, dims, self._on_step, self._on_ndisplay))
         self._update_visibility()
         self._on_layers()
         self._backend.refresh()

@@ -24,6 +24,8 @@ import subprocess
 
 import torch
 
+from ._build_lock import build_lock
+
 ENV_CACHE = "SIMWARP_CACHE_DIR"
 KINDS = ("cpu", "cuda", "host_shim")
 #: the flags that make the CUDA sources host code (csrc/host_shim/cuda_runtime.h); hidden
@@ -191,7 +193,9 @@ def build_directory(kind: str, files: list[pathlib.Path], cflags: list[str]) -> 
 def build(kind: str, verbose: bool = False) -> pathlib.Path:
     """Build (or find in the cache) and load one extension; return its build directory.
 
-    Raises whatever the compiler or loader raised.
+    Processes building one directory take turns (:func:`._build_lock.build_lock`); a
+    build left unfinished by a killed process is resumed. Raises whatever the compiler or
+    loader raised.
     """
     from torch.utils import cpp_extension
 
@@ -200,20 +204,24 @@ def build(kind: str, verbose: bool = False) -> pathlib.Path:
     directory = build_directory(kind, files, cflags)
     root = csrc_root()
     includes = [root / "include", root]
-    if kind == "host_shim":
-        # The shim's cuda_runtime.h first; the bindings' local headers beside the wrappers.
-        includes = [root / "host_shim", *includes, root / "cuda"]
-        files = [_host_source(directory, f) if f.suffix == ".cu" else f for f in files]
-    cpp_extension.load(
-        name=f"simwarp_ops_{kind}",
-        sources=[str(f) for f in files],
-        extra_include_paths=[str(p) for p in includes],
-        extra_cflags=cflags,
-        extra_cuda_cflags=["-O3"],
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(directory),
-        with_cuda=kind == "cuda",
-        is_python_module=False,
-        verbose=verbose,
-    )
+    # One build per directory at a time, under a lock the OS releases if its holder is
+    # killed: torch's own (a file that only its maker removes) hung every later process
+    # after a build killed with kill -9 (_build_lock).
+    with build_lock(directory):
+        if kind == "host_shim":
+            # The shim's cuda_runtime.h first; the bindings' local headers beside the wrappers.
+            includes = [root / "host_shim", *includes, root / "cuda"]
+            files = [_host_source(directory, f) if f.suffix == ".cu" else f for f in files]
+        cpp_extension.load(
+            name=f"simwarp_ops_{kind}",
+            sources=[str(f) for f in files],
+            extra_include_paths=[str(p) for p in includes],
+            extra_cflags=cflags,
+            extra_cuda_cflags=["-O3"],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(directory),
+            with_cuda=kind == "cuda",
+            is_python_module=False,
+            verbose=verbose,
+        )
     return directory
