@@ -72,3 +72,40 @@ def test_default_metric_is_ncc_but_lncc_for_the_diffeomorphic_model():
         result = register(fixed, moving, model=model, iterations=2, device="cpu")
         assert result.metric == expected
     assert register(fixed, moving, model="rigid", metric="mse", iterations=2).metric == "mse"
+
+
+def test_a_window_without_a_metric_names_the_metric_that_takes_one(tmp_path):
+    """The deformable model's default metric is global NCC (no window): a ``window=`` given
+    without ``metric=`` is refused before any work, by the API, the stack and the CLI, with
+    a message that names the window and the metric to ask for; with ``metric="lncc"`` (or a
+    model whose default is local NCC) the window is taken."""
+    import subprocess
+    import sys
+
+    import tifffile
+
+    from napari_simwarp import register_stack
+
+    rng = np.random.default_rng(3)
+    fixed, moving = affine_pair(rng, (32, 32), centered_affine(np.eye(2), [1.0, 0.0], (32, 32)))
+    for call in (
+        lambda: register(fixed, moving, model="deformable", window=7),
+        lambda: register_stack(np.stack([fixed, moving]), model="deformable", window=7),
+    ):
+        with pytest.raises(TypeError, match=r"window=7 .*metric='lncc'"):
+            call()
+    for model, metric in (("deformable", "lncc"), ("diffeomorphic", None)):
+        result = register(fixed, moving, model=model, metric=metric, window=7, iterations=2)
+        assert result.metric == "lncc"
+    tifffile.imwrite(tmp_path / "f.tif", fixed.astype(np.float32))
+    tifffile.imwrite(tmp_path / "m.tif", moving.astype(np.float32))
+    run = subprocess.run(
+        [sys.executable, "-m", "napari_simwarp", "register", "f.tif", "m.tif", "-o", "o.tif"]
+        + ["--model", "deformable", "--window", "7"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "--metric lncc" in run.stderr and not (tmp_path / "o.tif").exists()

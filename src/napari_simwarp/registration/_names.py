@@ -14,6 +14,25 @@ DEFAULT_METRICS = {m: ("ncc" if m in LINEAR_MODELS else "lncc") for m in MODELS}
 DEFAULT_METRICS["deformable"] = "ncc"
 
 
-def default_metric(model: str, metric: str | None = None) -> str | None:
-    """``metric``, or the model's default when it is None (an unknown model: None)."""
-    return DEFAULT_METRICS.get(model) if metric is None else metric
+#: the metrics that take a ``window``
+WINDOWED_METRICS = ("lncc", "ssim")
+
+
+def default_metric(model: str, metric: str | None = None, window=None) -> str | None:
+    """``metric``, or the model's default when it is None (an unknown model: None).
+
+    A ``window`` given without a metric, for a model whose default metric takes none
+    (the deformable model's global NCC since issue 16), is refused with a TypeError that
+    says which metric to ask for: the window would otherwise be an error about a metric
+    the caller never named.
+    """
+    if metric is not None:
+        return metric
+    chosen = DEFAULT_METRICS.get(model)
+    if window is not None and chosen is not None and chosen not in WINDOWED_METRICS:
+        raise TypeError(
+            f"window={window!r} was given without a metric, and the {model} model's default "
+            f"metric {chosen!r} (global) takes no window: pass metric='lncc' (local NCC; "
+            "--metric lncc on the command line) to use a window, or leave the window out"
+        )
+    return chosen

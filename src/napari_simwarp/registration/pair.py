@@ -350,7 +350,7 @@ def register_iter(
     """
     start = time.perf_counter()
     check_choice(model, "model", MODELS)
-    metric = default_metric(model, metric)
+    metric = default_metric(model, metric, window)
     levels = _options.levels(levels)
     grid_spacing = _options.optional_positive(grid_spacing, "grid_spacing")
     steps = _options.steps(steps)

@@ -241,7 +241,7 @@ def register_stack_iter(
     """
     start = time.perf_counter()
     check_choice(model, "model", MODELS)
-    metric = default_metric(model, metric)
+    metric = default_metric(model, metric, window)
     check_choice(metric, "metric", METRICS)
     levels = _options.levels(levels)
     grid_spacing = _options.optional_positive(grid_spacing, "grid_spacing")
