@@ -88,7 +88,8 @@ def test_registration_error_against_the_ground_truth(demo, pair):
     assert estimated.shape == true.shape == (2, *fixed.shape)
     before = np.sqrt((true**2).sum(0))[INNER].mean()
     after = np.sqrt(((estimated - true) ** 2).sum(0))[INNER].mean()
-    assert after < 0.5 and after < 0.25 * before, (before, after)
+    # Measured 0.111 px (0.12 with the former bilinear field, issue 16).
+    assert after < 0.2 and after < 0.25 * before, (before, after)
     summary = json.loads((demo / "summary.json").read_text())
     assert summary["registration_epe_after_px"] == pytest.approx(after, abs=1e-3)
     assert summary["registration_epe_before_px"] == pytest.approx(before, abs=1e-3)

@@ -300,6 +300,18 @@ class DenseModel:
     in an anisotropic volume; ``regularizer_kind="bending"``: the bending energy instead,
     the mean squared second differences (cross terms twice) per squared control cell
     (``None``: bending for a B-spline grid, diffusion for a linear one).
+
+    The bending energy is measured in the pixels of the level being optimized, as the
+    similarity is: at a level whose pixels are ``s`` full-resolution pixels (``s``: the
+    largest ratio of the full shape to the level's), displacements and lengths both in
+    level pixels, i.e. ``s²`` times its value in full-resolution units (docs/maths.md
+    §6.3). At full resolution (``s = 1``) nothing changes; on a coarser level, where the
+    cells are ``s`` times wider in full-resolution pixels, a wiggle spanning the same
+    level pixels costs as much as at full resolution in level units, where it would cost
+    ``s²`` times less in full-resolution units. It matters where the finest level is
+    skipped (images above 256² with Adam): there the field is fitted on that level alone
+    (docs/benchmarks.md, issue 16: the 512² pair of bench_register, EPE 0.068 → 0.062 px;
+    the bench_quality cases unchanged). The diffusion energy is unchanged.
     """
 
     def __init__(
@@ -351,6 +363,7 @@ class DenseModel:
         self.spacing = (1.0,) * self.ndim if spacing is None else tuple(float(s) for s in spacing)
         self.steps = int(steps)
         self.field = None
+        self.level_pixel = 1.0  # set by set_level
         self.dtype, self.device, self.batch = dtype, device, batch
         self.init = None
         if init is not None:
@@ -382,6 +395,8 @@ class DenseModel:
         return apply_per_axis(f, weights)
 
     def set_level(self, level_shape) -> None:
+        # The level's pixel, in full-resolution pixels: the bending energy's unit.
+        self.level_pixel = max(n / m for n, m in zip(self.shape, level_shape))
         cshape = self._control_shape(level_shape)
         if self.field is None:
             f = torch.zeros(self.batch, self.ndim, *cshape, dtype=self.dtype, device=self.device)
@@ -462,7 +477,8 @@ class DenseModel:
                     g = torch.diff(torch.diff(f, dim=2 + a), dim=2 + b) / (cells[a] * cells[b])
                     w = 1.0 if a == b else 2.0  # ∂²/∂a∂b and ∂²/∂b∂a
                     total = total + w * (g * g).mean(dim=tuple(range(1, g.dim())))
-            return total
+            # In the level's pixels: displacements / s, lengths / s, so (s²/s)² = s².
+            return total * self.level_pixel**2
         for axis in range(self.ndim):
             g = torch.diff(f, dim=2 + axis) / cells[axis]  # per control cell
             total = total + (g * g).mean(dim=tuple(range(1, g.dim())))
