@@ -319,13 +319,17 @@ def cases_2d(report, quick):
 
 
 #: the dense cases: (name, shape, amplitude px, field σ px (None: a side / 8), pixels of
-#: border left out of the EPE, whether scikit-image's flows run too (2-D only))
+#: border left out of the EPE, whether scikit-image's flows run too (2-D only), the moving
+#: image's shading (None, or ±fraction of a linear ramp across the columns))
 DENSE_CASES = [
-    ("2-D smooth deformation ~4 px, 256²", (256, 256), 4.0, None, 16, True),
+    ("2-D smooth deformation ~4 px, 256²", (256, 256), 4.0, None, 16, True, None),
     # Local: a field with structure 8 px wide (the smooth one's is 32 px).
-    ("2-D local deformation ~2.5 px (σ 8 px), 256²", (256, 256), 2.5, 8.0, 16, False),
+    ("2-D local deformation ~2.5 px (σ 8 px), 256²", (256, 256), 2.5, 8.0, 16, False, None),
     # 3-D: σ 8 px (a side / 8), the amplitude of the 2-D local case's ratio to its σ.
-    ("3-D smooth deformation ~3 px, 64³", (64, 64, 64), 3.0, None, 8, False),
+    ("3-D smooth deformation ~3 px, 64³", (64, 64, 64), 3.0, None, 8, False, None),
+    # Uneven illumination, as a microscope's field often has: the local case's moving
+    # image brighter by 30 % at one side and darker by 30 % at the other.
+    ("2-D local deformation, moving shaded ±30 %, 256²", (256, 256), 2.5, 8.0, 16, False, 0.3),
 ]
 
 #: elastix's B-spline map tuned as a demanding user would, per dimensionality: the best
@@ -355,10 +359,12 @@ def dense_pair(seed, shape, amplitude, sigma):
 def dense_cases(report, seeds, variants=True):
     """Every dense case, once per seed; ``variants``: also our other dense settings and
     scikit-image's flows."""
-    for name, shape, amplitude, sigma, border, flows in DENSE_CASES:
+    for name, shape, amplitude, sigma, border, flows, shade in DENSE_CASES:
         for seed in seeds:
             group = name if len(seeds) == 1 else f"{name}, seed {seed}"
             truth, fixed, moving = dense_pair(seed, shape, amplitude, sigma)
+            if shade:
+                moving = moving * (1 + shade * np.linspace(-1.0, 1.0, shape[-1]))
             dense_case(report, group, truth, fixed, moving, border, variants, variants and flows)
 
 
@@ -373,6 +379,10 @@ def dense_case(report, group, truth, fixed, moving, border, variants=True, flows
         acc,
         ours=True,
     )
+    # Our choice for pairs that share their intensities, beside elastix's tuned map
+    # (whose metric is global NCC too): 0.5 bending, 150 iterations (model_defaults).
+    run_ncc = ours(fixed, moving, "deformable", metric="ncc")
+    once(report, group, "simwarp deformable, metric=ncc", run_ncc, acc)
     if variants:
         once(report, group, "simwarp diffeomorphic", ours(fixed, moving, "diffeomorphic"), acc)
         # A coarser control grid: 16 px, against elastix's 10 px B-spline grid.

@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", nargs="*", help="names of SETTINGS to run")
     parser.add_argument("--combine", nargs="*", default=[], help="settings merged in order")
     args = parser.parse_args(argv)
-    name, shape, amplitude, sigma, border, _ = DENSE_CASES[args.case]
+    name, shape, amplitude, sigma, border, *_ = DENSE_CASES[args.case]
     truth, fixed, moving = dense_pair(args.seed, shape, amplitude, sigma)
     acc = dense_accuracy(truth, border)
     settings = {k: v for k, v in SETTINGS.items() if not args.only or k in args.only}

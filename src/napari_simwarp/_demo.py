@@ -17,8 +17,6 @@ from . import data
 #: where the demo cuts its template from (so that is where ZNCC must peak), and its size
 TEMPLATE_CORNER = (200, 230)
 TEMPLATE_SIZE = 48
-#: the deformable registration's bending weight with metric "lncc" (measured, issue 16)
-DEMO_LNCC_WEIGHT = 4.0
 
 
 def run_headless_demo(out: str | pathlib.Path, device: str = "auto") -> dict:
@@ -93,19 +91,10 @@ def _register_pair(out: pathlib.Path, fixed, moving, dev) -> dict:
     from .registration import register
 
     t0 = time.perf_counter()
-    # Local NCC, with the bending weight measured best for it (2 to 4; the default 0.5 is
-    # set for global NCC): the camera picture's flat sky gives global NCC nothing to hold
-    # the field by (the defaults: EPE 0.65 px there). 60 iterations per level: 0.111 px in
-    # 2.3 s (30: 0.123 px; 150: 0.110 px in 2.8 s; docs/benchmarks.md, issue 16).
-    res = register(
-        fixed,
-        moving,
-        model="deformable",
-        metric="lncc",
-        regularization=DEMO_LNCC_WEIGHT,
-        iterations=60,
-        device=str(dev),
-    )
+    # The defaults (local NCC, bending weight 4, 60 iterations per level): 0.111 px here;
+    # global NCC has nothing to hold the field by in the picture's flat sky (0.65 px;
+    # docs/benchmarks.md, issue 16).
+    res = register(fixed, moving, model="deformable", device=str(dev))
     seconds = time.perf_counter() - t0
     _, _, true = data.deformed_pair()
     est = res.transform.to_displacement(fixed.shape)

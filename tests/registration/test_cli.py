@@ -250,4 +250,4 @@ def test_cli_register_stack_metric_defaults_as_the_api():
     assert parser.parse_args(argv).metric is None
     assert parser.parse_args([*argv, "--metric", "lncc"]).metric == "lncc"
     help_text = " ".join(stack.format_help().split())
-    assert "default: ncc, but lncc for diffeomorphic" in help_text
+    assert "default: ncc for linear models, lncc for dense ones" in help_text

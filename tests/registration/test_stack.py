@@ -413,11 +413,10 @@ def _rigid_drift_stack(rng, frames, shape, bleach=1.0):
     return stack, [np.linalg.inv(a) @ drifts[0] for a in drifts]
 
 
-def test_default_metric_is_global_ncc_but_local_ncc_for_the_diffeomorphic_model():
+def test_default_metric_is_global_ncc_for_linear_models_and_local_ncc_for_dense_ones():
     """The default the stack benchmark chose (docs/benchmarks.md, "Drift correction:
     register_stack's metric"): metric=None runs "ncc" (Gauss–Newton) for the linear models,
-    "ncc" for the deformable one and "lncc" for the diffeomorphic one, as ``register``
-    does; an explicit metric is kept."""
+    "lncc" for the dense ones, as ``register`` does; an explicit metric is kept."""
     import inspect
 
     from napari_simwarp.registration import register_stack_iter
@@ -427,7 +426,7 @@ def test_default_metric_is_global_ncc_but_local_ncc_for_the_diffeomorphic_model(
         assert inspect.signature(fn).parameters["metric"].default is None
     rng = np.random.default_rng(5)
     stack, _ = _rigid_drift_stack(rng, 2, (48, 48))
-    for model, expected in (("rigid", "ncc"), ("deformable", "ncc"), ("diffeomorphic", "lncc")):
+    for model, expected in (("rigid", "ncc"), ("deformable", "lncc"), ("diffeomorphic", "lncc")):
         result = register_stack(stack, model=model, iterations=2)
         assert result.metric == DEFAULT_METRICS[model] == expected
     assert register_stack(stack, model="rigid", metric="mse", iterations=2).metric == "mse"

@@ -127,7 +127,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--metric",
         default=None,
         choices=METRICS,
-        help="similarity (default: ncc, but lncc for diffeomorphic)",
+        help="similarity (default: ncc for linear models, lncc for dense ones)",
     )
     p.add_argument(
         "--levels",
@@ -312,8 +312,8 @@ def add_stack_parser(subparsers) -> argparse.ArgumentParser:
         "--metric",
         default=None,
         choices=METRICS,
-        help="similarity of models other than translation (default: ncc, but lncc for "
-        "diffeomorphic)",
+        help="similarity of models other than translation (default: ncc for linear "
+        "models, lncc for dense ones)",
     )
     p.add_argument(
         "--spacing",

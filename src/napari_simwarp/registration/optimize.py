@@ -334,21 +334,32 @@ FULL_RESOLUTION_LIMITS = {False: (256**2, 64**3), True: (512**2, 80**3)}
 #: Deformable 0.3 (with the lighter pre-blur of :data:`~.pair.PRE_BLUR_DEFORMABLE`): mean EPE over
 #: four draws of each 2-D dense case of bench_quality, local σ 8 px: 0.0939 → 0.0884 px,
 #: smooth: 0.0723 → 0.0677 px, lowest Jacobian determinant 0.733 → 0.737 (issue 16).
-#: Deformable now a cubic B-spline with bending energy (models.DenseModel): weight 0.5 and
-#: 150 iterations with metric "ncc" (weights 0.2 to 1 on three draws of each 2-D dense case:
-#: 0.4 loses the smooth case, 0.55 the local one; a level of global NCC can take more than
-#: 60 iterations; docs/benchmarks.md, issue 16).
+#: Deformable now a cubic B-spline with bending energy (models.DenseModel), with its default
+#: metric local NCC: weight 4 and 60 iterations (weight 2 folded two of six shaded pairs;
+#: 150 iterations changed no draw by more than 0.0005 px; docs/benchmarks.md, issue 16).
 DEFAULTS = {
     "translation": dict(lr=0.5, iterations=100, reg_weight=0.0),
     "rigid": dict(lr=0.5, iterations=100, reg_weight=0.0),
     "similarity": dict(lr=0.5, iterations=100, reg_weight=0.0),
     "affine": dict(lr=0.5, iterations=100, reg_weight=0.0),
-    "deformable": dict(lr=0.5, iterations=150, reg_weight=0.5),
+    "deformable": dict(lr=0.5, iterations=60, reg_weight=4.0),
     "diffeomorphic": dict(lr=0.5, iterations=60, reg_weight=0.2),
 }
+#: the defaults a metric other than the model's own moves: the B-spline field with global
+#: NCC measured best with weight 0.5 and 150 iterations (weights 0.2 to 1 on three draws of
+#: each 2-D dense case: 0.4 loses the smooth case, 0.55 the local one; a level of global
+#: NCC can take more than 60 iterations)
+METRIC_DEFAULTS = {("deformable", "ncc"): dict(iterations=150, reg_weight=0.5)}
 
 
-def level_iterations(iterations, model, shape, levels, full_resolution, optimizer="adam"):
+def model_defaults(model: str, metric: str | None = None) -> dict:
+    """``{"lr", "iterations", "reg_weight"}`` of ``model`` run with ``metric``."""
+    return {**DEFAULTS[model], **METRIC_DEFAULTS.get((model, metric), {})}
+
+
+def level_iterations(
+    iterations, model, shape, levels, full_resolution, optimizer="adam", metric=None
+):
     """Iterations per level (coarse → fine), with the finest level skipped when asked.
 
     ``full_resolution=None`` (auto) skips the finest level of images larger than
@@ -362,7 +373,7 @@ def level_iterations(iterations, model, shape, levels, full_resolution, optimize
     """
     iterations = _options.iterations(iterations)
     if iterations is None:
-        iterations = DEFAULTS[model]["iterations"]
+        iterations = model_defaults(model, metric)["iterations"]
     if not isinstance(iterations, (int, np.integer)):
         its = [int(n) for n in iterations]
         if len(its) != levels:
@@ -421,7 +432,7 @@ def make_schedule(
     ``window`` is in physical units; ``unit`` (the fixed image's finest pixel size) turns
     it into the pixels :func:`level_loss` counts in.
     """
-    d = DEFAULTS[model]
+    d = model_defaults(model, metric)
     optimizer = resolve_optimizer(optimizer, model, metric)
     lr = _options.optional_positive(lr, "lr")
     tol = _options.non_negative(tol, "tol")

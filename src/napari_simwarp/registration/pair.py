@@ -31,7 +31,7 @@ from .grid import Grid
 from .models import DenseModel, LinearModel
 from .optimize import RunResult, level_iterations, make_schedule, optimize, resolve_optimizer
 from .pyramid import auto_levels, build_pyramid, gaussian_blur, level_shapes
-from .quality import assess, masked_nmi, masked_zncc, measure_for
+from .quality import assess, lowest_jacobian, masked_nmi, masked_zncc, measure_for
 from .transforms import AffineTransform, DisplacementTransform, Transform
 
 
@@ -87,7 +87,8 @@ PRE_BLUR_MI = 0.5
 #: ... for the deformable model: a lighter blur keeps the fine structure a local
 #: deformation is read from. With the B-spline field, metric "ncc" and bending weight 0.5,
 #: σ 0.6 gave the lowest end-point error on three draws of both 2-D dense cases of
-#: benchmarks/bench_quality.py (σ 0.5, 0.6, 0.7, 0.8, 1.0 measured; issue 16)
+#: benchmarks/bench_quality.py (σ 0.5, 0.6, 0.7, 0.8, 1.0 measured; issue 16); the default
+#: metric "lncc" (weight 4) was measured with it too
 PRE_BLUR_DEFORMABLE = 0.6
 
 
@@ -350,6 +351,7 @@ def register_iter(
     """
     start = time.perf_counter()
     check_choice(model, "model", MODELS)
+    window = _options.window(window)  # its own error first (a zero or NaN window)
     metric = default_metric(model, metric, window)
     levels = _options.levels(levels)
     grid_spacing = _options.optional_positive(grid_spacing, "grid_spacing")
@@ -366,7 +368,7 @@ def register_iter(
             "landmark_weight=0 (the landmarks then only place the start) or optimizer='adam'"
         )
     iterations = level_iterations(
-        iterations, model, prep["shape"], prep["levels"], full_resolution, resolved
+        iterations, model, prep["shape"], prep["levels"], full_resolution, resolved, metric
     )
     unit = min(prep["fixed_grid"].spacing)
     schedule = make_schedule(
@@ -406,8 +408,11 @@ def register_iter(
     warped = warp_moving(mdl, prep["moving_raw"][None, None], prep["shape"])
     measure = measure_for(metric)
     similarity, initial, overlap = _similarities(prep, model, mdl, measure, start_from)
+    transform = mdl.transforms()[0]
+    dense = model not in LINEAR_MODELS
+    folding = lowest_jacobian(transform.to_displacement(prep["shape"])) if dense else None
     return RegistrationResult(
-        transform=mdl.transforms()[0],
+        transform=transform,
         warped=warped[0, 0].cpu().numpy(),
         loss_history=history,
         stopped=stopped,
@@ -419,7 +424,7 @@ def register_iter(
         initial_similarity=initial,
         similarity_measure=measure,
         overlap=overlap,
-        warnings=assess(similarity, initial, overlap, model not in LINEAR_MODELS, measure),
+        warnings=assess(similarity, initial, overlap, dense, measure, folding),
         seconds=time.perf_counter() - start,
     )
 
@@ -484,12 +489,12 @@ def register(
         They may differ in shape, pixel size and origin.
     model : {"translation", "rigid", "similarity", "affine", "deformable", "diffeomorphic"}
     metric : {"ncc", "lncc", "ssim", "mse", "mi"}, optional
-        Default (None): "ncc" (global normalized cross-correlation) for the linear models
-        and the deformable one, "lncc" (local NCC) for the diffeomorphic one;
-        ``result.metric`` says which ran. A deformable pair whose intensities differ
-        locally (uneven illumination, bleaching) wants "lncc" (with ``regularization``
-        2 to 4): with a smooth shading of ±5 to ±30 % the default ends 1.5 to 75 px off,
-        folded, where "lncc" stays within 0.08 px (docs/benchmarks.md, issue 16).
+        Default (None): "ncc" (global normalized cross-correlation) for the linear models,
+        "lncc" (local NCC) for the dense ones; ``result.metric`` says which ran. "ncc" on
+        the deformable model (it then takes ``regularization`` 0.5 and 150 iterations)
+        is 2 to 3 % more accurate on pairs that share their intensities exactly, but under
+        an illumination that varies by ±5 to ±30 % across the image it folds the field
+        (1.5 to 75 px off) where "lncc" stays within 0.08 px (docs/benchmarks.md, issue 16).
     mask : array, shape of ``fixed``, optional
         Non-zero where the fixed image should be matched.
     fixed_spacing, moving_spacing : float or sequence of float, optional
@@ -504,8 +509,8 @@ def register(
         16 in 3-D). An anisotropic volume's finest axes are halved first, until its
         voxels are near-isotropic (as ANTs and elastix do).
     iterations : int or list of int, optional
-        Most iterations per level (default 100 for linear, 150 for deformable, 60 for
-        diffeomorphic models).
+        Most iterations per level (default 100 for linear, 60 for dense models; 150 for
+        the deformable one with metric "ncc").
     lr : float, optional
         Initial step in pixels of each level (default 0.5); halved on plateaus. Adam and
         L-BFGS only: Gauss–Newton sizes its own steps.
@@ -526,8 +531,8 @@ def register(
     regularization : float, optional
         Dense models: weight of the regularizer, chosen by benchmarks/bench_quality.py.
         Deformable: the bending energy of the B-spline field, in the pixels of each
-        pyramid level (default 0.5; measured with the default metric "ncc", local NCC
-        wanted 2 to 4); diffeomorphic: the diffusion
+        pyramid level (default 4 with "lncc", 0.5 with "ncc", each measured best with its
+        metric); diffeomorphic: the diffusion
         energy (default 0.2). Both in physical units, so every axis is smoothed alike.
     steps : int
         Diffeomorphic: scaling-and-squaring steps.

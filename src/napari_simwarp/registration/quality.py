@@ -8,8 +8,8 @@ modalities, whose ZNCC can be anything at the right alignment): there it is the
 normalized mutual information (``similarity_measure`` says which; :data:`MEASURES`).
 A run whose result looks wrong gets a :class:`RegistrationWarning` (also kept in
 ``result.warnings``): images that hardly overlap, a low final similarity, a result worse
-than no transform at all, or a dense model fitted to images that looked unrelated. These
-are plausibility checks, not proofs.
+than no transform at all, a dense model fitted to images that looked unrelated, or a dense
+field that folds (a region mapped inside out). These are plausibility checks, not proofs.
 """
 
 from __future__ import annotations
@@ -101,10 +101,12 @@ def problems(
     overlap: float,
     dense: bool = False,
     measure: str = "zncc",
+    lowest_jacobian: float | None = None,
 ) -> dict[str, str]:
     """What looks implausible about a result, by kind ("overlap", "similarity", "worse",
-    "unrelated"); ``dense`` for deformable and diffeomorphic models; ``measure`` the
-    similarity's kind (a key of :data:`MEASURES`)."""
+    "unrelated", "folds"); ``dense`` for deformable and diffeomorphic models; ``measure``
+    the similarity's kind (a key of :data:`MEASURES`); ``lowest_jacobian`` a dense
+    result's lowest Jacobian determinant (:func:`lowest_jacobian`), None if not known."""
     label, minimum, max_loss, dense_start = MEASURES[measure]
     found = {}
     if overlap < MIN_OVERLAP:
@@ -131,7 +133,43 @@ def problems(
             f"({similarity:.3f}) proves little; align them with a linear model first "
             "(or pass init=)"
         )
+    if lowest_jacobian is not None and lowest_jacobian <= 0:
+        # A fold can leave a high similarity (the field tucks away what does not match),
+        # so it is checked apart: global NCC under uneven illumination folded fields by
+        # tens of pixels with no other warning (issue 16).
+        found["folds"] = (
+            f"the displacement field folds (lowest Jacobian determinant "
+            f"{lowest_jacobian:.2f}: a region is mapped inside out), so the result is wrong "
+            "there; try metric='lncc' (intensities that differ across the images), a larger "
+            "regularization or a larger grid_spacing"
+        )
     return found
+
+
+#: planes of the first axis per slab of :func:`lowest_jacobian` (bounds its temporaries)
+JACOBIAN_SLAB = 32
+
+
+def lowest_jacobian(displacement) -> float:
+    """The lowest Jacobian determinant of ``x ↦ x + d(x)``, ``displacement`` ``(D, *S)`` in
+    pixels (array order): ≤ 0 where the map folds.
+
+    Computed in slabs of :data:`JACOBIAN_SLAB` planes along the first axis, each read with
+    one plane either side, so the central differences are those of the whole field and
+    the temporaries stay a slab's.
+    """
+    from ..ops import jacobian_determinant
+
+    d = torch.as_tensor(displacement)
+    if not d.is_floating_point():
+        d = d.float()
+    n, lowest = d.shape[1], float("inf")
+    for start in range(0, n, JACOBIAN_SLAB):
+        lo, hi = max(start - 1, 0), min(start + JACOBIAN_SLAB + 1, n)
+        det = jacobian_determinant(d[None, :, lo:hi])[0, 0]
+        inner = det[start - lo : start - lo + min(JACOBIAN_SLAB, n - start)]
+        lowest = min(lowest, float(inner.min()))
+    return lowest
 
 
 def emit(messages: list[str]) -> list[str]:
@@ -142,7 +180,13 @@ def emit(messages: list[str]) -> list[str]:
 
 
 def assess(
-    similarity: float, initial: float, overlap: float, dense: bool = False, measure="zncc"
+    similarity: float,
+    initial: float,
+    overlap: float,
+    dense: bool = False,
+    measure="zncc",
+    lowest_jacobian: float | None = None,
 ) -> list[str]:
     """The warnings a pair's result earns (empty when it looks plausible), also emitted."""
-    return emit(list(problems(similarity, initial, overlap, dense, measure).values()))
+    found = problems(similarity, initial, overlap, dense, measure, lowest_jacobian)
+    return emit(list(found.values()))

@@ -146,8 +146,8 @@ def register_stack(
         the refinement is least squares on locally normalized intensities).
     metric : {"ncc", "lncc", "ssim", "mse", "mi"}, optional
         Default (None): "ncc" (global normalized cross-correlation, solved by
-        Gauss–Newton) for the linear models and the deformable one (Adam), "lncc" (local
-        NCC, Adam) for the diffeomorphic one, as in ``register``. Chosen by measurement on
+        Gauss–Newton) for the linear models, "lncc" (local NCC, Adam) for the dense
+        ones, as in ``register``. Chosen by measurement on
         rigid drift with every reference, photobleaching and noise (docs/benchmarks.md,
         "Drift correction: register_stack's metric"): several times faster than "lncc" and
         as accurate or more, but for bleaching with heavy noise; "mse" fails when the
@@ -241,6 +241,7 @@ def register_stack_iter(
     """
     start = time.perf_counter()
     check_choice(model, "model", MODELS)
+    window = _options.window(window)  # its own error first (a zero or NaN window)
     metric = default_metric(model, metric, window)
     check_choice(metric, "metric", METRICS)
     levels = _options.levels(levels)
@@ -975,7 +976,7 @@ def _optimizer_route(
         mean_mask = _mean_reference(runner, src.total, batch, value_range)
     levels_n = auto_levels(shape, spacing=grid.spacing) if levels in ("auto", None) else int(levels)
     optimizer = resolve_optimizer("auto", model, metric)
-    its = level_iterations(iterations, model, shape, levels_n, full_resolution, optimizer)
+    its = level_iterations(iterations, model, shape, levels_n, full_resolution, optimizer, metric)
     unit = min(grid.spacing)
     schedule = make_schedule(
         model, lr, its, tol, regularization, report_every, metric, window, optimizer, unit

@@ -39,8 +39,8 @@ class RunSettings:
 
     mode : "pair" (fixed + moving, 2-D or 3-D) or "stack" (a ``(T, *S)`` moving stack
         aligned to a reference frame; the fixed layer is not used)
-    metric : "auto" (the engine's default for the model: "ncc", but "lncc" for
-        diffeomorphic) or a name of ``registration.METRICS``
+    metric : "auto" (the engine's default for the model: "ncc" for linear models,
+        "lncc" for dense ones) or a name of ``registration.METRICS``
     levels : 0 or "auto" for automatic, else the number of pyramid levels
     iterations : per level; None for the engine's default
     vector_spacing : pixels between displayed arrows; None: about 20 per axis
@@ -237,9 +237,10 @@ class RegistrationRun:
             return int(s.iterations)
         if s.mode == "stack" and s.model == "translation":
             return 10
-        from ..registration.optimize import DEFAULTS
+        from ..registration.optimize import model_defaults
 
-        return int(DEFAULTS[s.model]["iterations"])
+        metric = default_metric(s.model) if s.metric == "auto" else s.metric
+        return int(model_defaults(s.model, metric)["iterations"])
 
     def expected_steps(self) -> int:
         """About how many snapshots a full run yields (for the progress bar's total)."""
