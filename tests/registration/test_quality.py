@@ -10,7 +10,7 @@ import torch
 from scipy import ndimage as ndi
 from skimage.metrics import normalized_mutual_information
 
-from napari_simwarp import data, register
+from napari_simwarp import data, register, register_stack
 from napari_simwarp.registration.quality import (
     MIN_NMI,
     RegistrationWarning,
@@ -121,6 +121,8 @@ def test_a_folded_dense_result_is_warned_and_the_default_metric_holds_under_shad
     with pytest.warns(RegistrationWarning, match="folds"):
         folded = register(fixed, shaded, model="deformable", metric="ncc")
     assert lowest_jacobian(folded.transform.to_displacement(fixed.shape)) <= 0
+    with pytest.warns(RegistrationWarning, match=r"frame\(s\) 1: the displacement field folds"):
+        register_stack(np.stack([fixed, shaded]), model="deformable", metric="ncc")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         result = register(fixed, shaded, model="deformable")

@@ -57,7 +57,7 @@ from .optimize import (
     resolve_optimizer,
 )
 from .pyramid import auto_levels, build_pyramid, gaussian_blur, level_shapes
-from .quality import emit, masked_zncc, problems
+from .quality import emit, lowest_jacobian, masked_zncc, problems
 from .transforms import AffineTransform, DisplacementTransform
 
 REFERENCES = ("first", "previous", "mean")
@@ -293,7 +293,11 @@ def register_stack_iter(
     warped, (final, initial, overlap) = _finish(
         runner, src, value_range, transforms, reference, ref_index, batch
     )
-    found = _assess_frames(final, initial, overlap, dense=model not in LINEAR_MODELS)
+    dense = model not in LINEAR_MODELS
+    folding = (
+        [lowest_jacobian(t.to_displacement(src.frame_shape)) for t in transforms] if dense else None
+    )
+    found = _assess_frames(final, initial, overlap, dense, folding)
     return StackRegistrationResult(
         transforms=transforms,
         warped=warped,
@@ -592,18 +596,25 @@ def _finish(runner, src, value_range, transforms, reference, ref_index, batch):
     return warped, tuple(torch.cat(x).numpy() for x in zip(*scores))
 
 
-def _assess_frames(final, initial, overlap, dense: bool) -> list[str]:
+def _assess_frames(final, initial, overlap, dense: bool, folding=None) -> list[str]:
     """The warnings a stack earns: one per kind of problem, naming the frames that have it
-    and quoting the worst of them (not one warning per frame); also emitted."""
+    and quoting the worst of them (not one warning per frame); also emitted. ``folding``:
+    each dense frame's lowest Jacobian determinant (None: not checked)."""
+    fold = folding if folding is not None else [None] * len(final)
+
+    def found(t):
+        return problems(final[t], initial[t], overlap[t], dense, "zncc", fold[t])
+
     by_kind: dict[str, list[int]] = {}
     for t in range(len(final)):
-        for kind in problems(final[t], initial[t], overlap[t], dense):
+        for kind in found(t):
             by_kind.setdefault(kind, []).append(t)
+    worst_by = {"overlap": overlap, "folds": fold}
     messages = []
     for kind, frames in by_kind.items():
-        worst = min(frames, key=lambda t: overlap[t] if kind == "overlap" else final[t])
+        worst = min(frames, key=lambda t: worst_by.get(kind, final)[t])
         listed = ", ".join(map(str, frames[:10])) + (", ..." if len(frames) > 10 else "")
-        detail = problems(final[worst], initial[worst], overlap[worst], dense)[kind]
+        detail = found(worst)[kind]
         messages.append(f"frame(s) {listed}: {detail}")
     return emit(messages)
 
