@@ -530,17 +530,22 @@ class TestBSplineControl:
             assert torch.autograd.gradcheck(energy, (field,))
 
     @pytest.mark.parametrize("spacing", [(1.0, 1.0), (3.0, 0.5)])
-    def test_energies_of_polynomial_fields(self, spacing):
+    @pytest.mark.parametrize("p", [1, 2])
+    def test_energies_of_polynomial_fields(self, spacing, p):
         # u(x) = G x + (a x_0² + b x_0 x_1) e_0 in physical units; the B-spline coefficients
         # of such a field are its knot values up to a constant (quadratics: − h²/3), so the
         # diffusion energy of the linear part is Σ G_ij² / D, and the bending energy is the
         # mean of (∂00 u)² + 2 (∂01 u)² + (∂11 u)² over the components: ((2a)² + 2 b²) / 2.
+        # On a level of pixels p full-resolution pixels wide, the energies are in that
+        # level's pixels (displacements and lengths both divided by p): second derivatives
+        # are p times those in full-resolution pixels, so the bending energy is p² times the
+        # analytic value; first derivatives do not change, nor does the diffusion energy.
         shape, spacing = (40, 64), np.asarray(spacing)
         g, a, b = np.array([[0.02, -0.05], [0.03, 0.01]]), 0.003, -0.002
         model = DenseModel(
             "deformable", shape, 1, dtype=torch.float64, control="bspline", spacing=spacing
         )
-        model.set_level(shape)
+        model.set_level(tuple(n // p for n in shape))
         cshape = model.field.shape[2:]
         knots = [_knot_positions(c, n) * s for c, n, s in zip(cshape, shape, spacing)]
         x = np.stack(np.meshgrid(*knots, indexing="ij"))
@@ -550,40 +555,12 @@ class TestBSplineControl:
         for field, kind, expected in (
             (linear, "diffusion", (g**2).sum() / 2),
             (linear, "bending", 0.0),
-            (quadratic, "bending", ((2 * a) ** 2 + 2 * b**2) / 2),
+            (quadratic, "bending", p**2 * ((2 * a) ** 2 + 2 * b**2) / 2),
         ):
             model.field = torch.from_numpy(field / spacing.reshape(2, 1, 1))[None]
             model.regularizer_kind = kind
             reg = model.regularizer().detach().numpy()
             np.testing.assert_allclose(reg, [expected], rtol=1e-10, atol=1e-15)
-
-    @pytest.mark.parametrize("spacing", [(1.0, 1.0), (3.0, 0.5)])
-    def test_bending_energy_is_in_the_level_pixels(self, spacing):
-        # The polynomial fields of the test above, on a level of half the size: in that
-        # level's pixels (displacements and lengths both halved) second derivatives are
-        # twice those in full-resolution pixels, so the bending energy is 2² times the
-        # analytic value; first derivatives do not change with the unit, so the diffusion
-        # energy is the analytic value itself.
-        shape, level, spacing = (40, 64), (20, 32), np.asarray(spacing)
-        g, a, b = np.array([[0.02, -0.05], [0.03, 0.01]]), 0.003, -0.002
-        model = DenseModel(
-            "deformable", shape, 1, dtype=torch.float64, control="bspline", spacing=spacing
-        )
-        model.set_level(level)
-        cshape = model.field.shape[2:]
-        knots = [_knot_positions(c, n) * s for c, n, s in zip(cshape, shape, spacing)]
-        x = np.stack(np.meshgrid(*knots, indexing="ij"))
-        linear = np.einsum("ij,j...->i...", g, x)
-        quadratic = np.zeros_like(x)
-        quadratic[0] = a * x[0] ** 2 + b * x[0] * x[1]
-        for field, kind, expected in (
-            (linear, "diffusion", (g**2).sum() / 2),
-            (quadratic, "bending", 2**2 * ((2 * a) ** 2 + 2 * b**2) / 2),
-        ):
-            model.field = torch.from_numpy(field / spacing.reshape(2, 1, 1))[None]
-            model.regularizer_kind = kind
-            reg = model.regularizer().detach().numpy()
-            np.testing.assert_allclose(reg, [expected], rtol=1e-10)
 
     def test_bad_options_are_refused(self):
         with pytest.raises(ValueError, match="control"):
