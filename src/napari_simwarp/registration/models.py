@@ -8,6 +8,7 @@ of motion at the image's half-size radius); one learning rate then suits every p
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -251,7 +252,19 @@ DEFAULT_CONTROL = {"deformable": "bspline", "diffeomorphic": "linear"}
 def bspline_weights(n_control: int, size: int, dtype=torch.float64, device=None) -> torch.Tensor:
     """The cubic B-spline weights ``(size, n_control)`` of ``n_control`` control points
     spread over an axis of ``size`` pixels (pixel-center convention: the axis spans
-    ``[-0.5, size - 0.5]``).
+    ``[-0.5, size - 0.5]``), as ``dtype`` on ``device``.
+
+    Worked out once per ``(n_control, size)`` in float64 on the CPU (Apple's MPS has no
+    float64) and cached: a run evaluates the field with the same few matrices at every
+    iteration.
+    """
+    # A copy: the cached matrix is never handed out to be written into.
+    return _bspline_weights(n_control, size).to(device=device, dtype=dtype, copy=True)
+
+
+@functools.lru_cache(maxsize=64)
+def _bspline_weights(n_control: int, size: int) -> torch.Tensor:
+    """:func:`bspline_weights` in float64 on the CPU.
 
     The knots are ``h = size / (n_control - 3)`` pixels apart, one outside each end of the
     axis and one more beyond it (a cubic B-spline spans four knots, so every pixel is
@@ -263,12 +276,11 @@ def bspline_weights(n_control: int, size: int, dtype=torch.float64, device=None)
     if n_control < 4:
         raise ValueError(f"n_control must be at least 4 for a cubic B-spline, got {n_control}")
     h = size / (n_control - 3)
-    t = (torch.arange(size, dtype=torch.float64, device=device) + 0.5) / h + 1.0
-    r = (t[:, None] - torch.arange(n_control, dtype=torch.float64, device=device)).abs()
-    w = torch.where(
+    t = (torch.arange(size, dtype=torch.float64) + 0.5) / h + 1.0
+    r = (t[:, None] - torch.arange(n_control, dtype=torch.float64)).abs()
+    return torch.where(
         r < 1, 2.0 / 3.0 - r**2 + r**3 / 2, torch.where(r < 2, (2 - r).clamp(min=0) ** 3 / 6, 0.0)
     )
-    return w.to(dtype)
 
 
 def apply_per_axis(x: torch.Tensor, matrices) -> torch.Tensor:
@@ -403,13 +415,11 @@ class DenseModel:
         elif self.control == "bspline":
             # The finer grid's least-squares fit to the coarser field at this level's pixels
             # (exact: a cubic B-spline is refined exactly by a grid of half its cells).
+            # In float64 on the CPU (MPS has no float64); the control grids are small.
             old = self.field.detach()
-            dense = self._interpolate(old.double(), level_shape)
-            fits = [
-                torch.linalg.pinv(bspline_weights(c, n, device=old.device))
-                for c, n in zip(cshape, level_shape)
-            ]
-            f = apply_per_axis(dense, fits).to(old.dtype)
+            dense = self._interpolate(old.cpu().double(), level_shape)
+            fits = [torch.linalg.pinv(bspline_weights(c, n)) for c, n in zip(cshape, level_shape)]
+            f = apply_per_axis(dense, fits).to(device=old.device, dtype=old.dtype)
         else:
             f = resize(self.field.detach(), cshape)
         self.field = f.clone().requires_grad_(True)

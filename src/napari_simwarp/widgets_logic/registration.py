@@ -186,6 +186,7 @@ class RegistrationRun:
             self.fixed = None
             self.shape = self.moving.shape[1:]
         self.levels = self._levels()
+        self.run_levels = self._optimized_levels()
         self.spacing = s.vector_spacing or auto_spacing(self.shape)
         self.result = None
         self.losses: list[float] = []
@@ -231,6 +232,22 @@ class RegistrationRun:
             return auto_levels(self.shape, spacing=spacing)
         return int(lv)
 
+    def _optimized_levels(self) -> int:
+        """The pyramid levels a pair's run optimizes (what its status counts): all of
+        them, but for a finest level the engine skips (above Adam's full-resolution size,
+        :func:`~..registration.optimize.level_iterations`)."""
+        s = self.settings
+        if s.mode != "pair":
+            return self.levels
+        from ..registration.optimize import level_iterations, resolve_optimizer
+
+        metric = default_metric(s.model) if s.metric == "auto" else s.metric
+        optimizer = resolve_optimizer("auto", s.model, metric)
+        its = level_iterations(
+            self._iterations(), s.model, self.shape, self.levels, None, optimizer, metric
+        )
+        return max(1, sum(1 for n in its if n > 0))
+
     def _iterations(self) -> int:
         s = self.settings
         if s.iterations is not None:
@@ -249,7 +266,7 @@ class RegistrationRun:
         if s.mode == "stack" and s.model == "translation":
             per = its * (2 if s.reference == "mean" else 1)
             return max(1, per)
-        return max(1, self.levels * -(-its // max(1, s.report_every)))
+        return max(1, self.run_levels * -(-its // max(1, s.report_every)))
 
     @property
     def shows_gradient(self) -> bool:
@@ -341,8 +358,8 @@ class RegistrationRun:
         last_level = self.loss_levels[-1] if self.loss_levels else 0
         snap = Snapshot(
             self._step + 1,
-            self.levels - 1 if self.settings.mode == "pair" else 0,
-            self.levels if self.settings.mode == "pair" else 1,
+            self.run_levels - 1 if self.settings.mode == "pair" else 0,
+            self.run_levels if self.settings.mode == "pair" else 1,
             0,
             history[-1] if history else float("nan"),
             # The curve of the snapshots (one point per snapshot, its level known), ending
@@ -403,7 +420,7 @@ class RegistrationRun:
         snap = Snapshot(
             self._step,
             int(progress.level),
-            int(progress.levels),
+            min(int(progress.levels), self.run_levels),
             int(progress.iteration),
             float(progress.loss),
             list(self.losses),
