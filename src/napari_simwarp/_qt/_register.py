@@ -333,7 +333,7 @@ class RegisterWidget(WorkerWidget):
         worker.errored.connect(self._on_error)
         worker.finished.connect(self._on_finished)
         self._set_running(True)
-        self._status.value = f"registering ({run.settings.model}, {run.levels} levels)…"
+        self._status.value = f"registering ({run.settings.model}, {run.run_levels} levels)…"
 
         def start():
             self._worker = worker
