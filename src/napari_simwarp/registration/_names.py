@@ -21,7 +21,7 @@ def default_metric(model: str, metric: str | None = None, window=None) -> str | 
     """``metric``, or the model's default when it is None (an unknown model: None).
 
     A ``window`` given without a metric, for a model whose default metric takes none
-    (the deformable model's global NCC since issue 16), is refused with a TypeError that
+    (the linear models' global NCC), is refused with a TypeError that
     says which metric to ask for: the window would otherwise be an error about a metric
     the caller never named.
     """

@@ -169,7 +169,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--regularization",
         type=float,
         default=None,
-        help="dense models: smoothness weight (default 0.5 deformable, 0.2 diffeomorphic)",
+        help="dense models: smoothness weight (default 4 deformable, 0.5 with --metric ncc; "
+        "0.2 diffeomorphic)",
     )
     p.add_argument("--mask", default=None, help="mask file for the fixed image (non-zero = use)")
     p.add_argument(

@@ -22,6 +22,7 @@ baton alone, as before.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import pathlib
 import time
@@ -61,8 +62,8 @@ def _try_lock(fd: int) -> bool | None:
             os.lseek(fd, 0, os.SEEK_SET)
             msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
             return True
-        except OSError:
-            return False
+        except OSError as error:  # held elsewhere; any other error: no locks here
+            return False if error.errno in (errno.EACCES, errno.EDEADLOCK) else None
     return None
 
 
