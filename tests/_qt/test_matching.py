@@ -121,7 +121,9 @@ def test_rectangle_on_a_frame_of_a_lazy_stack_reads_that_frame_only_in_the_worke
     gui = threading.get_ident()
     reads.clear()  # napari reads the plane it shows, on its own
     wdg.run()
-    assert not reads  # starting the run read nothing (on the GUI thread or elsewhere yet)
+    # Starting the run read nothing on the GUI thread (the worker, in its own thread, may
+    # already have begun: a read of it here is no failure; CI saw one on a loaded machine).
+    assert not [read for read in reads if read[1] == gui]
     qtbot.waitUntil(lambda: wdg.result is not None and not wdg.busy, timeout=30000)
     assert {loc for loc, _ in reads} <= {(3, 0, 0)}  # only frame 3, never the stack
     assert all(thread != gui for _, thread in reads[:1])

@@ -123,8 +123,12 @@ class TestSplat:
         assert torch.all(g_image == 0) and torch.all(g_d == 0)
 
     def test_plain_sum_preserves_mass(self, device):
-        image = torch.rand(2, 1, 20, 20, dtype=torch.float64, device=device)
-        d = 0.8 * torch.randn(2, 2, 20, 20, dtype=torch.float64, device=device)
+        rng = torch.Generator().manual_seed(12)
+        image = torch.rand(2, 1, 20, 20, dtype=torch.float64, generator=rng).to(device)
+        # At most 2.5 px: with 3 still pixels at each edge every pixel lands inside (an
+        # unbounded, unseeded draw once pushed one out: CI lost 5e-4 of the mass).
+        d = (0.8 * torch.randn(2, 2, 20, 20, dtype=torch.float64, generator=rng)).clamp(-2.5, 2.5)
+        d = d.to(device)
         d[..., :3, :] = 0
         d[..., -3:, :] = 0
         d[..., :3] = 0
