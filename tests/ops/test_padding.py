@@ -34,10 +34,28 @@ def test_constant_value(rng):
     np.testing.assert_array_equal(out.numpy(), np.pad(x, [(1, 2), (2, 1)], constant_values=-7))
 
 
-def test_gradient_folds_back(rng):
-    # The adjoint of a gather adds each padded cell's gradient onto its source pixel.
-    x = torch.from_numpy(rng.standard_normal((1, 1, 4, 5))).requires_grad_()
-    assert torch.autograd.gradcheck(lambda t: pad_spatial(t, [(3, 2), (1, 6)], "reflect"), (x,))
+@pytest.mark.parametrize("mode", ["reflect", "mirror", "nearest"])
+@pytest.mark.parametrize(
+    "shape,pads", [((4, 5), [(3, 2), (1, 6)]), ((3, 1, 4), [(2, 4), (1, 2), (0, 5)])]
+)
+def test_gradient_folds_back(mode, shape, pads, rng):
+    # The adjoint of a gather adds each padded cell's gradient onto its source pixel; the
+    # borders are gathered from the output itself, so corners are pads of pads.
+    x = torch.from_numpy(rng.standard_normal((2, 1, *shape))).requires_grad_()
+    before = x.detach().clone()
+    assert torch.autograd.gradcheck(lambda t: pad_spatial(t, pads, mode), (x,))
+    assert torch.equal(x.detach(), before)
+
+
+@pytest.mark.parametrize(
+    "mode,np_mode", [("reflect", "symmetric"), ("mirror", "reflect"), ("nearest", "edge")]
+)
+def test_an_axis_of_one_pixel_and_a_strided_input(mode, np_mode, rng):
+    x = rng.standard_normal((6, 1, 7))
+    view = torch.from_numpy(x).permute(2, 0, 1)  # not contiguous
+    out = pad_spatial(view[None], [(3, 2), (2, 3)], mode)[0].numpy()
+    expected = np.pad(x.transpose(2, 0, 1), [(0, 0), (3, 2), (2, 3)], mode=np_mode)
+    np.testing.assert_array_equal(out, expected)
 
 
 def test_unknown_mode():

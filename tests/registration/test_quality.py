@@ -34,6 +34,36 @@ def test_masked_zncc_is_pearson_over_the_mask(rng):
     assert float(masked_zncc(_t(a), _t(b), _t(mask))[0]) == pytest.approx(expected, abs=1e-12)
 
 
+def test_masked_zncc_of_float32_frames_holds_to_1e_6_at_2048(rng):
+    # A contrast of 1 on an offset of 100: float32 sums of uncentred products would lose
+    # the score to cancellation; each frame has its own mask, the fixed image is shared.
+    fixed = rng.random((2048, 2048), dtype=np.float32) + 100
+    frames = [rng.random((2048, 2048), dtype=np.float32) + 100 + k * fixed for k in (0.2, 1.0)]
+    masks = np.ones((2, 2048, 2048), np.float32)
+    masks[0, :300] = 0
+    masks[1, :, 1500:] = 0
+    got = masked_zncc(
+        torch.from_numpy(fixed)[None, None],
+        torch.from_numpy(np.stack(frames))[:, None],
+        torch.from_numpy(masks)[:, None],
+    )
+    assert got.dtype == torch.float32
+    for k in range(2):
+        keep = masks[k] > 0
+        expected = np.corrcoef(fixed[keep].astype(np.float64), frames[k][keep].astype(np.float64))
+        assert float(got[k]) == pytest.approx(expected[0, 1], abs=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_masked_zncc_of_a_flat_image_is_0(rng, dtype):
+    flat = torch.full((1, 1, 300, 200), 1234.567, dtype=dtype)
+    other = torch.as_tensor(rng.random((1, 1, 300, 200)), dtype=dtype)
+    ones = torch.ones_like(other)
+    assert float(masked_zncc(flat, other, ones)[0]) == 0.0
+    assert float(masked_zncc(other, flat, ones)[0]) == 0.0
+    assert float(masked_zncc(other, other, torch.zeros_like(other))[0]) == 0.0
+
+
 def test_masked_nmi_is_the_parzen_nmi_over_the_mask(rng):
     image = ndi.gaussian_filter(rng.random((96, 80)), 2)
     related, unrelated = 1.0 - image**2, ndi.gaussian_filter(rng.random((96, 80)), 2)

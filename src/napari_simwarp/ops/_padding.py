@@ -115,13 +115,27 @@ def pad_spatial(
     index_fn = _INDICES.get(mode)
     if index_fn is None:
         raise ValueError(f"padding must be one of {PADDINGS}, got {mode!r}")
-    out = x
+    # One allocation: the interior copied once, then each axis's two border slabs gathered
+    # from the output itself (a gather per axis of the whole array cost 5× the time at 2048²).
+    # Axis by axis: over the axes before it the slabs span the padded extent (the corners
+    # are pads of pads), over those after it the interior only (not filled yet).
+    lead = x.dim() - d
+    out = x.new_empty(x.shape[:lead] + tuple(n + b + a for n, (b, a) in zip(x.shape[lead:], pads)))
+    interior = out
+    for axis, (b, _) in enumerate(pads):
+        interior = interior.narrow(lead + axis, b, x.shape[lead + axis])
+    interior.copy_(x)
     for axis, (b, a) in enumerate(pads):
-        if b == 0 and a == 0:
-            continue
-        dim = x.dim() - d + axis
-        idx = index_fn(x.shape[dim], b, a, device=x.device)
-        out = out.index_select(dim, idx)
+        dim = lead + axis
+        n = x.shape[dim]
+        region = out
+        for later in range(axis + 1, d):
+            region = region.narrow(lead + later, pads[later][0], x.shape[lead + later])
+        idx = index_fn(n, b, a, device=x.device) + b  # source positions in ``out``
+        if b:
+            region.narrow(dim, 0, b).copy_(region.index_select(dim, idx[:b]))
+        if a:
+            region.narrow(dim, b + n, a).copy_(region.index_select(dim, idx[b + n :]))
     return out
 
 

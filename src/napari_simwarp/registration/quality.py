@@ -65,26 +65,56 @@ class RegistrationWarning(UserWarning):
     """A registration result that looks unconverged or implausible."""
 
 
+#: pixels per image of one chunk of :func:`masked_zncc` (its temporaries, a few MiB, are
+#: reused by the allocator where whole-frame ones would be mapped and faulted in afresh)
+ZNCC_CHUNK = 1 << 18
+
+
 def masked_zncc(fixed: torch.Tensor, warped: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Global ZNCC per image over ``valid`` pixels: ``(N, 1, *S)`` each → ``(N,)``.
 
-    0 where either image is flat over the shared pixels (or no pixel is shared).
+    ``fixed`` and ``valid`` may have a batch of 1 (shared by every image). 0 where either
+    image is flat over the shared pixels (or no pixel is shared). Computed in float64 when
+    either image is, else in float32, chunk by chunk: each chunk's sums are torch's
+    cascaded float32 sums, added up in float64, and the products are of centred values,
+    so a float32 score is within ~1e-6 of the float64 one (tested at 2048² with an offset
+    of 100 times the contrast) in a fifth of the time a float64 copy of the frames costs.
     """
-    dims = tuple(range(1, warped.dim()))
-    fixed = fixed.expand_as(warped).double()
-    warped, valid = warped.double(), valid.expand_as(warped).double()
-    count = valid.sum(dims).clamp_min(1.0)
+    n = warped.shape[0]
+    dtype = torch.float64 if torch.float64 in (fixed.dtype, warped.dtype) else torch.float32
+    # (batch, pixels) views; a batch of 1 broadcasts, with no copy of the shared image
+    x, y, v = (t.reshape(t.shape[0], -1) for t in (fixed, warped, valid))
+    pixels = y.shape[1]
+    step = max(1, ZNCC_CHUNK // max(n, 1))
 
-    def centered(x):
-        mean = (x * valid).sum(dims, keepdim=True) / count.view(-1, *[1] * len(dims))
-        return (x - mean) * valid
+    def chunks():
+        for start in range(0, pixels, step):
+            part = slice(start, start + step)
+            yield x[:, part].to(dtype), y[:, part].to(dtype), v[:, part].to(dtype)
 
-    a, b = centered(fixed), centered(warped)
-    energy = (a * a).sum(dims) * (b * b).sum(dims)
-    flat = energy <= 1e-24
-    return torch.where(
-        flat, torch.zeros_like(energy), (a * b).sum(dims) / energy.clamp_min(1e-300).sqrt()
-    )
+    def total(t):
+        return t.sum(1, dtype=torch.float64) if dtype == torch.float64 else t.sum(1).double()
+
+    count, sum_x, sum_y = (torch.zeros(n, dtype=torch.float64, device=y.device) for _ in "abc")
+    for xc, yc, vc in chunks():
+        count += total(vc.expand(n, -1))
+        sum_x += total(xc * vc)
+        sum_y += total(yc * vc)
+    count = count.clamp_min(1.0)
+    mean_x, mean_y = (s / count for s in (sum_x, sum_y))
+    mx, my = mean_x.to(dtype)[:, None], mean_y.to(dtype)[:, None]
+    xx, yy, xy = (torch.zeros(n, dtype=torch.float64, device=y.device) for _ in "abc")
+    for xc, yc, vc in chunks():
+        a, b = (xc - mx).mul_(vc), (yc - my).mul_(vc)
+        xx += total(a * a)
+        yy += total(b * b)
+        xy += total(a.mul_(b))
+    # A flat image centres to its mean's rounding error (~1e-7 of the mean per pixel in
+    # float32, ~1e-16 in float64), not to 0: it is flat below that error's energy.
+    tiny = (1e-11 if dtype == torch.float32 else 1e-26) * count
+    flat = (xx * yy <= 1e-24) | (xx <= tiny * mean_x**2) | (yy <= tiny * mean_y**2)
+    score = xy / (xx * yy).clamp_min(1e-300).sqrt()
+    return torch.where(flat, torch.zeros_like(score), score).to(dtype)
 
 
 def masked_nmi(fixed: torch.Tensor, warped: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
