@@ -4,12 +4,15 @@ normalization formula, ``torch.nn.functional.grid_sample`` and SciPy's
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from scipy import ndimage as ndi
 
+from napari_simwarp.ops import _sampling
 from napari_simwarp.ops._sampling import (
     WARP_PADDINGS,
     affine_grid,
@@ -130,7 +133,15 @@ class TestDisplacementToGrid:
 class TestAffine:
     @pytest.mark.parametrize(
         "in_shape,out_shape",
-        [((20, 24), (20, 24)), ((20, 24), (13, 31)), ((9, 11, 10), (7, 12, 8))],
+        [
+            ((20, 24), (20, 24)),
+            ((20, 24), (13, 31)),
+            ((9, 11, 10), (7, 12, 8)),
+            # grids of SMALL_GRID points and more are built per axis, not by F.affine_grid
+            ((200, 180), (190, 210)),
+            ((1, 200, 180), (1, 190, 210)),
+            ((30, 34, 32), (33, 31, 36)),
+        ],
     )
     def test_affine_grid_sample_reproduces_scipy_affine_transform(self, rng, in_shape, out_shape):
         d = len(in_shape)
@@ -147,6 +158,23 @@ class TestAffine:
         for m, got in zip(matrices, out):
             ref = ndi.affine_transform(image, m, output_shape=out_shape, order=1, mode="nearest")
             np.testing.assert_allclose(got[0].numpy(), ref, atol=1e-12)
+
+    @pytest.mark.parametrize("out_shape", [(6, 5), (1, 4, 3), (3, 4, 2)])
+    def test_affine_grid_per_axis_is_f_affine_grid_and_differentiable(
+        self, rng, monkeypatch, out_shape
+    ):
+        d = len(out_shape)
+        matrices = _t(np.stack([_random_affine(rng, d) for _ in range(2)]))
+        theta = affine_to_theta(matrices, (7,) * d, out_shape)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch notes its unit-size grids changed in 1.3
+            expected = F.affine_grid(theta, (2, 1, *out_shape), align_corners=True)
+        monkeypatch.setattr(_sampling, "SMALL_GRID", 0)
+        got = affine_grid(matrices, (7,) * d, out_shape)
+        np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=0, atol=1e-15)
+        assert affine_grid(matrices, (7,) * d, out_shape, torch.float32).dtype == torch.float32
+        m = matrices.clone().requires_grad_()
+        assert torch.autograd.gradcheck(lambda x: affine_grid(x, (7,) * d, out_shape), (m,))
 
     def test_theta_is_the_normalized_matrix(self, rng):
         # theta maps normalized output (x, y) to normalized input (x, y): check it on points.
