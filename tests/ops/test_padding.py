@@ -19,9 +19,20 @@ from napari_simwarp.ops._padding import pad_spatial
         ("constant", "constant"),
     ],
 )
-@pytest.mark.parametrize("pads", [[(2, 3), (0, 1)], [(7, 9), (11, 4)], [(1, 1), (2, 0), (3, 5)]])
+@pytest.mark.parametrize(
+    "pads",
+    [
+        [(3, 0)],
+        [(12, 17)],
+        [(2, 3), (0, 1)],
+        [(7, 9), (11, 4)],
+        [(1, 1), (2, 0), (3, 5)],
+        [(11, 0), (6, 13), (0, 9)],
+    ],
+)
 def test_matches_numpy_pad(mode, np_mode, pads, rng):
-    # (7, 9) on an axis of 5 exercises pads longer than the axis (repeated reflection).
+    # Pads longer than the axis, (12, 17) and (7, 9) on 5, (6, 13) on 6, (11, 0) and (0, 9)
+    # on 5 and 4, exercise repeated reflection; the 3-D ones fill corners of corners.
     shape = (5, 6, 4)[: len(pads)]
     x = rng.standard_normal(shape)
     out = pad_spatial(torch.from_numpy(x)[None, None], pads, mode)[0, 0].numpy()
