@@ -595,3 +595,23 @@ def test_a_pair_beyond_the_memory_budget_is_refused_before_reading(viewer, qtbot
     assert not w.busy and w.result is None and not reads_f and not reads_m
     status = w._status.value
     assert "needs about 3.1 MiB" in status and "1.0 MiB" in status and "coarser level" in status
+
+
+def test_arrows_hidden_by_default_over_a_volume_only(viewer, qtbot):
+    # 3-D arrows cover the volume they sit in (issue 13): off until asked for, and at about
+    # 20 per axis. The arrows of a 2-D time-lapse are (t, y, x) too, but on one plane: shown.
+    fixed, moving, _ = data.deformed_volume_pair(size=32, amplitude=2.0)
+    w, _f, _m = _setup(
+        viewer, fixed, moving, model="affine", iterations=10, levels=2, gradient=True
+    )
+    _run(qtbot, w)
+    for name in ("displacement", "similarity gradient"):
+        layer = viewer.layers[name]
+        assert not layer.visible, name
+        assert len(layer.data) <= 21**3 < fixed.size, name
+    viewer.layers.clear()
+    stack, _shifts = data.drifting_timelapse(frames=6, size=64)
+    w, _, _m = _setup(viewer, None, stack, mode="time-lapse (drift)")
+    _run(qtbot, w)
+    assert viewer.layers["displacement"].data.shape[1:] == (2, 3)
+    assert viewer.layers["displacement"].visible
