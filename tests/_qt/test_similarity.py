@@ -270,8 +270,9 @@ def test_kernel_build_is_a_visible_step_off_the_gui_thread(viewer, qtbot, camera
     # The first map built the kernels inside the computation: a minute with no word.
     import time
 
-    from napari_simwarp._qt import _common
+    from napari_simwarp._qt import RegisterWidget, _common
     from napari_simwarp.ops import _kernels
+    from napari_simwarp.widgets_logic import device
 
     built = {"done": False, "thread": None}
 
@@ -283,14 +284,30 @@ def test_kernel_build_is_a_visible_step_off_the_gui_thread(viewer, qtbot, camera
 
     monkeypatch.setattr(_common, "kernels_pending", lambda: not built["done"])
     monkeypatch.setattr(_kernels, "ensure_loaded", fake_build)
+    # the kernel label's own text, as the backend report would give it before and after
+    monkeypatch.setattr(
+        device,
+        "describe_backend",
+        lambda *a: "kernels: " + ("compiled" if built["done"] else "not loaded yet"),
+    )
+    monkeypatch.setitem(_common._KERNEL_BUILD, "seconds", None)  # no earlier build's time
+    other = dock(viewer, RegisterWidget(viewer))  # open, not waiting for the build
+    assert other._backend.value == "kernels: not loaded yet"
     layer = viewer.add_image(camera_crop.copy(), name="camera")
     w = dock(viewer, SimilarityMapWidget(viewer))
     w._image.value = layer
     qtbot.waitUntil(lambda: "building the compiled kernels" in w._status.value, timeout=5000)
     assert w.results_shown == 0
+    assert w._backend.value == "kernels: not loaded yet"
     _wait_idle(qtbot, w)
     assert built["done"] and built["thread"] is not threading.main_thread()
     assert w._status.value.startswith("local std")
+    # Both labels updated when the build ended, with its time apart from the map's: at
+    # least the 0.5 s the build slept.
+    for widget in (w, other):
+        label = widget._backend.value
+        assert label.startswith("kernels: compiled (loaded in "), label
+        assert float(label.rsplit("in ", 1)[1].split(" s")[0]) >= 0.5
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 import weakref
 
 import numpy as np
@@ -189,6 +190,10 @@ class BackendLabel(Label):
             self.value = describe_backend(self._device_getter())
         except Exception as exc:  # a bad device name: say so, do not break the widget
             self.value = f"device: ? ({exc})"
+            return
+        seconds = _KERNEL_BUILD["seconds"]
+        if seconds is not None:  # the build's time apart from any computation's (issue 13)
+            self.value += f" (loaded in {seconds:.1f} s)"
 
 
 #: workers started by :func:`start_worker` and not yet ended -> a callable that asks
@@ -350,7 +355,8 @@ def on_destroyed(widget, stop=None):
 
 
 #: the one kernel build every widget waits on: its worker and the callbacks to run after
-_KERNEL_BUILD: dict = {"worker": None, "waiters": []}
+#: and how long it took (None until one ends), shown by every widget's kernel label
+_KERNEL_BUILD: dict = {"worker": None, "waiters": [], "seconds": None}
 
 
 def kernels_pending() -> bool:
@@ -376,13 +382,17 @@ def after_kernel_build(widget, then) -> bool:
     widget._status.value = "building the compiled kernels (first use only; about a minute)…"
     _KERNEL_BUILD["waiters"].append((widget, then))
     if _KERNEL_BUILD["worker"] is None:
+        started = time.perf_counter()
 
         def done(*_):
             _KERNEL_BUILD["worker"] = None
+            _KERNEL_BUILD["seconds"] = time.perf_counter() - started
             waiters, _KERNEL_BUILD["waiters"] = _KERNEL_BUILD["waiters"], []
-            for w, callback in waiters:
+            for w in list(_WIDGETS):  # every open widget's label, not only the waiters'
                 if not w._closed:
                     w._backend.refresh()
+            for w, callback in waiters:
+                if not w._closed:
                     w._status.value = "kernels ready"
                     callback()
 
