@@ -615,3 +615,15 @@ def test_arrows_hidden_by_default_over_a_volume_only(viewer, qtbot):
     _run(qtbot, w)
     assert viewer.layers["displacement"].data.shape[1:] == (2, 3)
     assert viewer.layers["displacement"].visible
+
+
+def test_a_rejected_run_replaces_the_previous_runs_status(viewer, qtbot, camera_crop, errors):
+    # A rejected run left "done in 2.0 s" from the run before (issue 13).
+    w, _f, m = _setup(viewer, camera_crop, camera_crop, model="translation", iterations=5)
+    _run(qtbot, w)
+    assert w._status.value.startswith("done in")
+    m.rotate = 15
+    w.run()
+    assert not w.busy
+    assert w._status.value.startswith("error:") and "rotation" in w._status.value
+    assert "done in" not in w._status.value and len(errors) == 1
