@@ -310,6 +310,51 @@ def test_kernel_build_is_a_visible_step_off_the_gui_thread(viewer, qtbot, camera
         assert float(label.rsplit("in ", 1)[1].split(" s")[0]) >= 0.5
 
 
+def test_pure_torch_while_the_kernels_build_computes_at_once(
+    viewer, qtbot, camera_crop, monkeypatch
+):
+    # Issue 13: a setting to use the torch path while the kernels build (about a minute).
+    from napari_simwarp._qt import RegisterWidget, _common
+    from napari_simwarp.ops import _kernels
+
+    release, built = threading.Event(), threading.Event()
+    callers = []
+
+    def fake_build(verbose=False):
+        callers.append("build" if not callers else threading.current_thread().name)
+        if len(callers) == 1:  # the widgets' build worker: a build that takes a while
+            release.wait(30)
+            built.set()
+        return True
+
+    monkeypatch.setattr(_common, "kernels_pending", lambda: not built.is_set())
+    monkeypatch.setattr(_kernels, "ensure_loaded", fake_build)
+    monkeypatch.setitem(_kernels._state, "tried", False)  # not loaded, as on first use
+    monkeypatch.setattr(_kernels, "_torch_until_loaded", threading.Event())  # off, restored
+    try:
+        other = dock(viewer, RegisterWidget(viewer))
+        layer = viewer.add_image(camera_crop.copy(), name="camera")
+        w = dock(viewer, SimilarityMapWidget(viewer))
+        w._image.value = layer
+        qtbot.waitUntil(lambda: "building the compiled kernels" in w._status.value, timeout=5000)
+        assert not w._torch_meanwhile.native.isHidden() and not w._torch_meanwhile.value
+        assert w.results_shown == 0 and "similarity map" not in viewer.layers
+        w._torch_meanwhile.value = True  # the map comes while the build still runs
+        _wait_idle(qtbot, w)
+        assert callers == ["build"]  # the map's worker neither built nor waited
+        assert not built.is_set() and _kernels.torch_until_loaded()
+        assert other._torch_meanwhile.value  # one setting, every widget shows it
+        np.testing.assert_allclose(
+            viewer.layers["similarity map"].data,
+            _scipy_local_std(camera_crop, w._window.value),
+            atol=1e-4,
+        )
+    finally:
+        release.set()
+    qtbot.waitUntil(lambda: w._torch_meanwhile.native.isHidden(), timeout=10000)
+    assert other._torch_meanwhile.native.isHidden()  # built: nothing to choose any more
+
+
 @pytest.fixture
 def dask_in_the_calling_thread():
     """Each dask read runs in the thread that asked for it (the widget's worker, or

@@ -175,6 +175,7 @@ class RegisterWidget(WorkerWidget):
                 self._cancel_btn,
                 self._status,
                 self._backend,
+                self._torch_meanwhile,
             ]
         )
         self._plot = LossPlot()

@@ -113,6 +113,7 @@ class SimilarityMapWidget(WorkerWidget):
                 self._stack_button,
                 self._status,
                 self._backend,
+                self._torch_meanwhile,
             ]
         )
 
