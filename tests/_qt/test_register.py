@@ -627,3 +627,20 @@ def test_a_rejected_run_replaces_the_previous_runs_status(viewer, qtbot, camera_
     assert not w.busy
     assert w._status.value.startswith("error:") and "rotation" in w._status.value
     assert "done in" not in w._status.value and len(errors) == 1
+
+
+def test_a_run_and_its_rerun_warn_of_no_private_napari_api(viewer, qtbot, small_pair, recwarn):
+    # Every update printed napari's FutureWarning about the private `_type_string` (issue
+    # 13; napari 0.9 no longer warns there): a run and a rerun, which reuses the result
+    # layers, trigger no deprecation of napari's (private or deprecated API).
+    fixed, moving, _ = small_pair
+    w, _f, _m = _setup(viewer, fixed, moving, model="deformable", iterations=10, gradient=True)
+    _run(qtbot, w)
+    _run(qtbot, w)  # the rerun reuses the result layers (the kind check)
+    napari_future = [
+        f"{r.filename}:{r.lineno}: {r.message}"
+        for r in recwarn
+        if issubclass(r.category, (FutureWarning, DeprecationWarning))
+        and ("napari" in r.filename or "napari" in str(r.message))
+    ]
+    assert not napari_future, napari_future
