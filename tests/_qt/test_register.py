@@ -644,3 +644,16 @@ def test_a_run_and_its_rerun_warn_of_no_private_napari_api(viewer, qtbot, small_
         and ("napari" in r.filename or "napari" in str(r.message))
     ]
     assert not napari_future, napari_future
+
+
+def test_drift_beyond_the_memory_budget_names_no_batch_size(viewer, qtbot, monkeypatch):
+    # The refusal advised "a smaller batch_size", a setting the widget does not have
+    # (issue 13): it gives what the user can do here, whole, in the status line.
+    stack, _shifts = data.drifting_timelapse(frames=6, size=64)
+    w, _, _m = _setup(viewer, None, stack, mode="time-lapse (drift)")
+    monkeypatch.setenv("SIMWARP_MEMORY_BUDGET", "16KiB")
+    w.run()
+    qtbot.waitUntil(lambda: not w.busy and "error" in w._status.value, timeout=30000)
+    status = w._status.value
+    assert w.result is None and "16.0 KiB" in status, status
+    assert "batch_size" not in status and "crop or downsample the frames" in status
