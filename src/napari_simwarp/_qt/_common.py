@@ -398,9 +398,10 @@ def torch_while_building(on: bool | None = None) -> bool:
     if on is None:
         return _kernels.torch_until_loaded()
     _kernels.torch_until_loaded(on)
-    for w in list(_WIDGETS):
-        with w._torch_meanwhile.changed.blocked():
-            w._torch_meanwhile.value = on
+    for w in list(_WIDGETS):  # one setting: every open widget's box shows it
+        if not w._closed:  # a closed widget's Qt objects may be gone
+            with w._torch_meanwhile.changed.blocked():
+                w._torch_meanwhile.value = on
     if on:
         waiters, _KERNEL_BUILD["waiters"] = _KERNEL_BUILD["waiters"], []
         for w, callback in waiters:
