@@ -406,3 +406,19 @@ def test_whole_stack_map_is_an_explicit_lazy_action(
     assert axes == "tyx" and pixel_size == [0.5, 0.5] and origin == [3.0, -2.0]
     np.testing.assert_allclose(stored[5].compute(), _scipy_local_std(stack[5], 5), atol=1e-4)
     assert viewer.layers["similarity map (stack)"].data.shape == stack.shape
+
+
+def test_the_reused_map_comes_back_on_top_of_a_newer_layer(viewer, qtbot, camera_crop):
+    # Issue 13: the reused map layer stayed under layers added since, hidden by them.
+    layer = viewer.add_image(camera_crop.copy(), name="camera")
+    w = dock(viewer, SimilarityMapWidget(viewer))
+    w._image.value = layer
+    _wait_idle(qtbot, w)
+    assert viewer.layers[-1].name == "similarity map"
+    viewer.add_image(np.ones_like(camera_crop), name="newer")  # opaque, above the map
+    shown = w.results_shown
+    w._window.value = 9
+    _wait_idle(qtbot, w, shown=shown + 1)
+    names = [lay.name for lay in viewer.layers]
+    assert names[-1] == "similarity map" and names.count("similarity map") == 1, names
+    assert "newer" in names
