@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from . import data
+from ._demo_figure import demo_figure
 
 #: where the demo cuts its template from (so that is where ZNCC must peak), and its size
 TEMPLATE_CORNER = (200, 230)
@@ -26,7 +27,8 @@ def run_headless_demo(out: str | pathlib.Path, device: str = "auto") -> dict:
     registers the deformed pair (``registered.npy``, ``displacement.npy``, ``transform.npz``)
     and the drifting time-lapse (``drift_shifts.npy``, ``drift_corrected.npy``) with the
     same functions the napari widgets call, and writes ``summary.json`` and ``demo.png``
-    (a titled figure of the maps and results, :func:`demo_figure`). Returns the summary.
+    (a titled figure of the maps and results,
+    :func:`napari_simwarp._demo_figure.demo_figure`). Returns the summary.
     """
     import torch
 
@@ -81,7 +83,7 @@ def run_headless_demo(out: str | pathlib.Path, device: str = "auto") -> dict:
     summary.update(pair.pop("summary"))
     summary.update(drift.pop("summary"))
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    figure = demo_figure(fixed, moving, maps, pair, drift, summary)
+    figure = demo_figure(fixed, moving, maps, pair, drift, summary, (TEMPLATE_CORNER, size))
     figure.savefig(out / "demo.png", dpi=80)
     return summary
 
@@ -127,80 +129,14 @@ def _correct_drift(out: pathlib.Path, dev) -> dict:
     np.save(out / "drift_shifts.npy", drift.shifts)
     np.save(out / "drift_corrected.npy", drift.warped)
     return {
+        "frame": stack[0],
         "mean_before": stack.mean(axis=0),
         "mean_after": drift.warped.mean(axis=0),
+        "shifts": drift.shifts,
+        "true_shifts": shifts,
         "summary": {
             "drift_max_error_px": round(float(np.abs(drift.shifts - shifts).max()), 4),
             "drift_frames": int(stack.shape[0]),
             "drift_s": round(seconds, 2),
         },
     }
-
-
-def demo_figure(fixed, moving, maps: dict, pair: dict, drift: dict, summary: dict):
-    """The demo's results as one titled matplotlib figure (3 × 4 panels, color bars)."""
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Rectangle
-
-    fig = Figure(figsize=(16, 12.5), layout="constrained")
-    axes = fig.subplots(3, 4)
-    (r, c), size = TEMPLATE_CORNER, TEMPLATE_SIZE
-    found = summary["template_found_at"]
-    before = np.abs(moving - fixed)
-    after = np.abs(pair["registered"] - fixed)
-    err_limit = float(np.percentile(before, 99.5))
-    panels = [
-        ("fixed (camera)", fixed, "gray", (0, 1), "intensity"),
-        ("moving (deformed, up to 4 px)", moving, "gray", (0, 1), "intensity"),
-        (
-            "local std, 15×15 window",
-            maps["local_std"],
-            "magma",
-            (0, float(np.percentile(maps["local_std"], 99.5))),
-            "intensity std",
-        ),
-        (f"ZNCC of the {size}×{size} template", maps["zncc"], "RdBu_r", (-1, 1), "ZNCC"),
-        ("local NCC fixed/moving, 9×9", maps["local_ncc"], "RdBu_r", (-1, 1), "NCC"),
-        ("SSIM fixed/moving", maps["ssim"], "viridis", (0, 1), "SSIM"),
-        ("|moving − fixed| before", before, "inferno", (0, err_limit), "|difference|"),
-        ("|registered − fixed| after", after, "inferno", (0, err_limit), "|difference|"),
-        ("registered moving (deformable)", pair["registered"], "gray", (0, 1), "intensity"),
-        (
-            "estimated displacement |d|",
-            np.hypot(*pair["displacement"]),
-            "cividis",
-            (0, float(np.hypot(*pair["true"]).max())),
-            "pixels",
-        ),
-        (
-            "time-lapse mean, before drift correction",
-            drift["mean_before"],
-            "gray",
-            None,
-            "intensity",
-        ),
-        ("time-lapse mean, after drift correction", drift["mean_after"], "gray", None, "intensity"),
-    ]
-    for ax, (title, image, cmap, limits, unit) in zip(axes.flat, panels):
-        vmin, vmax = limits if limits is not None else (None, None)
-        shown = ax.imshow(image, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
-        ax.set_title(title, fontsize=11)
-        ax.set_xticks([])
-        ax.set_yticks([])
-        fig.colorbar(shown, ax=ax, shrink=0.8, label=unit)
-    zncc_ax = axes.flat[3]
-    for (y, x), color, label in (((r, c), "lime", "cut here"), (found, "yellow", "found")):
-        zncc_ax.add_patch(
-            Rectangle((x - 0.5, y - 0.5), size, size, fill=False, color=color, lw=1.5, label=label)
-        )
-    zncc_ax.legend(loc="lower right", fontsize=8)
-    fig.suptitle(
-        f"napari-simwarp demo on {summary['device']}: template found at "
-        f"{tuple(found)} (cut at {(r, c)}, peak ZNCC {summary['template_peak_zncc']:.3f})\n"
-        f"deformable registration end-point error {summary['registration_epe_before_px']} → "
-        f"{summary['registration_epe_after_px']} px in {summary['registration_s']} s; "
-        f"drift of {summary['drift_frames']} frames within "
-        f"{summary['drift_max_error_px']} px",
-        fontsize=12,
-    )
-    return fig

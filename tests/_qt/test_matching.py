@@ -172,3 +172,39 @@ def test_a_plane_beyond_the_memory_budget_is_refused_before_reading(viewer, qtbo
     assert not wdg.busy and not reads and wdg.result is None
     status = wdg._status.value
     assert "needs about" in status and "100.0 KiB" in status and "coarser level" in status
+
+
+def test_first_run_waits_for_the_kernel_build_in_the_status_line(viewer, qtbot, monkeypatch):
+    # ZNCC runs on the local std kernels: the first match built them inside the run under
+    # "matching a … template…" for a minute (issue 13). Now a visible step, then the run.
+    import threading
+
+    from napari_simwarp._qt import _common
+    from napari_simwarp.ops import _kernels
+
+    release, built = threading.Event(), threading.Event()
+
+    def fake_build(verbose=False):
+        release.wait(30)
+        built.set()
+        return True
+
+    monkeypatch.setattr(_common, "kernels_pending", lambda: not built.is_set())
+    monkeypatch.setattr(_kernels, "ensure_loaded", fake_build)
+    image = np.ascontiguousarray(data.camera()[100:260, 150:310])
+    layer = viewer.add_image(image.copy(), name="camera")
+    shapes = viewer.add_shapes(
+        [np.array([[60, 40], [60, 70], [84, 70], [84, 40]], float) - 0.5],
+        shape_type="rectangle",
+        name="template box",
+    )
+    wdg = dock(viewer, TemplateMatchingWidget(viewer))
+    wdg._image.value, wdg._shapes.value = layer, shapes
+    try:
+        wdg.run()
+        assert "building the compiled kernels" in wdg._status.value
+        assert not wdg.busy and wdg.result is None and "matches" not in viewer.layers
+    finally:
+        release.set()
+    qtbot.waitUntil(lambda: wdg.result is not None and not wdg.busy, timeout=30000)
+    np.testing.assert_array_equal(viewer.layers["matches"].data[0], (72, 55))  # 60+12, 40+15

@@ -595,3 +595,65 @@ def test_a_pair_beyond_the_memory_budget_is_refused_before_reading(viewer, qtbot
     assert not w.busy and w.result is None and not reads_f and not reads_m
     status = w._status.value
     assert "needs about 3.1 MiB" in status and "1.0 MiB" in status and "coarser level" in status
+
+
+def test_arrows_hidden_by_default_over_a_volume_only(viewer, qtbot):
+    # 3-D arrows cover the volume they sit in (issue 13): off until asked for, and at about
+    # 20 per axis. The arrows of a 2-D time-lapse are (t, y, x) too, but on one plane: shown.
+    fixed, moving, _ = data.deformed_volume_pair(size=32, amplitude=2.0)
+    w, _f, _m = _setup(
+        viewer, fixed, moving, model="affine", iterations=10, levels=2, gradient=True
+    )
+    _run(qtbot, w)
+    for name in ("displacement", "similarity gradient"):
+        layer = viewer.layers[name]
+        assert not layer.visible, name
+        assert len(layer.data) <= 21**3 < fixed.size, name
+    viewer.layers.clear()
+    stack, _shifts = data.drifting_timelapse(frames=6, size=64)
+    w, _, _m = _setup(viewer, None, stack, mode="time-lapse (drift)")
+    _run(qtbot, w)
+    assert viewer.layers["displacement"].data.shape[1:] == (2, 3)
+    assert viewer.layers["displacement"].visible
+
+
+def test_a_rejected_run_replaces_the_previous_runs_status(viewer, qtbot, camera_crop, errors):
+    # A rejected run left "done in 2.0 s" from the run before (issue 13).
+    w, _f, m = _setup(viewer, camera_crop, camera_crop, model="translation", iterations=5)
+    _run(qtbot, w)
+    assert w._status.value.startswith("done in")
+    m.rotate = 15
+    w.run()
+    assert not w.busy
+    assert w._status.value.startswith("error:") and "rotation" in w._status.value
+    assert "done in" not in w._status.value and len(errors) == 1
+
+
+def test_a_run_and_its_rerun_warn_of_no_private_napari_api(viewer, qtbot, small_pair, recwarn):
+    # Every update printed napari's FutureWarning about the private `_type_string` (issue
+    # 13; napari 0.9 no longer warns there): a run and a rerun, which reuses the result
+    # layers, trigger no deprecation of napari's (private or deprecated API).
+    fixed, moving, _ = small_pair
+    w, _f, _m = _setup(viewer, fixed, moving, model="deformable", iterations=10, gradient=True)
+    _run(qtbot, w)
+    _run(qtbot, w)  # the rerun reuses the result layers (the kind check)
+    napari_future = [
+        f"{r.filename}:{r.lineno}: {r.message}"
+        for r in recwarn
+        if issubclass(r.category, (FutureWarning, DeprecationWarning))
+        and ("napari" in r.filename or "napari" in str(r.message))
+    ]
+    assert not napari_future, napari_future
+
+
+def test_drift_beyond_the_memory_budget_names_no_batch_size(viewer, qtbot, monkeypatch):
+    # The refusal advised "a smaller batch_size", a setting the widget does not have
+    # (issue 13): it gives what the user can do here, whole, in the status line.
+    stack, _shifts = data.drifting_timelapse(frames=6, size=64)
+    w, _, _m = _setup(viewer, None, stack, mode="time-lapse (drift)")
+    monkeypatch.setenv("SIMWARP_MEMORY_BUDGET", "16KiB")
+    w.run()
+    qtbot.waitUntil(lambda: not w.busy and "error" in w._status.value, timeout=30000)
+    status = w._status.value
+    assert w.result is None and "16.0 KiB" in status, status
+    assert "batch_size" not in status and "crop or downsample the frames" in status

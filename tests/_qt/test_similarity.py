@@ -270,8 +270,9 @@ def test_kernel_build_is_a_visible_step_off_the_gui_thread(viewer, qtbot, camera
     # The first map built the kernels inside the computation: a minute with no word.
     import time
 
-    from napari_simwarp._qt import _common
+    from napari_simwarp._qt import RegisterWidget, _common
     from napari_simwarp.ops import _kernels
+    from napari_simwarp.widgets_logic import device
 
     built = {"done": False, "thread": None}
 
@@ -283,14 +284,75 @@ def test_kernel_build_is_a_visible_step_off_the_gui_thread(viewer, qtbot, camera
 
     monkeypatch.setattr(_common, "kernels_pending", lambda: not built["done"])
     monkeypatch.setattr(_kernels, "ensure_loaded", fake_build)
+    # the kernel label's own text, as the backend report would give it before and after
+    monkeypatch.setattr(
+        device,
+        "describe_backend",
+        lambda *a: "kernels: " + ("compiled" if built["done"] else "not loaded yet"),
+    )
+    monkeypatch.setitem(_common._KERNEL_BUILD, "seconds", None)  # no earlier build's time
+    other = dock(viewer, RegisterWidget(viewer))  # open, not waiting for the build
+    assert other._backend.value == "kernels: not loaded yet"
     layer = viewer.add_image(camera_crop.copy(), name="camera")
     w = dock(viewer, SimilarityMapWidget(viewer))
     w._image.value = layer
     qtbot.waitUntil(lambda: "building the compiled kernels" in w._status.value, timeout=5000)
     assert w.results_shown == 0
+    assert w._backend.value == "kernels: not loaded yet"
     _wait_idle(qtbot, w)
     assert built["done"] and built["thread"] is not threading.main_thread()
     assert w._status.value.startswith("local std")
+    # Both labels updated when the build ended, with its time apart from the map's: at
+    # least the 0.5 s the build slept.
+    for widget in (w, other):
+        label = widget._backend.value
+        assert label.startswith("kernels: compiled (loaded in "), label
+        assert float(label.rsplit("in ", 1)[1].split(" s")[0]) >= 0.5
+
+
+def test_pure_torch_while_the_kernels_build_computes_at_once(
+    viewer, qtbot, camera_crop, monkeypatch
+):
+    # Issue 13: a setting to use the torch path while the kernels build (about a minute).
+    from napari_simwarp._qt import RegisterWidget, _common
+    from napari_simwarp.ops import _kernels
+
+    release, built = threading.Event(), threading.Event()
+    callers = []
+
+    def fake_build(verbose=False):
+        callers.append("build" if not callers else threading.current_thread().name)
+        if len(callers) == 1:  # the widgets' build worker: a build that takes a while
+            release.wait(30)
+            built.set()
+        return True
+
+    monkeypatch.setattr(_common, "kernels_pending", lambda: not built.is_set())
+    monkeypatch.setattr(_kernels, "ensure_loaded", fake_build)
+    monkeypatch.setitem(_kernels._state, "tried", False)  # not loaded, as on first use
+    monkeypatch.setattr(_kernels, "_torch_until_loaded", threading.Event())  # off, restored
+    try:
+        other = dock(viewer, RegisterWidget(viewer))
+        layer = viewer.add_image(camera_crop.copy(), name="camera")
+        w = dock(viewer, SimilarityMapWidget(viewer))
+        w._image.value = layer
+        qtbot.waitUntil(lambda: "building the compiled kernels" in w._status.value, timeout=5000)
+        assert not w._torch_meanwhile.native.isHidden() and not w._torch_meanwhile.value
+        assert w.results_shown == 0 and "similarity map" not in viewer.layers
+        w._torch_meanwhile.value = True  # the map comes while the build still runs
+        _wait_idle(qtbot, w)
+        assert callers == ["build"]  # the map's worker neither built nor waited
+        assert not built.is_set() and _kernels.torch_until_loaded()
+        assert other._torch_meanwhile.value  # one setting, every widget shows it
+        np.testing.assert_allclose(
+            viewer.layers["similarity map"].data,
+            _scipy_local_std(camera_crop, w._window.value),
+            atol=1e-4,
+        )
+    finally:
+        release.set()
+    qtbot.waitUntil(lambda: w._torch_meanwhile.native.isHidden(), timeout=10000)
+    assert other._torch_meanwhile.native.isHidden()  # built: nothing to choose any more
 
 
 @pytest.fixture
@@ -344,3 +406,19 @@ def test_whole_stack_map_is_an_explicit_lazy_action(
     assert axes == "tyx" and pixel_size == [0.5, 0.5] and origin == [3.0, -2.0]
     np.testing.assert_allclose(stored[5].compute(), _scipy_local_std(stack[5], 5), atol=1e-4)
     assert viewer.layers["similarity map (stack)"].data.shape == stack.shape
+
+
+def test_the_reused_map_comes_back_on_top_of_a_newer_layer(viewer, qtbot, camera_crop):
+    # Issue 13: the reused map layer stayed under layers added since, hidden by them.
+    layer = viewer.add_image(camera_crop.copy(), name="camera")
+    w = dock(viewer, SimilarityMapWidget(viewer))
+    w._image.value = layer
+    _wait_idle(qtbot, w)
+    assert viewer.layers[-1].name == "similarity map"
+    viewer.add_image(np.ones_like(camera_crop), name="newer")  # opaque, above the map
+    shown = w.results_shown
+    w._window.value = 9
+    _wait_idle(qtbot, w, shown=shown + 1)
+    names = [lay.name for lay in viewer.layers]
+    assert names[-1] == "similarity map" and names.count("similarity map") == 1, names
+    assert "newer" in names

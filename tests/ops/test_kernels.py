@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 import warnings
 
 import pytest
@@ -248,3 +249,24 @@ def test_a_failed_cuda_build_keeps_the_cpu_kernels(monkeypatch):
     info = _kernels.report(["local_std"])
     assert info["ops"]["local_std"]["cuda"] == ("torch", "RuntimeError: nvcc fatal: boom")
     assert info["ops"]["local_std"]["cpu"][0] == "compiled"
+
+
+def test_torch_until_loaded_neither_builds_nor_waits_then_lets_the_kernels_run(monkeypatch):
+    # The widgets' "pure torch while the kernels build" (issue 13): an operator called
+    # while the build runs in another thread takes the torch path instead of waiting.
+    monkeypatch.setenv(_kernels.ENV_BACKEND, "compiled")
+    monkeypatch.setitem(_kernels._state, "tried", False)
+    monkeypatch.setitem(_kernels._state, "cpu", False)
+    calls = []
+    monkeypatch.setattr(_kernels, "ensure_loaded", lambda *a: calls.append(a) or False)
+    monkeypatch.setattr(_kernels, "_torch_until_loaded", threading.Event())
+    x = torch.zeros(1, 1, 4, 4)
+    assert not _kernels.torch_until_loaded()
+    assert not _kernels.use_compiled("local_std", x) and len(calls) == 1  # asked to build
+    assert _kernels.torch_until_loaded(True)
+    assert not _kernels.use_compiled("local_std", x) and len(calls) == 1  # did not ask
+    # loaded meanwhile: the kernels run (compiled backend, no self-check)
+    monkeypatch.setitem(_kernels._state, "tried", True)
+    monkeypatch.setattr(_kernels, "ensure_loaded", lambda *a: True)
+    assert _kernels.use_compiled("local_std", x)
+    assert not _kernels.torch_until_loaded(False)

@@ -173,8 +173,13 @@ def test_a_budget_too_small_for_one_frame_is_refused_before_reading(drift_case):
     frames = da.from_array(drift_case[0], chunks=(1, 128, 128)).map_blocks(
         lambda b: read.append(1) or b, dtype=np.float64, meta=np.empty((0, 0, 0))
     )
-    with pytest.raises(MemoryError, match=r"budget is 1.0 MiB \(memory_budget\)"):
+    with pytest.raises(MemoryError, match=r"budget is 1.0 MiB \(memory_budget\)") as info:
         register_stack(frames, memory_budget="1MiB")
+    assert not read
+    # "auto" already took the largest batch that fits: no advice to make it smaller
+    assert "batch_size" not in str(info.value) and "crop or downsample" in str(info.value)
+    with pytest.raises(MemoryError, match="use a smaller batch_size"):
+        register_stack(frames, memory_budget="1MiB", batch_size=2)
     assert not read
     with pytest.raises(ValueError, match="level"):
         register_stack([drift_case[0], drift_case[0][:, ::2, ::2]])

@@ -28,6 +28,33 @@ def test_pair_snapshots_and_stop():
     assert len(rest) <= 3
 
 
+def test_snapshots_are_throttled_to_what_the_display_can_show_and_lose_no_loss():
+    # Issue 13: every progress report crossed to the GUI thread with its arrays. With
+    # intervals longer than the run, one snapshot with arrays (the first) and the final one
+    # cross; the reports in between are merged, and the curve still has every loss.
+    fixed = data.camera()[200:264, 200:264]
+    from scipy import ndimage as ndi
+
+    moving = ndi.shift(fixed, (2.0, -1.0), order=1, mode="nearest")
+    long = 1e9  # seconds: never due again within this run
+    settings = RunSettings(
+        model="translation",
+        metric="lncc",
+        iterations=30,
+        levels=1,
+        report_every=1,
+        min_interval=long,
+        vectors_interval=long,
+        yield_interval=long,
+    )
+    run = RegistrationRun(fixed, moving, settings)
+    snaps = list(run.snapshots())
+    assert len(snaps) == 2 and snaps[-1].final
+    assert snaps[0].warped is not None  # the first shows the image at once
+    reports = len(run.result.loss_history)
+    assert reports >= 10 and len(run.losses) >= reports - 1  # merged, not dropped
+
+
 def test_abort_ends_the_run_at_the_next_report_with_no_result():
     # A closing viewer wants the run over, not finished: no final level, no result.
     fixed, moving, _ = data.deformed_pair()

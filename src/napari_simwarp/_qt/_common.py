@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import time
 import weakref
 
 import numpy as np
-from magicgui.widgets import ComboBox, Container, Label
+from magicgui.widgets import CheckBox, ComboBox, Container, Label
 from napari.utils.notifications import show_error, show_info, show_warning
 
 
@@ -189,6 +190,10 @@ class BackendLabel(Label):
             self.value = describe_backend(self._device_getter())
         except Exception as exc:  # a bad device name: say so, do not break the widget
             self.value = f"device: ? ({exc})"
+            return
+        seconds = _KERNEL_BUILD["seconds"]
+        if seconds is not None:  # the build's time apart from any computation's (issue 13)
+            self.value += f" (loaded in {seconds:.1f} s)"
 
 
 #: workers started by :func:`start_worker` and not yet ended -> a callable that asks
@@ -350,7 +355,8 @@ def on_destroyed(widget, stop=None):
 
 
 #: the one kernel build every widget waits on: its worker and the callbacks to run after
-_KERNEL_BUILD: dict = {"worker": None, "waiters": []}
+#: and how long it took (None until one ends), shown by every widget's kernel label
+_KERNEL_BUILD: dict = {"worker": None, "waiters": [], "seconds": None}
 
 
 def kernels_pending() -> bool:
@@ -364,38 +370,79 @@ def kernels_pending() -> bool:
 
 
 def after_kernel_build(widget, then) -> bool:
-    """True when the kernels are ready; otherwise start (once, shared by every widget) their
-    build off the GUI thread with a napari progress bar, say so in ``widget``'s status line
-    and call ``then()`` when it is done (unless the widget closed meanwhile)."""
+    """True when the kernels are ready, or when the user chose the pure torch operators
+    while they build (:func:`torch_while_building`); otherwise start (once, shared by every
+    widget) their build off the GUI thread with a napari progress bar, say so in
+    ``widget``'s status line and call ``then()`` when it is done (unless the widget closed
+    meanwhile)."""
+    if not kernels_pending():
+        return True
+    _start_kernel_build()
+    if torch_while_building():
+        return True  # the operators take the torch path until the build ends
+    widget._status.value = (
+        "building the compiled kernels (first use only; about a minute; or tick "
+        "'pure torch while the kernels build')…"
+    )
+    _KERNEL_BUILD["waiters"].append((widget, then))
+    return False
+
+
+def torch_while_building(on: bool | None = None) -> bool:
+    """Whether the widgets compute with the pure torch operators until the kernels are
+    loaded (slower, at once) rather than wait for the build; ``on`` sets it, for every
+    widget, and releases those waiting. Shown as a check box while the kernels are not
+    loaded."""
+    from ..ops import _kernels
+
+    if on is None:
+        return _kernels.torch_until_loaded()
+    _kernels.torch_until_loaded(on)
+    for w in list(_WIDGETS):  # one setting: every open widget's box shows it
+        if not w._closed:  # a closed widget's Qt objects may be gone
+            with w._torch_meanwhile.changed.blocked():
+                w._torch_meanwhile.value = on
+    if on:
+        waiters, _KERNEL_BUILD["waiters"] = _KERNEL_BUILD["waiters"], []
+        for w, callback in waiters:
+            if not w._closed:
+                w._status.value = "pure torch operators until the kernels are built"
+                callback()
+    return on
+
+
+def _start_kernel_build() -> None:
+    """Start the one kernel build (unless under way): a worker with a progress bar."""
     from napari.qt.threading import create_worker
 
     from ..ops import _kernels
 
-    if not kernels_pending():
-        return True
-    widget._status.value = "building the compiled kernels (first use only; about a minute)…"
-    _KERNEL_BUILD["waiters"].append((widget, then))
-    if _KERNEL_BUILD["worker"] is None:
+    if _KERNEL_BUILD["worker"] is not None:
+        return
+    started = time.perf_counter()
 
-        def done(*_):
-            _KERNEL_BUILD["worker"] = None
-            waiters, _KERNEL_BUILD["waiters"] = _KERNEL_BUILD["waiters"], []
-            for w, callback in waiters:
-                if not w._closed:
-                    w._backend.refresh()
-                    w._status.value = "kernels ready"
-                    callback()
+    def done(*_):
+        _KERNEL_BUILD["worker"] = None
+        _KERNEL_BUILD["seconds"] = time.perf_counter() - started
+        waiters, _KERNEL_BUILD["waiters"] = _KERNEL_BUILD["waiters"], []
+        for w in list(_WIDGETS):  # every open widget's label, not only the waiters'
+            if not w._closed:
+                w._backend.refresh()
+                w._torch_meanwhile.visible = False  # nothing to wait for any more
+        for w, callback in waiters:
+            if not w._closed:
+                w._status.value = "kernels ready"
+                callback()
 
-        worker = create_worker(
-            _kernels.ensure_loaded,
-            _ignore_errors=True,
-            _progress={"total": 0, "desc": "Building napari-simwarp kernels"},
-        )
-        worker.errored.connect(lambda exc: notify_error("building the kernels", exc))
-        worker.finished.connect(done)
-        _KERNEL_BUILD["worker"] = worker
-        start_worker(worker)
-    return False
+    worker = create_worker(
+        _kernels.ensure_loaded,
+        _ignore_errors=True,
+        _progress={"total": 0, "desc": "Building napari-simwarp kernels"},
+    )
+    worker.errored.connect(lambda exc: notify_error("building the kernels", exc))
+    worker.finished.connect(done)
+    _KERNEL_BUILD["worker"] = worker
+    start_worker(worker)
 
 
 class WorkerWidget(Container):
@@ -424,6 +471,14 @@ class WorkerWidget(Container):
         self._status.native.setWordWrap(True)  # whole error messages, not cut at the edge
         self._backend = BackendLabel(lambda: self._device.value)
         self._device.changed.connect(self._backend.refresh)
+        # Shown while the kernels are not loaded: compute at once with the torch operators
+        # instead of waiting for the first build (about a minute; issue 13).
+        self._torch_meanwhile = CheckBox(
+            value=torch_while_building(), text="pure torch while the kernels build"
+        )
+        if not kernels_pending():  # (made visible before its parent, it would be a window)
+            self._torch_meanwhile.visible = False
+        self._torch_meanwhile.changed.connect(torch_while_building)
 
     def watch_destroyed(self, stop=None) -> None:
         """When the native widget is destroyed (or Python exits first), mark the widget

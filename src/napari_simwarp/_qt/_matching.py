@@ -28,6 +28,7 @@ from ..widgets_logic.matching import (
 from ..widgets_logic.planes import MODES, default_mode, plane_at
 from ._common import (
     WorkerWidget,
+    after_kernel_build,
     level_choice,
     plane_geometry,
     put_layer,
@@ -104,6 +105,7 @@ class TemplateMatchingWidget(WorkerWidget):
                 self._run,
                 self._status,
                 self._backend,
+                self._torch_meanwhile,
             ]
         )
         self._source.changed.connect(self._update_visibility)
@@ -184,6 +186,8 @@ class TemplateMatchingWidget(WorkerWidget):
     def run(self, *_):
         if self._closed or self._worker is not None:
             return
+        if not after_kernel_build(self, self.run):
+            return  # ZNCC uses the local std kernels: they build first (a visible step)
         try:
             plane, template, box = self.plan()
             plane.source.refuse_beyond_budget(

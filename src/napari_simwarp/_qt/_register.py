@@ -175,6 +175,7 @@ class RegisterWidget(WorkerWidget):
                 self._cancel_btn,
                 self._status,
                 self._backend,
+                self._torch_meanwhile,
             ]
         )
         self._plot = LossPlot()
@@ -438,8 +439,10 @@ class RegisterWidget(WorkerWidget):
 
             return [(f"data {name}", assign)]
         self._styled.add(name)
-        if kind == "vectors" and data.shape[-1] == 3:
-            props.setdefault("visible", False)  # 3-D arrows hide the volume: opt in
+        if kind == "vectors" and len(self._run.shape) == 3:
+            # Arrows over a volume hide it: opt in. Not the (t, y, x) arrows of a 2-D
+            # time-lapse (also 3 coordinates): they sit on the plane shown.
+            props.setdefault("visible", False)
         new = not same_kind(layer, kind, data)
         # One arrow first (not none: napari keeps the colour given for the arrows to come
         # only when there is one to colour).

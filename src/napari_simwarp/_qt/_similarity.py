@@ -113,6 +113,7 @@ class SimilarityMapWidget(WorkerWidget):
                 self._stack_button,
                 self._status,
                 self._backend,
+                self._torch_meanwhile,
             ]
         )
 
@@ -376,7 +377,7 @@ class SimilarityMapWidget(WorkerWidget):
     def _show(self, result):
         if self._closed or not self._model.is_current(result.request_id):
             return  # stale: a newer request supersedes it
-        put_layer(
+        layer = put_layer(
             self._viewer,
             "image",
             result.name,
@@ -385,6 +386,9 @@ class SimilarityMapWidget(WorkerWidget):
             contrast_limits=result.contrast_limits,
             **plane_geometry(self._image.value, self._planes[0].source),
         )
+        layers = self._viewer.layers
+        if layers[-1] is not layer:  # a layer added since hid the reused map (issue 13)
+            layers.move(layers.index(layer), len(layers))
         self.results_shown += 1
         where = f" at {result.index}" if result.index else ""
         self._status.value = (

@@ -257,7 +257,7 @@ def register_stack_iter(
     batch = _batch_size(
         batch_size, src, metric if dense or model != "translation" else None, dense, budgets
     )
-    _check_stack_memory(src, batch, metric, dense, model, budgets)
+    _check_stack_memory(src, batch, metric, dense, model, budgets, batch_size != "auto")
     value_range = src.value_range()  # one range for the whole stack
     history: list[float] = []
     state = {"stopped": False}
@@ -400,14 +400,19 @@ def _batch_size(batch_size, src, metric, dense, budgets) -> int:
 
 
 _MEMORY_ADVICE = (
-    "use a smaller batch_size, crop or downsample the frames, choose metric "
+    "crop or downsample the frames, choose metric "
     "'mse' or 'ncc', give the stack as a dask or zarr array (the aligned stack is then "
     "lazy), or use another device"
 )
 
 
-def _check_stack_memory(src, batch, metric, dense, model, budgets) -> None:
-    """Refuse, with the figures and before any frame is read, a run that cannot fit."""
+def _check_stack_memory(src, batch, metric, dense, model, budgets, batch_given=True) -> None:
+    """Refuse, with the figures and before any frame is read, a run that cannot fit.
+
+    The advice names ``batch_size`` only when the caller gave one: "auto" already chose
+    the largest batch that fits (at least 1), and the widgets have no such setting.
+    """
+    advice = ("use a smaller batch_size, " if batch_given else "") + _MEMORY_ADVICE
     ram, device = budgets
     work = batch * _frame_work(src, None if model == "translation" else metric, dense)
     held = _held_bytes(src, batch)
@@ -417,10 +422,10 @@ def _check_stack_memory(src, batch, metric, dense, model, budgets) -> None:
         + ")"
     )
     if device is ram:
-        _budget.refuse(work + held, ram, what=what, advice=_MEMORY_ADVICE)
+        _budget.refuse(work + held, ram, what=what, advice=advice)
     else:
-        _budget.refuse(work, device, what=what + " on " + str(src.device), advice=_MEMORY_ADVICE)
-        _budget.refuse(held, ram, what=what + " in RAM", advice=_MEMORY_ADVICE)
+        _budget.refuse(work, device, what=what + " on " + str(src.device), advice=advice)
+        _budget.refuse(held, ram, what=what + " in RAM", advice=advice)
 
 
 def _halve(x: torch.Tensor) -> torch.Tensor:

@@ -84,6 +84,18 @@ _state: dict = {
     "path": None,
     "cuda_path": None,
 }
+#: set: operators called before the kernels are loaded take the torch path instead of
+#: building them (or waiting for a build) first; the widgets' "pure torch while the kernels
+#: build" (issue 13), whose own worker builds them meanwhile
+_torch_until_loaded = threading.Event()
+
+
+def torch_until_loaded(on: bool | None = None) -> bool:
+    """Whether operators take the torch path until the kernels are loaded (instead of
+    building them first); ``on`` sets it. Once loaded, the kernels run as usual."""
+    if on is not None:
+        _torch_until_loaded.set() if on else _torch_until_loaded.clear()
+    return _torch_until_loaded.is_set()
 
 
 class CompiledBackendError(RuntimeError):
@@ -216,6 +228,8 @@ def use_compiled(op: str, *tensors: torch.Tensor) -> bool:
         return False  # MPS and others: pure torch
     if backend == "auto" and not device_types <= AUTO_DEVICE_TYPES.get(op, {"cpu", "cuda"}):
         return False
+    if not _state["tried"] and _torch_until_loaded.is_set():
+        return False  # not loaded yet, and asked not to wait: a build may be under way
     if not ensure_loaded():
         return False
     if "cuda" in device_types and not _state["cuda"]:
