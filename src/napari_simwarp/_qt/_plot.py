@@ -1,19 +1,27 @@
-"""The Register widget's plot (QPainter; no plotting library needed): the loss per
-snapshot of a pair run, the loss or similarity per frame of a drift run (see
-:mod:`napari_simwarp.widgets_logic.curves`)."""
+"""The Register widget's plot, drawn with pyqtgraph: the loss per snapshot of a pair run,
+the loss or similarity per frame of a drift run (see
+:mod:`napari_simwarp.widgets_logic.curves`).
+
+pyqtgraph rather than napari-matplotlib: it is a Qt widget made for live data (a new
+curve is a ``setData`` on the items already drawn, no figure redrawn from scratch, which
+is what a plot updated several times a second on the GUI thread needs), gives axes with
+ticks, a log axis and a legend, and adds no napari plugin of its own (napari-matplotlib
+docks a viewer-wide widget that follows layers, not a run).
+"""
 
 from __future__ import annotations
 
 import math
 
-from qtpy.QtCore import QPointF, QRectF, Qt
-from qtpy.QtGui import QColor, QFont, QPainter, QPen, QPolygonF
-from qtpy.QtWidgets import QSizePolicy, QWidget
+import pyqtgraph as pg
+from qtpy.QtWidgets import QSizePolicy, QVBoxLayout, QWidget
 
 from ..widgets_logic.curves import Curve, snapshot_curve
 
 #: one colour per pyramid level (coarsest first), cycled; a marker shape per level too
 LEVEL_COLORS = ((255, 170, 0), (0, 200, 255), (120, 230, 80), (255, 90, 200), (200, 200, 90))
+LEVEL_SYMBOLS = ("o", "s", "t", "d", "+")
+BACKGROUND = (38, 41, 48)
 
 
 def log_scale(values) -> bool:
@@ -22,20 +30,102 @@ def log_scale(values) -> bool:
     return Curve(y=tuple(values)).log
 
 
+class _ValueAxis(pg.AxisItem):
+    """A y axis that can show ``log10`` positions as the values they stand for.
+
+    pyqtgraph's own log mode labels every minor tick within a decade ("2·10²", "3·10²"
+    …), which overlap on a plot this small; positions spaced as a linear axis spaces them,
+    labelled ``10**v``, stay apart. No SI prefix either (a "(×0.001)" beside "loss" read as
+    part of the loss).
+    """
+
+    log = False
+
+    def __init__(self):
+        super().__init__("left")
+        self.enableAutoSIPrefix(False)
+
+    def tickStrings(self, values, scale, spacing):  # noqa: N802 (pyqtgraph's name)
+        if self.log:
+            return [f"{10.0**v:.3g}" for v in values]
+        return super().tickStrings(values, scale, spacing)
+
+
 class LossPlot(QWidget):
     """A :class:`~napari_simwarp.widgets_logic.curves.Curve`: axes with their titles and
-    range, one colour and marker per pyramid level, a log axis for positive losses, the
-    current value as text. Pairs: loss against snapshot; drift runs: per frame."""
+    ticks, one colour and marker per pyramid level (and a legend when there are several),
+    a log axis for positive losses, the current value as text. Pairs: loss against
+    snapshot; drift runs: per frame."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
         self.curve = Curve()
-        self.setMinimumHeight(120)
+        self._axis = _ValueAxis()
+        self._view = pg.PlotWidget(background=BACKGROUND, axisItems={"left": self._axis})
+        self._view.getPlotItem().getAxis("bottom").enableAutoSIPrefix(False)
+        self._view.setMenuEnabled(False)
+        self._view.setMouseEnabled(x=False, y=False)
+        self._view.hideButtons()
+        self._view.showGrid(x=True, y=True, alpha=0.15)
+        self._series: dict[int, tuple] = {}  # level -> (line, markers)
+        self._legend = self._view.addLegend(offset=(-4, 4), labelTextSize="7pt")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self._view)
+        self.setMinimumHeight(150)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
     def set_curve(self, curve: Curve) -> None:
         self.curve = curve
-        self.update()
+        plot = self._view.getPlotItem()
+        log = curve.log
+        if self._axis.log != log:
+            self._axis.log = log
+            self._axis.picture = None  # its cached labels were drawn for the other scale
+            self._axis.update()
+        plot.setLabel("bottom", curve.x_label)
+        plot.setLabel("left", curve.y_label + (" (log scale)" if log else ""))
+        plot.setTitle(curve.now, size="8pt", justify="right")
+        ys = [math.log10(v) for v in curve.y] if log else list(curve.y)
+        levels = sorted(set(curve.levels))
+        for level in set(self._series) - set(levels):
+            line, dots = self._series.pop(level)
+            self._legend.removeItem(dots)
+            plot.removeItem(line)
+            plot.removeItem(dots)
+        for level in levels:
+            idx = [i for i, lv in enumerate(curve.levels) if lv == level]
+            x = [curve.x[i] for i in idx]
+            y = [ys[i] for i in idx]
+            line, dots = self._series.get(level) or self._new_series(level)
+            line.setData(x, y)
+            # markers on at most max_markers points of a series, the line through all
+            every = max(1, -(-len(idx) // curve.max_markers))
+            dots.setData(x[::every], y[::every])
+        self._legend.setVisible(len(levels) > 1)
+        if curve.y_range is not None and not log:
+            low = min([curve.y_range[0], *curve.y])
+            high = max([curve.y_range[1], *curve.y])
+            plot.setYRange(low, high, padding=0.05)
+        else:
+            plot.enableAutoRange(axis="y")
+        plot.enableAutoRange(axis="x")
+
+    def _new_series(self, level: int):
+        """The line and the markers of a pyramid level, and its legend entry."""
+        color = LEVEL_COLORS[level % len(LEVEL_COLORS)]
+        line = self._view.plot(pen=pg.mkPen(color, width=1.5))
+        # markers as a data item of their own (no line): it follows the log axis too
+        dots = self._view.plot(
+            pen=None,
+            symbol=LEVEL_SYMBOLS[level % len(LEVEL_SYMBOLS)],
+            symbolSize=6,
+            symbolBrush=pg.mkBrush(color),
+            symbolPen=pg.mkPen(color),
+            name=f"level {level}",
+        )
+        self._series[level] = (line, dots)
+        return line, dots
 
     def set_values(self, values, levels=None) -> None:
         """``values``: the losses per snapshot; ``levels``: the pyramid level of each."""
@@ -52,70 +142,3 @@ class LossPlot(QWidget):
     @property
     def log(self) -> bool:
         return self.curve.log
-
-    def paintEvent(self, event):  # noqa: N802 (Qt's name)
-        curve = self.curve
-        p = QPainter(self)
-        p.setRenderHint(QPainter.RenderHint.Antialiasing)
-        p.fillRect(self.rect(), QColor(38, 41, 48))
-        font = QFont(p.font())
-        font.setPointSizeF(max(font.pointSizeF() * 0.85, 6))
-        p.setFont(font)
-        grey = QColor(170, 170, 170)
-        left, top, right, bottom = 52, 18, 8, 18
-        plot = QRectF(left, top, self.width() - left - right, self.height() - top - bottom)
-        p.setPen(grey)
-        log = curve.log
-        p.drawText(6, 13, f"{curve.y_label}{' (log scale)' if log else ''}")
-        p.drawLine(plot.bottomLeft(), plot.bottomRight())
-        p.drawLine(plot.bottomLeft(), plot.topLeft())
-        p.drawText(QRectF(left, plot.bottom() + 2, plot.width(), 14),
-                   int(Qt.AlignmentFlag.AlignHCenter), curve.x_label)  # fmt: skip
-        if curve.y:
-            ys = [math.log10(v) for v in curve.y] if log else list(curve.y)
-            lo, hi = min(ys), max(ys)
-            if curve.y_range is not None and not log:
-                lo, hi = min(lo, curve.y_range[0]), max(hi, curve.y_range[1])
-            span = hi - lo if hi > lo else 1.0
-            x0, x1 = min(curve.x), max(curve.x)
-            n = max(x1 - x0, 1)
-
-            def point(i, y):
-                return QPointF(
-                    plot.left() + plot.width() * (curve.x[i] - x0) / n,
-                    plot.top() + plot.height() * (hi - y) / span,
-                )
-
-            for value, y_text in ((hi, plot.top()), (lo, plot.bottom() - 12)):
-                shown = 10**value if log else value
-                p.drawText(QRectF(0, y_text, left - 4, 12),
-                           int(Qt.AlignmentFlag.AlignRight), f"{shown:.3g}")  # fmt: skip
-            for value, align in ((x0, Qt.AlignmentFlag.AlignLeft),
-                                 (x1, Qt.AlignmentFlag.AlignRight)):  # fmt: skip
-                p.drawText(QRectF(left, plot.bottom() + 2, plot.width(), 14),
-                           int(align), f"{value:g}")  # fmt: skip
-            levels = sorted(set(curve.levels))
-            for level in levels:
-                color = QColor(*LEVEL_COLORS[level % len(LEVEL_COLORS)])
-                idx = [i for i, lv in enumerate(curve.levels) if lv == level]
-                p.setPen(QPen(color, 1.5))
-                if len(idx) > 1:
-                    p.drawPolyline(QPolygonF([point(i, ys[i]) for i in idx]))
-                p.setBrush(color)
-                every = max(1, -(-len(idx) // curve.max_markers))
-                for i in idx[::every]:
-                    c = point(i, ys[i])
-                    if level % 2:
-                        p.drawRect(QRectF(c.x() - 2.5, c.y() - 2.5, 5, 5))
-                    else:
-                        p.drawEllipse(c, 2.5, 2.5)
-                if len(levels) > 1:  # a legend where there are levels to tell apart
-                    p.drawText(QRectF(plot.left() + 80 + 30 * level, 2, 30, 14),
-                               int(Qt.AlignmentFlag.AlignLeft), f"L{level}")  # fmt: skip
-            p.setPen(QColor(230, 230, 230))
-            p.drawText(
-                self.rect().adjusted(0, 2, -6, 0),
-                int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignTop),
-                curve.now,
-            )
-        p.end()
