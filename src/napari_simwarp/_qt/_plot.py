@@ -68,12 +68,16 @@ class LossPlot(QWidget):
         self._view.hideButtons()
         self._view.showGrid(x=True, y=True, alpha=0.15)
         self._series: dict[int, tuple] = {}  # level -> (line, markers)
-        self._legend = self._view.addLegend(offset=(-4, 4), labelTextSize="7pt")
+        # the legend in one row over the plot, beside the title (the current value, to
+        # the right): inside the axes it sat on the last level's points
+        self._legend = pg.LegendItem(offset=(44, 1), colCount=5, labelTextSize="7pt")
+        self._legend.setParentItem(self._view.getPlotItem())
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self._view)
         self.setMinimumHeight(150)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.set_curve(self.curve)  # the axes' titles before the first run
 
     def set_curve(self, curve: Curve) -> None:
         self.curve = curve
@@ -84,7 +88,7 @@ class LossPlot(QWidget):
             self._axis.picture = None  # its cached labels were drawn for the other scale
             self._axis.update()
         plot.setLabel("bottom", curve.x_label)
-        plot.setLabel("left", curve.y_label + (" (log scale)" if log else ""))
+        plot.setLabel("left", curve.y_label + (" (log)" if log else ""))
         plot.setTitle(curve.now, size="8pt", justify="right")
         ys = [math.log10(v) for v in curve.y] if log else list(curve.y)
         levels = sorted(set(curve.levels))
@@ -122,8 +126,8 @@ class LossPlot(QWidget):
             symbolSize=6,
             symbolBrush=pg.mkBrush(color),
             symbolPen=pg.mkPen(color),
-            name=f"level {level}",
         )
+        self._legend.addItem(dots, f"level {level}")
         self._series[level] = (line, dots)
         return line, dots
 
