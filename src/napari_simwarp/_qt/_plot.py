@@ -72,6 +72,14 @@ class LossPlot(QWidget):
         # the right): inside the axes it sat on the last level's points
         self._legend = pg.LegendItem(offset=(44, 1), colCount=5, labelTextSize="7pt")
         self._legend.setParentItem(self._view.getPlotItem())
+        self._titles = None
+        # the current value at the right of the row over the axes (the legend at its left;
+        # an empty title keeps the row)
+        item = self._view.getPlotItem()
+        item.setTitle(" ", size="8pt")
+        self._now = pg.TextItem(color=(230, 230, 230), anchor=(1, 0))
+        self._now.setParentItem(item)
+        item.geometryChanged.connect(lambda: self._now.setPos(item.size().width() - 4, 0))
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self._view)
@@ -87,9 +95,15 @@ class LossPlot(QWidget):
             self._axis.log = log
             self._axis.picture = None  # its cached labels were drawn for the other scale
             self._axis.update()
-        plot.setLabel("bottom", curve.x_label)
-        plot.setLabel("left", curve.y_label + (" (log)" if log else ""))
-        plot.setTitle(curve.now, size="8pt", justify="right")
+        # A title or label set anew re-lays the whole plot out (10 ms a display here):
+        # only when it changes; the current value, which changes at every display, is a
+        # text item of its own.
+        titles = (curve.x_label, curve.y_label + (" (log)" if log else ""))
+        if titles != self._titles:
+            self._titles = titles
+            plot.setLabel("bottom", titles[0])
+            plot.setLabel("left", titles[1])
+        self._now.setText(curve.now)
         ys = [math.log10(v) for v in curve.y] if log else list(curve.y)
         levels = sorted(set(curve.levels))
         for level in set(self._series) - set(levels):
