@@ -208,3 +208,24 @@ def test_first_run_waits_for_the_kernel_build_in_the_status_line(viewer, qtbot, 
         release.set()
     qtbot.waitUntil(lambda: wdg.result is not None and not wdg.busy, timeout=30000)
     np.testing.assert_array_equal(viewer.layers["matches"].data[0], (72, 55))  # 60+12, 40+15
+
+
+def test_rerun_results_come_back_on_top_of_a_newer_layer(viewer, qtbot):
+    # Issue 13: reused result layers stayed under layers added since, hidden by them.
+    image = np.ascontiguousarray(data.camera()[100:260, 150:310])
+    layer = viewer.add_image(image.copy(), name="camera")
+    shapes = viewer.add_shapes(
+        [np.array([[60, 40], [60, 70], [84, 70], [84, 40]], float) - 0.5],
+        shape_type="rectangle",
+        name="template box",
+    )
+    wdg = dock(viewer, TemplateMatchingWidget(viewer))
+    wdg._image.value, wdg._shapes.value = layer, shapes
+    results = ["ZNCC map", "matches", "match boxes"]
+    for rerun in range(2):
+        wdg.result = None
+        wdg.run()
+        qtbot.waitUntil(lambda: wdg.result is not None and not wdg.busy, timeout=30000)
+        names = [lay.name for lay in viewer.layers]
+        assert names[-3:] == results and len(names) == 3 + 2 + rerun, names
+        viewer.add_image(np.ones_like(image), name=f"newer {rerun}")  # opaque, above them

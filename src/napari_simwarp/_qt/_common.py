@@ -29,6 +29,16 @@ def layer_by_name(viewer, name: str):
     return viewer.layers[name] if name in viewer.layers else None  # noqa: SIM401 (LayerList has no .get)
 
 
+def keep_on_top(viewer, layers) -> None:
+    """Move ``layers`` (result layers a rerun reused, in this order) above every other
+    layer when one was added over them since, which hid them (issue 13)."""
+    stack = viewer.layers
+    if list(stack[len(stack) - len(layers) :]) == list(layers):
+        return
+    for layer in layers:
+        stack.move(stack.index(layer), len(stack))
+
+
 def put_layer(viewer, kind: str, name: str, data, like=None, **props):
     """Reuse the layer called ``name`` (``layer.data = data``) or add one of ``kind``.
 

@@ -29,6 +29,7 @@ from ..widgets_logic.planes import MODES, default_mode, plane_at
 from ._common import (
     WorkerWidget,
     after_kernel_build,
+    keep_on_top,
     level_choice,
     plane_geometry,
     put_layer,
@@ -225,7 +226,7 @@ class TemplateMatchingWidget(WorkerWidget):
             return
         self.result = result
         geometry = plane_geometry(self._image.value, self._plane.source)
-        put_layer(
+        zncc_map = put_layer(
             self._viewer,
             "image",
             MAP_LAYER,
@@ -238,7 +239,7 @@ class TemplateMatchingWidget(WorkerWidget):
         )
         features = {"score": result.scores.astype(np.float32)}
         ndim = result.zncc.ndim
-        put_layer(
+        points = put_layer(
             self._viewer,
             "points",
             POINTS_LAYER,
@@ -249,8 +250,9 @@ class TemplateMatchingWidget(WorkerWidget):
             text={"string": "{score:.2f}", "color": "yellow", "anchor": "upper_left", "size": 9},
             **geometry,
         )
+        shown = [zncc_map, points]
         if ndim == 2:
-            put_layer(
+            boxes = put_layer(
                 self._viewer,
                 "shapes",
                 BOXES_LAYER,
@@ -261,8 +263,10 @@ class TemplateMatchingWidget(WorkerWidget):
                 edge_width=2,
                 **geometry,
             )
+            shown.append(boxes)
         else:  # no boxes in 3D: an earlier 2D run's boxes would no longer match the points
             remove_layer(self._viewer, BOXES_LAYER)
+        keep_on_top(self._viewer, shown)
         n = len(result.scores)
         best = (
             f", best {result.scores[0]:.3f} at {tuple(int(c) for c in result.centers[0])}"

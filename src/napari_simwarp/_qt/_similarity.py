@@ -38,6 +38,7 @@ from ..widgets_logic.stack_maps import STACK_LAYER, stack_map, write_stack_map
 from ._common import (
     WorkerWidget,
     after_kernel_build,
+    keep_on_top,
     level_choice,
     notify_error,
     plane_geometry,
@@ -386,9 +387,7 @@ class SimilarityMapWidget(WorkerWidget):
             contrast_limits=result.contrast_limits,
             **plane_geometry(self._image.value, self._planes[0].source),
         )
-        layers = self._viewer.layers
-        if layers[-1] is not layer:  # a layer added since hid the reused map (issue 13)
-            layers.move(layers.index(layer), len(layers))
+        keep_on_top(self._viewer, [layer])
         self.results_shown += 1
         where = f" at {result.index}" if result.index else ""
         self._status.value = (
