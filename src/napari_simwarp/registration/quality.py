@@ -92,10 +92,13 @@ def masked_zncc(fixed: torch.Tensor, warped: torch.Tensor, valid: torch.Tensor) 
             part = slice(start, start + step)
             yield x[:, part].to(dtype), y[:, part].to(dtype), v[:, part].to(dtype)
 
-    def total(t):
-        return t.sum(1, dtype=torch.float64) if dtype == torch.float64 else t.sum(1).double()
+    # The chunks' sums added up in float64, where the device has it (Apple's MPS has not).
+    wide = torch.float32 if y.device.type == "mps" else torch.float64
 
-    count, sum_x, sum_y = (torch.zeros(n, dtype=torch.float64, device=y.device) for _ in "abc")
+    def total(t):
+        return t.sum(1, dtype=wide) if dtype == torch.float64 else t.sum(1).to(wide)
+
+    count, sum_x, sum_y = (torch.zeros(n, dtype=wide, device=y.device) for _ in "abc")
     for xc, yc, vc in chunks():
         count += total(vc.expand(n, -1))
         sum_x += total(xc * vc)
@@ -103,7 +106,7 @@ def masked_zncc(fixed: torch.Tensor, warped: torch.Tensor, valid: torch.Tensor) 
     count = count.clamp_min(1.0)
     mean_x, mean_y = (s / count for s in (sum_x, sum_y))
     mx, my = mean_x.to(dtype)[:, None], mean_y.to(dtype)[:, None]
-    xx, yy, xy = (torch.zeros(n, dtype=torch.float64, device=y.device) for _ in "abc")
+    xx, yy, xy = (torch.zeros(n, dtype=wide, device=y.device) for _ in "abc")
     for xc, yc, vc in chunks():
         a, b = (xc - mx).mul_(vc), (yc - my).mul_(vc)
         xx += total(a * a)
