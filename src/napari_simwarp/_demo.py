@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from . import data
-from ._demo_figure import demo_figure
+from ._demo_figure import ERROR_BORDER, demo_figure
 
 #: where the demo cuts its template from (so that is where ZNCC must peak), and its size
 TEMPLATE_CORNER = (200, 230)
@@ -100,7 +100,7 @@ def _register_pair(out: pathlib.Path, fixed, moving, dev) -> dict:
     seconds = time.perf_counter() - t0
     _, _, true = data.deformed_pair()
     est = res.transform.to_displacement(fixed.shape)
-    inner = (slice(16, -16), slice(16, -16))
+    inner = (slice(ERROR_BORDER, -ERROR_BORDER),) * 2  # the figure's box
     epe = np.sqrt(((est - true) ** 2).sum(0))
     np.save(out / "registered.npy", res.warped)
     np.save(out / "displacement.npy", est)

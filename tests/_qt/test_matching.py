@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from napari_simwarp import data
 from napari_simwarp._qt import TemplateMatchingWidget
@@ -58,12 +59,19 @@ def test_template_layer_3d(viewer, qtbot):
     assert viewer.layers["matches"].features["score"][0] > 0.999
 
 
-def test_no_rectangle_is_a_notification(viewer, qtbot, errors):
+@pytest.mark.parametrize("building", [False, True])
+def test_no_rectangle_is_a_notification(viewer, qtbot, errors, monkeypatch, building):
+    from napari_simwarp._qt import _common
+
+    # while the kernels would still build, the missing input is said at once, no build
+    monkeypatch.setattr(_common, "kernels_pending", lambda: building)
+    started = []
+    monkeypatch.setattr(_common, "_start_kernel_build", lambda: started.append(1))
     layer = viewer.add_image(data.camera()[:64, :64], name="camera")
     wdg = dock(viewer, TemplateMatchingWidget(viewer))
     wdg._image.value = layer
     wdg.run()
-    assert errors and "rectangle" in errors[0] and not wdg.busy
+    assert errors and "rectangle" in errors[0] and not wdg.busy and not started
     assert "rectangle" in wdg._status.value  # said in the widget, not only in a toast
 
 

@@ -308,6 +308,10 @@ def test_kernel_build_is_a_visible_step_off_the_gui_thread(viewer, qtbot, camera
         label = widget._backend.value
         assert label.startswith("kernels: compiled (loaded in "), label
         assert float(label.rsplit("in ", 1)[1].split(" s")[0]) >= 0.5
+    # a backend that does not run the kernels claims no load time
+    monkeypatch.setattr(device, "describe_backend", lambda *a: "kernels: pure torch (mps)")
+    other._backend.refresh()
+    assert other._backend.value == "kernels: pure torch (mps)"
 
 
 def test_pure_torch_while_the_kernels_build_computes_at_once(
@@ -422,3 +426,9 @@ def test_the_reused_map_comes_back_on_top_of_a_newer_layer(viewer, qtbot, camera
     names = [lay.name for lay in viewer.layers]
     assert names[-1] == "similarity map" and names.count("similarity map") == 1, names
     assert "newer" in names
+    # a map the user moved under a layer stays there
+    viewer.layers.move(viewer.layers.index("newer"), len(viewer.layers))
+    shown = w.results_shown
+    w._window.value = 11
+    _wait_idle(qtbot, w, shown=shown + 1)
+    assert [lay.name for lay in viewer.layers][-2:] == ["similarity map", "newer"]

@@ -64,6 +64,20 @@ def test_masked_zncc_of_a_flat_image_is_0(rng, dtype):
     assert float(masked_zncc(other, other, torch.zeros_like(other))[0]) == 0.0
 
 
+def test_masked_zncc_edge_cases_and_gradient(rng):
+    # no frame; weights summing below 1 (the mean is the weighted one: offset-invariant);
+    # a gradient for every input, as float64 autograd gives it
+    assert masked_zncc(
+        torch.rand(1, 1, 5, 5), torch.rand(0, 1, 5, 5), torch.ones(0, 1, 5, 5)
+    ).shape == (0,)
+    a, b = rng.random((32, 32)), rng.random((32, 32))
+    w = np.full((32, 32), 0.5 / 1024)
+    shifted = float(masked_zncc(_t(a + 50), _t(b), _t(w))[0])
+    assert shifted == pytest.approx(np.corrcoef(a.ravel(), b.ravel())[0, 1], abs=1e-12)
+    inputs = [_t(x).requires_grad_() for x in (a, b, 0.2 + rng.random((32, 32)))]
+    assert torch.autograd.gradcheck(lambda f, m, v: masked_zncc(f, m, v), inputs)
+
+
 def test_masked_nmi_is_the_parzen_nmi_over_the_mask(rng):
     image = ndi.gaussian_filter(rng.random((96, 80)), 2)
     related, unrelated = 1.0 - image**2, ndi.gaussian_filter(rng.random((96, 80)), 2)

@@ -180,6 +180,9 @@ def test_a_budget_too_small_for_one_frame_is_refused_before_reading(drift_case):
     assert "batch_size" not in str(info.value) and "crop or downsample" in str(info.value)
     with pytest.raises(MemoryError, match="use a smaller batch_size"):
         register_stack(frames, memory_budget="1MiB", batch_size=2)
+    with pytest.raises(MemoryError) as info:  # a batch of 1 cannot be made smaller
+        register_stack(frames, memory_budget="1MiB", batch_size=1)
+    assert "batch_size" not in str(info.value)
     assert not read
     with pytest.raises(ValueError, match="level"):
         register_stack([drift_case[0], drift_case[0][:, ::2, ::2]])

@@ -10,6 +10,8 @@ import numpy as np
 from magicgui.widgets import CheckBox, ComboBox, Container, Label
 from napari.utils.notifications import show_error, show_info, show_warning
 
+from ..widgets_logic.device import resolve_device
+
 
 def notify_error(what: str, exc: BaseException) -> None:
     """One clear line in a napari notification (no bare traceback)."""
@@ -29,14 +31,21 @@ def layer_by_name(viewer, name: str):
     return viewer.layers[name] if name in viewer.layers else None  # noqa: SIM401 (LayerList has no .get)
 
 
-def keep_on_top(viewer, layers) -> None:
+def keep_on_top(viewer, layers, seen: set) -> None:
     """Move ``layers`` (result layers a rerun reused, in this order) above every other
-    layer when one was added over them since, which hid them (issue 13)."""
+    layer when one was added over them since the last display, which hid them (issue 13).
+
+    ``seen`` (the widget's, updated here): the ids of the viewer's layers at the last
+    display; a layer over the results that was there then was put there by the user, and
+    stays.
+    """
     stack = viewer.layers
-    if list(stack[len(stack) - len(layers) :]) == list(layers):
-        return
-    for layer in layers:
-        stack.move(stack.index(layer), len(stack))
+    top = stack.index(layers[0]) if all(layer in stack for layer in layers) else len(stack)
+    if any(id(layer) not in seen for layer in list(stack)[top:] if layer not in layers):
+        for layer in layers:
+            stack.move(stack.index(layer), len(stack))
+    seen.clear()
+    seen.update(id(layer) for layer in stack)
 
 
 def put_layer(viewer, kind: str, name: str, data, like=None, **props):
@@ -202,7 +211,8 @@ class BackendLabel(Label):
             self.value = f"device: ? ({exc})"
             return
         seconds = _KERNEL_BUILD["seconds"]
-        if seconds is not None:  # the build's time apart from any computation's (issue 13)
+        # the build's time apart from any computation's (issue 13), where it built them
+        if seconds is not None and "kernels: compiled" in self.value:
             self.value += f" (loaded in {seconds:.1f} s)"
 
 
@@ -379,14 +389,20 @@ def kernels_pending() -> bool:
         return False
 
 
-def after_kernel_build(widget, then) -> bool:
-    """True when the kernels are ready, or when the user chose the pure torch operators
-    while they build (:func:`torch_while_building`); otherwise start (once, shared by every
-    widget) their build off the GUI thread with a napari progress bar, say so in
-    ``widget``'s status line and call ``then()`` when it is done (unless the widget closed
-    meanwhile)."""
+def after_kernel_build(widget, then, device="auto") -> bool:
+    """True when the kernels are ready, when ``device`` does not run them (they are CPU
+    and CUDA kernels: Apple's MPS takes the torch path) or when the user chose the pure
+    torch operators while they build (:func:`torch_while_building`); otherwise start
+    (once, shared by every widget) their build off the GUI thread with a napari progress
+    bar, say so in ``widget``'s status line and call ``then()`` when it is done (unless
+    the widget closed meanwhile)."""
     if not kernels_pending():
         return True
+    try:
+        if resolve_device(device).type not in ("cpu", "cuda"):
+            return True
+    except ValueError:
+        return True  # a bad device: the run itself says so, without a build first
     _start_kernel_build()
     if torch_while_building():
         return True  # the operators take the torch path until the build ends

@@ -62,6 +62,7 @@ class TemplateMatchingWidget(WorkerWidget):
     def __init__(self, napari_viewer: napari.viewer.Viewer):
         super().__init__()
         self._viewer = napari_viewer
+        self._seen_layers: set = set()  # the viewer's layers at the last display (keep_on_top)
         self._image = create_widget(name="image", annotation=napari.layers.Image, label="image")
         self._mode = ComboBox(
             name="mode", choices=list(MODES), value="2D per plane", label="spatial axes"
@@ -187,9 +188,7 @@ class TemplateMatchingWidget(WorkerWidget):
     def run(self, *_):
         if self._closed or self._worker is not None:
             return
-        if not after_kernel_build(self, self.run):
-            return  # ZNCC uses the local std kernels: they build first (a visible step)
-        try:
+        try:  # the inputs checked before any wait for the kernel build
             plane, template, box = self.plan()
             plane.source.refuse_beyond_budget(
                 MAPS_PER_PIXEL["zncc"],
@@ -200,6 +199,8 @@ class TemplateMatchingWidget(WorkerWidget):
         except (ValueError, TypeError, MemoryError) as exc:
             self._on_error(exc)  # the whole message in the status line, and a toast
             return
+        if not after_kernel_build(self, self.run, self._device.value):
+            return  # ZNCC uses the local std kernels: they build first (a visible step)
         shape = [b.stop - b.start for b in box] if box is not None else template.shape
         self._status.value = f"matching a {'×'.join(map(str, shape))} template…"
         self._plane = plane
@@ -266,7 +267,7 @@ class TemplateMatchingWidget(WorkerWidget):
             shown.append(boxes)
         else:  # no boxes in 3D: an earlier 2D run's boxes would no longer match the points
             remove_layer(self._viewer, BOXES_LAYER)
-        keep_on_top(self._viewer, shown)
+        keep_on_top(self._viewer, shown, self._seen_layers)
         n = len(result.scores)
         best = (
             f", best {result.scores[0]:.3f} at {tuple(int(c) for c in result.centers[0])}"

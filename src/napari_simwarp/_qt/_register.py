@@ -279,7 +279,7 @@ class RegisterWidget(WorkerWidget):
     def run(self, *_):
         if self._closed or self.busy:
             return
-        if not after_kernel_build(self, self.run):
+        if not after_kernel_build(self, self.run, self._device.value):
             return  # the kernels build first (a visible step), then the run starts
         moving = self._moving.value
         try:

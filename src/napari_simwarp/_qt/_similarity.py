@@ -69,6 +69,7 @@ class SimilarityMapWidget(WorkerWidget):
     def __init__(self, napari_viewer: napari.viewer.Viewer):
         super().__init__()
         self._viewer = napari_viewer
+        self._seen_layers: set = set()  # the viewer's layers at the last display (keep_on_top)
         self._model = SimilarityModel()
         self._image = create_widget(name="image", annotation=napari.layers.Image, label="image")
         self._second = create_widget(
@@ -256,7 +257,7 @@ class SimilarityMapWidget(WorkerWidget):
             self._model.new_request()  # whatever runs now is stale
             self._pending = True
             return
-        if not after_kernel_build(self, self.compute):
+        if not after_kernel_build(self, self.compute, self._device.value):
             return  # the kernels build first (a visible step), then this runs again
         try:
             planes = self._current_planes(params)
@@ -307,7 +308,7 @@ class SimilarityMapWidget(WorkerWidget):
         params = self.params()
         if not self._inputs_usable(image, params):
             return
-        if not after_kernel_build(self, self.compute_stack):
+        if not after_kernel_build(self, self.compute_stack, self._device.value):
             return
         try:
             planes = self._current_planes(params)
@@ -387,7 +388,7 @@ class SimilarityMapWidget(WorkerWidget):
             contrast_limits=result.contrast_limits,
             **plane_geometry(self._image.value, self._planes[0].source),
         )
-        keep_on_top(self._viewer, [layer])
+        keep_on_top(self._viewer, [layer], self._seen_layers)
         self.results_shown += 1
         where = f" at {result.index}" if result.index else ""
         self._status.value = (

@@ -14,6 +14,7 @@ field that folds (a region mapped inside out). These are plausibility checks, no
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import NamedTuple
 
@@ -83,8 +84,8 @@ def masked_zncc(fixed: torch.Tensor, warped: torch.Tensor, valid: torch.Tensor) 
     n = warped.shape[0]
     dtype = torch.float64 if torch.float64 in (fixed.dtype, warped.dtype) else torch.float32
     # (batch, pixels) views; a batch of 1 broadcasts, with no copy of the shared image
-    x, y, v = (t.reshape(t.shape[0], -1) for t in (fixed, warped, valid))
-    pixels = y.shape[1]
+    pixels = math.prod(warped.shape[1:])
+    x, y, v = (t.reshape(t.shape[0], pixels) for t in (fixed, warped, valid))
     step = max(1, ZNCC_CHUNK // max(n, 1))
 
     def chunks():
@@ -103,15 +104,15 @@ def masked_zncc(fixed: torch.Tensor, warped: torch.Tensor, valid: torch.Tensor) 
         count += total(vc.expand(n, -1))
         sum_x += total(xc * vc)
         sum_y += total(yc * vc)
-    count = count.clamp_min(1.0)
+    count = torch.where(count > 0, count, torch.ones_like(count))  # (weights may sum < 1)
     mean_x, mean_y = (s / count for s in (sum_x, sum_y))
     mx, my = mean_x.to(dtype)[:, None], mean_y.to(dtype)[:, None]
     xx, yy, xy = (torch.zeros(n, dtype=wide, device=y.device) for _ in "abc")
     for xc, yc, vc in chunks():
-        a, b = (xc - mx).mul_(vc), (yc - my).mul_(vc)
+        a, b = (xc - mx) * vc, (yc - my) * vc  # not in place: differentiable
         xx += total(a * a)
         yy += total(b * b)
-        xy += total(a.mul_(b))
+        xy += total(a * b)
     # A flat image centres to its mean's rounding error (~1e-7 of the mean per pixel in
     # float32, ~1e-16 in float64), not to 0: it is flat below that error's energy.
     tiny = (1e-11 if dtype == torch.float32 else 1e-26) * count

@@ -409,10 +409,10 @@ _MEMORY_ADVICE = (
 def _check_stack_memory(src, batch, metric, dense, model, budgets, batch_given=True) -> None:
     """Refuse, with the figures and before any frame is read, a run that cannot fit.
 
-    The advice names ``batch_size`` only when the caller gave one: "auto" already chose
-    the largest batch that fits (at least 1), and the widgets have no such setting.
+    The advice names ``batch_size`` only when the caller gave one above 1: "auto" already
+    chose the largest batch that fits (at least 1), and the widgets have no such setting.
     """
-    advice = ("use a smaller batch_size, " if batch_given else "") + _MEMORY_ADVICE
+    advice = ("use a smaller batch_size, " if batch_given and batch > 1 else "") + _MEMORY_ADVICE
     ram, device = budgets
     work = batch * _frame_work(src, None if model == "translation" else metric, dense)
     held = _held_bytes(src, batch)
