@@ -199,15 +199,7 @@ def test_first_run_waits_for_the_kernel_build_in_the_status_line(viewer, qtbot, 
 
     monkeypatch.setattr(_common, "kernels_pending", lambda: not built.is_set())
     monkeypatch.setattr(_kernels, "ensure_loaded", fake_build)
-    image = np.ascontiguousarray(data.camera()[100:260, 150:310])
-    layer = viewer.add_image(image.copy(), name="camera")
-    shapes = viewer.add_shapes(
-        [np.array([[60, 40], [60, 70], [84, 70], [84, 40]], float) - 0.5],
-        shape_type="rectangle",
-        name="template box",
-    )
-    wdg = dock(viewer, TemplateMatchingWidget(viewer))
-    wdg._image.value, wdg._shapes.value = layer, shapes
+    _, wdg = _camera_with_a_box(viewer)
     try:
         wdg.run()
         assert "building the compiled kernels" in wdg._status.value
@@ -220,6 +212,19 @@ def test_first_run_waits_for_the_kernel_build_in_the_status_line(viewer, qtbot, 
 
 def test_rerun_results_come_back_on_top_of_a_newer_layer(viewer, qtbot):
     # Issue 13: reused result layers stayed under layers added since, hidden by them.
+    image, wdg = _camera_with_a_box(viewer)
+    results = ["ZNCC map", "matches", "match boxes"]
+    for rerun in range(2):
+        wdg.result = None
+        wdg.run()
+        qtbot.waitUntil(lambda: wdg.result is not None and not wdg.busy, timeout=30000)
+        names = [lay.name for lay in viewer.layers]
+        assert names[-3:] == results and len(names) == 3 + 2 + rerun, names
+        viewer.add_image(np.ones_like(image), name=f"newer {rerun}")  # opaque, above them
+
+
+def _camera_with_a_box(viewer):
+    """A 160² camera crop, a 24×30 rectangle at (60, 40) over it and the widget on both."""
     image = np.ascontiguousarray(data.camera()[100:260, 150:310])
     layer = viewer.add_image(image.copy(), name="camera")
     shapes = viewer.add_shapes(
@@ -229,11 +234,4 @@ def test_rerun_results_come_back_on_top_of_a_newer_layer(viewer, qtbot):
     )
     wdg = dock(viewer, TemplateMatchingWidget(viewer))
     wdg._image.value, wdg._shapes.value = layer, shapes
-    results = ["ZNCC map", "matches", "match boxes"]
-    for rerun in range(2):
-        wdg.result = None
-        wdg.run()
-        qtbot.waitUntil(lambda: wdg.result is not None and not wdg.busy, timeout=30000)
-        names = [lay.name for lay in viewer.layers]
-        assert names[-3:] == results and len(names) == 3 + 2 + rerun, names
-        viewer.add_image(np.ones_like(image), name=f"newer {rerun}")  # opaque, above them
+    return image, wdg
