@@ -341,6 +341,9 @@ def test_pure_torch_while_the_kernels_build_computes_at_once(
         w = dock(viewer, SimilarityMapWidget(viewer))
         w._image.value = layer
         qtbot.waitUntil(lambda: "building the compiled kernels" in w._status.value, timeout=5000)
+        # the build's own thread has started building (it may start after the status: CI
+        # once saw the map computed before it had)
+        qtbot.waitUntil(lambda: callers == ["build"], timeout=5000)
         assert not w._torch_meanwhile.native.isHidden() and not w._torch_meanwhile.value
         assert w.results_shown == 0 and "similarity map" not in viewer.layers
         w._torch_meanwhile.value = True  # the map comes while the build still runs
