@@ -35,9 +35,9 @@ def keep_on_top(viewer, layers, seen: set) -> None:
     """Move ``layers`` (result layers a rerun reused, in this order) above every other
     layer when one was added over them since the last display, which hid them (issue 13).
 
-    ``seen`` (the widget's, updated here): the ids of the viewer's layers at the last
-    display; a layer over the results that was there then was put there by the user, and
-    stays.
+    ``seen`` (the widget's ``_seen_layers``, updated here): the ids of the viewer's layers
+    at the last display; a layer over the results that was there then was put there by
+    the user, and stays.
     """
     stack = viewer.layers
     top = stack.index(layers[0]) if all(layer in stack for layer in layers) else len(stack)
@@ -396,10 +396,12 @@ def after_kernel_build(widget, then, device="auto") -> bool:
     (once, shared by every widget) their build off the GUI thread with a napari progress
     bar, say so in ``widget``'s status line and call ``then()`` when it is done (unless
     the widget closed meanwhile)."""
+    from ..ops import _kernels
+
     if not kernels_pending():
         return True
     try:
-        if resolve_device(device).type not in ("cpu", "cuda"):
+        if resolve_device(device).type not in _kernels.KERNEL_DEVICE_TYPES:
             return True
     except ValueError:
         return True  # a bad device: the run itself says so, without a build first
@@ -488,6 +490,7 @@ class WorkerWidget(Container):
         self._worker = None
         self._closed = False
         self._teardown = None  # the destroyed callback (watch_destroyed), also run at exit
+        self._seen_layers: set = set()  # the viewer's layers at the last display (keep_on_top)
         _WIDGETS.add(self)
         _register_exit_hook()
         self._device = ComboBox(

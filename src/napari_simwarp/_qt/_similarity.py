@@ -69,7 +69,6 @@ class SimilarityMapWidget(WorkerWidget):
     def __init__(self, napari_viewer: napari.viewer.Viewer):
         super().__init__()
         self._viewer = napari_viewer
-        self._seen_layers: set = set()  # the viewer's layers at the last display (keep_on_top)
         self._model = SimilarityModel()
         self._image = create_widget(name="image", annotation=napari.layers.Image, label="image")
         self._second = create_widget(

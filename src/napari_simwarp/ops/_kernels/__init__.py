@@ -55,6 +55,10 @@ COMPILED_OPS = {
     "local_ncc": ("moments5", "box_sum", "correlate"),
 }
 
+#: the device types the compiled kernels are built for; others (Apple's MPS, ...) always
+#: take the pure torch path
+KERNEL_DEVICE_TYPES = frozenset({"cpu", "cuda"})
+
 #: ops whose compiled kernel "auto" uses only on these device types, because the pure
 #: torch path measured faster elsewhere (docs/benchmarks.md). SIMWARP_BACKEND=compiled
 #: still runs the kernel on every device it is built for.
@@ -224,9 +228,9 @@ def use_compiled(op: str, *tensors: torch.Tensor) -> bool:
     if op not in COMPILED_OPS or backend == "torch":
         return False
     device_types = {t.device.type for t in tensors}
-    if not device_types <= {"cpu", "cuda"}:
+    if not device_types <= KERNEL_DEVICE_TYPES:
         return False  # MPS and others: pure torch
-    if backend == "auto" and not device_types <= AUTO_DEVICE_TYPES.get(op, {"cpu", "cuda"}):
+    if backend == "auto" and not device_types <= AUTO_DEVICE_TYPES.get(op, KERNEL_DEVICE_TYPES):
         return False
     if not _state["tried"] and _torch_until_loaded.is_set():
         return False  # not loaded yet, and asked not to wait: a build may be under way
@@ -344,7 +348,7 @@ def _device_backend(op: str, device_type: str, backend: str, build: bool) -> tup
         return ("torch", _state["cuda_error"] or _build.cuda_build_possible()[1])
     if backend == "compiled":
         return ("compiled", "built kernels (SIMWARP_BACKEND=compiled: no self-check)")
-    if device_type not in AUTO_DEVICE_TYPES.get(op, {"cpu", "cuda"}):
+    if device_type not in AUTO_DEVICE_TYPES.get(op, KERNEL_DEVICE_TYPES):
         return ("torch", "pure torch measured faster on this device type")
     refusal = _deterministic_refusal(op, {device_type})
     if refusal:
