@@ -12,7 +12,10 @@ kernels) or :mod:`.._reference` (pure torch); both define the same functions.
 On CUDA, "auto" runs an op's kernels only once they have passed a self-check on that
 device (:mod:`.self_check`: each primitive against its torch twin, values and gradients,
 at the first use on each device); an op that fails it takes the torch path there, after
-one warning, and :func:`report` says why. Under ``torch.use_deterministic_algorithms(True)``
+one warning, and :func:`report` says why. Under "auto" a child process also checks, once
+per build and device type, that a call the C++ bindings refuse raises a Python exception
+there (:mod:`.refusal_probe`); where it kills the child instead, the ops run pure torch on
+that device type, after one warning. Under ``torch.use_deterministic_algorithms(True)``
 "auto" sends splat on CUDA (whose kernel scatters with atomics) to the torch path, which
 torch makes deterministic; "compiled" runs the kernel, which then raises torch's
 non-determinism error.
@@ -35,7 +38,7 @@ from types import ModuleType
 import torch
 
 from .. import _reference
-from . import _build, self_check
+from . import _build, refusal_probe, self_check
 
 ENV_BACKEND = "SIMWARP_BACKEND"
 ENV_CACHE = _build.ENV_CACHE
@@ -87,6 +90,8 @@ _state: dict = {
     "cuda_error": None,
     "path": None,
     "cuda_path": None,
+    #: device type -> why the refusal probe failed there (those run pure torch under "auto")
+    "refusal": {},
 }
 #: set: operators called before the kernels are loaded take the torch path instead of
 #: building them (or waiting for a build) first; the widgets' "pure torch while the kernels
@@ -115,8 +120,9 @@ def requested_backend() -> str:
 
 
 def state() -> dict:
-    """A copy of the load state: tried, cpu, cuda (loaded), error, cuda_error, paths."""
-    return dict(_state)
+    """A copy of the load state: tried, cpu, cuda (loaded), error, cuda_error, paths,
+    refusal (device type -> why its refusal probe failed)."""
+    return {**_state, "refusal": dict(_state["refusal"])}
 
 
 def _short_error(exc: BaseException) -> str:
@@ -131,6 +137,7 @@ def _load(verbose: bool = False) -> None:
     _state["path"] = str(_build.build("cpu", verbose))
     register_fakes_and_autograd()
     _state["cpu"] = True
+    _probe_refusal(("cpu",), "cpu", _state["path"])
     possible, why = _build.cuda_build_possible()
     if not possible:
         _state["cuda_error"] = why
@@ -145,6 +152,8 @@ def _load(verbose: bool = False) -> None:
     try:
         _state["cuda_path"] = str(_build.build("cuda", verbose))
         _state["cuda"] = True
+        if torch.cuda.is_available():
+            _probe_refusal(("cpu", "cuda"), "cuda", _state["cuda_path"])
     except Exception as exc:  # the CPU kernels stay; CUDA tensors take the torch path
         _state["cuda_error"] = _short_error(exc)
         warnings.warn(
@@ -153,6 +162,25 @@ def _load(verbose: bool = False) -> None:
             RuntimeWarning,
             stacklevel=4,
         )
+
+
+def _probe_refusal(kinds: tuple[str, ...], device: str, directory: str) -> None:
+    """Under "auto", the refusal probe of the extensions ``kinds`` on ``device``; a failure
+    sends that device type to the torch path, after one warning."""
+    if requested_backend() != "auto":
+        return
+    failure = refusal_probe.probe_once(kinds, device, directory)
+    if failure is None:
+        return
+    device_type = torch.device(device).type
+    _state["refusal"][device_type] = failure
+    warnings.warn(
+        f"napari-simwarp: the compiled kernels are not used on {device_type}: {failure}. "
+        f"The pure torch operators run there instead (same results, slower). Rebuilding "
+        f"with another compiler (CXX=...) may fix it; {ENV_BACKEND}=torch silences this.",
+        RuntimeWarning,
+        stacklevel=5,
+    )
 
 
 def ensure_loaded(verbose: bool = False) -> bool:
@@ -240,6 +268,8 @@ def use_compiled(op: str, *tensors: torch.Tensor) -> bool:
         return False
     if backend == "compiled":
         return True
+    if device_types & _state["refusal"].keys():
+        return False
     if _deterministic_refusal(op, device_types):
         return False
     checked = {t.device for t in tensors if t.device.type in SELF_CHECKED_DEVICE_TYPES}
@@ -333,6 +363,7 @@ def report(public_ops, build: bool = True) -> dict:
             "cuda_path": _state["cuda_path"],
             "error": _state["error"],
             "cuda_error": _state["cuda_error"],
+            "refusal_probe": dict(_state["refusal"]),
         },
         "self_check": {
             device: {op: check.as_dict() for op, check in checks.items()}
@@ -350,6 +381,8 @@ def _device_backend(op: str, device_type: str, backend: str, build: bool) -> tup
         return ("compiled", "built kernels (SIMWARP_BACKEND=compiled: no self-check)")
     if device_type not in AUTO_DEVICE_TYPES.get(op, KERNEL_DEVICE_TYPES):
         return ("torch", "pure torch measured faster on this device type")
+    if device_type in _state["refusal"]:
+        return ("torch", _state["refusal"][device_type])
     refusal = _deterministic_refusal(op, {device_type})
     if refusal:
         return ("torch", refusal)

@@ -3,6 +3,9 @@
 Each function here is the twin of the pure torch function of the same name, so an operator
 picks one module or the other (``_kernels.implementation``) and calls the same thing. Only
 call these once the kernels are loaded (``_kernels.ensure_loaded``).
+
+Every function checks its arguments in Python first (:mod:`.preconditions`, the checks of
+``csrc/checks.h``), so that no call from Python reaches a refusal in C++.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from .._numerics import FLAT_TOLERANCE, flat_threshold_factor
+from . import preconditions
 
 #: the flat rule of the CPU kernels, whose window sums run in float64.
 KERNEL_FLAT_FACTOR = flat_threshold_factor(torch.float64)
@@ -20,6 +24,8 @@ KERNEL_FLAT_FACTOR = flat_threshold_factor(torch.float64)
 #: compensated.h). On float64 data they carry more than float64's bits, and the CPU's
 #: rule holds.
 COMPENSATED_FLOAT32_FLAT_FACTOR = FLAT_TOLERANCE * 2.0**-48
+#: the paddings the CPU kernel of the 2-D local std implements
+PADDINGS_2D = ("reflect", "mirror", "nearest", "constant", "valid")
 
 
 def kernel_flat_factor(x: torch.Tensor) -> float:
@@ -39,7 +45,9 @@ def box_sum(x: torch.Tensor, window: Sequence[int], full: bool = False) -> torch
     Valid mode gives ``(..., *(S - k + 1))``; ``full=True`` gives ``(..., *(S + k - 1))``
     with zeros outside ``x`` (the adjoint of the valid sum). float32/float64.
     """
-    return torch.ops.simwarp.box_sum(x.contiguous(), list(window), full)
+    window = [int(k) for k in window]
+    preconditions.box_sum(x, window, full)
+    return torch.ops.simwarp.box_sum(x.contiguous(), window, full)
 
 
 def correlate(
@@ -51,6 +59,7 @@ def correlate(
     ``transpose=True`` is its adjoint ``(..., *(S + k - 1))``. Differentiable.
     """
     flat, sizes = _flat_list(taps)
+    preconditions.correlate(x, flat, sizes, transpose)
     return torch.ops.simwarp.correlate(x.contiguous(), flat, sizes, transpose)
 
 
@@ -61,6 +70,7 @@ def moments5(centered: torch.Tensor, taps: Sequence[Sequence[float]]) -> list[to
     products formed on the fly. Not differentiable by itself.
     """
     flat, sizes = _flat_list(taps)
+    preconditions.moments5(centered, flat, sizes)
     return list(torch.ops.simwarp.moments5(centered.contiguous(), flat, sizes).unbind(0))
 
 
@@ -70,6 +80,7 @@ def splat_fwd(image: torch.Tensor, displacement: torch.Tensor, normalize: bool, 
     Returns ``(out (N, C, *S), den (N, 1, *S))`` with ``ops.splat``'s semantics (holes 0);
     differentiable with respect to both inputs. Deterministic on CPU.
     """
+    preconditions.splat_fwd(image, displacement)
     return torch.ops.simwarp.splat_fwd(image, displacement, bool(normalize), float(eps))
 
 
@@ -87,10 +98,10 @@ def local_std_valid(
     counts as flat (0, zero gradient), by default relative to that precision
     (:func:`kernel_flat_factor`). Differentiable with respect to ``xp``.
     """
+    window = [int(k) for k in window]
+    preconditions.local_std_fwd(xp, window)
     factor = kernel_flat_factor(xp) if flat_factor is None else float(flat_factor)
-    out, _, _ = torch.ops.simwarp.local_std_fwd(
-        xp, list(window), float(eps), bool(normalize), factor
-    )
+    out, _, _ = torch.ops.simwarp.local_std_fwd(xp, window, float(eps), bool(normalize), factor)
     return out
 
 
@@ -108,8 +119,15 @@ def local_std_2d(
     "valid" (output ``(..., H - kh + 1, W - kw + 1)``). CPU only. Differentiable with
     respect to ``x``.
     """
+    window = [int(k) for k in window]
+    if padding not in PADDINGS_2D:
+        raise ValueError(
+            "local_std_2d: padding must be valid, reflect, mirror, nearest or constant, "
+            f"got {padding}"
+        )
+    preconditions.local_std_2d_fwd(x, window, valid=padding == "valid")
     factor = KERNEL_FLAT_FACTOR if flat_factor is None else float(flat_factor)
     out, _, _ = torch.ops.simwarp.local_std_2d_fwd(
-        x, list(window), padding, float(eps), bool(normalize), factor
+        x, window, padding, float(eps), bool(normalize), factor
     )
     return out

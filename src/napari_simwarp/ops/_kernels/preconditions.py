@@ -1,0 +1,149 @@
+"""The argument checks of ``csrc/checks.h``, run in Python before every compiled call.
+
+The C++ bindings refuse a bad argument with ``TORCH_CHECK``, which raises a
+``RuntimeError`` in Python where the C++ exception crosses back cleanly. On one GPU
+machine (issue 23: its own g++, Python 3.12) it did not: every refusal ended the process
+with SIGSEGV. A user's napari window must not die because a window was too large, so
+:mod:`.calls` runs these checks first and no call from Python reaches a C++ refusal.
+
+Each function mirrors the check of the same name in ``checks.h``, with the same message
+(``tests/csrc/test_preconditions.py`` walks every refusal of ``tests/csrc/test_checks.py``
+through both). They raise ``TypeError`` for a dtype and ``ValueError`` otherwise. The
+public operators check their arguments in the user's words before they get here
+(:mod:`.._validation`); these are the last line, for the library's own calls.
+
+Only Python-level metadata is read (shapes, dtypes, devices): no aten op, no host sync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+_FLOATING = (torch.float32, torch.float64)
+_TYPE_NAMES = {
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.float32: "Float",
+    torch.float64: "Double",
+    torch.int8: "Char",
+    torch.uint8: "Byte",
+    torch.int16: "Short",
+    torch.int32: "Int",
+    torch.int64: "Long",
+    torch.bool: "Bool",
+}
+
+
+def _type_name(dtype: torch.dtype) -> str:
+    """The dtype as c10 prints it (``Float``, ``Int``), as the C++ messages do."""
+    return _TYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def _sizes(values: Sequence[int]) -> str:
+    return "[" + ", ".join(str(int(v)) for v in values) + "]"
+
+
+def floating(op: str, name: str, t: torch.Tensor) -> None:
+    """The kernels are instantiated for float32 and float64 only."""
+    if t.dtype not in _FLOATING:
+        raise TypeError(f"{op}: {name} must be float32 or float64, got {_type_name(t.dtype)}")
+
+
+def like_first(op: str, args: Sequence[tuple[str, torch.Tensor | None]]) -> None:
+    """Every tensor on the first one's device and of its dtype (``None``: absent)."""
+    first_name, first = args[0]
+    for name, t in args:
+        if t is None:
+            continue
+        if t.device != first.device:
+            raise ValueError(f"{op}: {name} is on {t.device} but {first_name} is on {first.device}")
+        if t.dtype != first.dtype:
+            raise ValueError(
+                f"{op}: {name} is {_type_name(t.dtype)} but {first_name} is "
+                f"{_type_name(first.dtype)}"
+            )
+
+
+def shape(op: str, name: str, t: torch.Tensor, expected: Sequence[int]) -> None:
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(f"{op}: {name} must have shape {_sizes(expected)}, got {_sizes(t.shape)}")
+
+
+def window(op: str, x: torch.Tensor, sizes: Sequence[int], pads: bool, reserved: int = 0) -> None:
+    """A window over the trailing ``len(sizes)`` axes of ``x``, its first ``reserved``
+    axes left alone: sizes at least 1 and, unless the op pads, no longer than their axis."""
+    d = len(sizes)
+    if d > x.dim() - reserved:
+        raise ValueError(
+            f"{op}: a window of {d} axes needs at least {d + reserved} dimensions, got {x.dim()}"
+        )
+    for a, k in enumerate(sizes):
+        if k < 1:
+            raise ValueError(f"{op}: window sizes must be at least 1, got {_sizes(sizes)}")
+        if not pads and k > x.shape[x.dim() - d + a]:
+            raise ValueError(
+                f"{op}: window larger than the axis (window {_sizes(sizes)}, shape "
+                f"{_sizes(x.shape)})"
+            )
+
+
+def some_window(op: str, sizes: Sequence[int]) -> None:
+    if len(sizes) == 0:
+        raise ValueError(f"{op}: the window must cover at least one axis")
+
+
+def taps(op: str, values: Sequence[float], sizes: Sequence[int]) -> None:
+    total = sum(int(k) for k in sizes)
+    if total != len(values):
+        raise ValueError(f"{op}: taps must hold sum(sizes) = {total} values, got {len(values)}")
+
+
+# ---- per op: what its binding checks first --------------------------------------------
+
+
+def box_sum(x: torch.Tensor, sizes: Sequence[int], full: bool) -> None:
+    floating("box_sum", "x", x)
+    window("box_sum", x, sizes, pads=full)
+
+
+def correlate(x: torch.Tensor, values: Sequence[float], sizes: Sequence[int], transpose) -> None:
+    floating("correlate", "x", x)
+    taps("correlate", values, sizes)
+    window("correlate", x, sizes, pads=transpose)
+
+
+def moments5(centered: torch.Tensor, values: Sequence[float], sizes: Sequence[int]) -> None:
+    floating("moments5", "centered", centered)
+    if centered.dim() < 1 or centered.shape[0] != 2:
+        raise ValueError(
+            f"moments5: centered must stack [a, b] on dim 0, got shape {_sizes(centered.shape)}"
+        )
+    some_window("moments5", sizes)
+    taps("moments5", values, sizes)
+    window("moments5", centered, sizes, pads=False, reserved=1)
+
+
+def local_std_fwd(xp: torch.Tensor, sizes: Sequence[int]) -> None:
+    floating("local_std_fwd", "xp", xp)
+    some_window("local_std_fwd", sizes)
+    window("local_std_fwd", xp, sizes, pads=False)
+
+
+def local_std_2d_fwd(x: torch.Tensor, sizes: Sequence[int], valid: bool) -> None:
+    floating("local_std_2d", "x", x)
+    if x.dim() < 2 or len(sizes) != 2:
+        raise ValueError("local_std_2d: x must be (..., H, W), window (kh, kw)")
+    window("local_std_2d", x, sizes, pads=not valid)
+
+
+def splat_fwd(image: torch.Tensor, displacement: torch.Tensor) -> None:
+    floating("splat", "image", image)
+    like_first("splat", [("image", image), ("displacement", displacement)])
+    d = image.dim() - 2
+    if d not in (2, 3):
+        raise ValueError(
+            f"splat: image must be (N, C, H, W) or (N, C, D, H, W), got shape {_sizes(image.shape)}"
+        )
+    shape("splat", "displacement", displacement, (image.shape[0], d, *image.shape[2:]))

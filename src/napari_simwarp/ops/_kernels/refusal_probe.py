@@ -1,0 +1,119 @@
+"""The refusal probe: does a C++ argument check end in a Python exception on this machine?
+
+A ``TORCH_CHECK`` that fails throws a C++ exception, which torch turns into a
+``RuntimeError``. On one GPU machine (issue 23) every such throw from our extensions ended
+the process with SIGSEGV instead. :mod:`.preconditions` keeps our own calls away from the
+C++ refusals, but a machine whose exceptions cannot cross the extension boundary is one
+where any other error in a kernel call (a failed allocation, a launch error) kills the
+process too. So under "auto", once per build and device type, a child process loads the
+extension the way this process does and makes one call its binding refuses; if the child
+dies (a signal, a hang) or the call does not raise, :mod:`._kernels` runs the pure torch
+operators on that device type, after one warning that says why.
+
+A probe that passed is remembered beside the build (``refusal-probe-<device>.ok`` in its
+cache directory, with the interpreter that ran it), so it costs one child process (about
+2 s) per build, not per process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import torch
+
+#: the child: load the extensions of ``kinds`` as :func:`._build.build` does, register the
+#: autograd wrappers (the crash was seen inside them), then make a call the binding refuses
+#: (``checks::window``: a window size of 0). Exit 0: refused with the expected RuntimeError.
+CHILD = """
+import sys
+import torch
+from napari_simwarp.ops._kernels import _build, _registrations
+
+kinds, device = sys.argv[1].split(","), sys.argv[2]
+for kind in kinds:
+    _build.build(kind)
+_registrations.register_fakes_and_autograd()
+x = torch.rand(1, 2, 8, 9, device=device)
+try:
+    torch.ops.simwarp.box_sum(x, [0, 3], False)
+except RuntimeError as exc:
+    sys.exit(0 if "window sizes must be at least 1" in str(exc) else 4)
+sys.exit(3)
+"""
+
+#: what a child's exit code other than 0 means
+_EXIT_MEANING = {
+    3: "the call it must refuse ran",
+    4: "the call was refused with an unexpected message",
+}
+
+#: seconds a child may take (it loads cached builds: about 2 s; a hang is a failure)
+TIMEOUT = 120.0
+
+
+def _describe(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"the process died with {name}"
+    return _EXIT_MEANING.get(returncode, f"the process exited with status {returncode}")
+
+
+def run(kinds: tuple[str, ...], device: str, *, child: str | None = None) -> str | None:
+    """Run the probe in a child process; ``None`` if the refusal raised, else why not.
+
+    ``kinds``: the extensions to load (``("cpu",)`` or ``("cpu", "cuda")``); ``device``:
+    where the refused call runs. ``child`` replaces the child's code (tests).
+    """
+    package_root = pathlib.Path(__file__).resolve().parents[3]  # holds napari_simwarp/
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(package_root), *filter(None, [env.get("PYTHONPATH")])])
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", CHILD if child is None else child, ",".join(kinds), device],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+    except subprocess.TimeoutExpired:
+        return f"a refused argument hung the process for over {TIMEOUT:.0f} s"
+    except OSError as exc:  # no child possible at all: say so, do not guess
+        return f"the probe could not start a process ({exc})"
+    if done.returncode == 0:
+        return None
+    tail = done.stderr.strip().splitlines()[-1:] if done.stderr else []
+    detail = f"; its last words: {tail[0][:200]}" if tail else ""
+    return (
+        f"a refused argument did not raise a Python exception in a child process "
+        f"({_describe(done.returncode)}{detail})"
+    )
+
+
+def marker(directory: str | os.PathLike, device_type: str) -> pathlib.Path:
+    """The file that records a passed probe of one build on one device type."""
+    return pathlib.Path(directory) / f"refusal-probe-{device_type}.ok"
+
+
+def probe_once(kinds: tuple[str, ...], device: str, directory: str | os.PathLike) -> str | None:
+    """:func:`run`, unless a probe of this build on this device type passed before, with
+    this interpreter."""
+    device_type = torch.device(device).type
+    path = marker(directory, device_type)
+    try:
+        if path.read_text().strip() == sys.executable:
+            return None
+    except OSError:  # not probed yet
+        pass
+    failure = run(kinds, device)
+    if failure is None:
+        with contextlib.suppress(OSError):  # a read-only cache: probe again next time
+            path.write_text(f"{sys.executable}\n")
+    return failure
