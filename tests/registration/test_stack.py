@@ -2,10 +2,23 @@
 
 import numpy as np
 import pytest
+import torch
 from scipy import ndimage as ndi
 
 from napari_simwarp.registration import register_stack
 from tests.registration.cases import centered_affine, corner_error, shifted_stack, textured
+
+#: register_stack runs on device "auto": the CPU gives one result bit for bit, run after
+#: run; a GPU's atomic additions (grid_sample's backward, the splat) land in any order.
+ON_GPU = torch.cuda.is_available() or torch.backends.mps.is_available()
+
+
+def assert_same_run(actual, expected, atol):
+    """Two runs that must agree: exactly on the CPU, within ``atol`` on a GPU."""
+    if ON_GPU:
+        np.testing.assert_allclose(actual, expected, rtol=0, atol=atol)
+    else:
+        np.testing.assert_array_equal(actual, expected)
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +124,10 @@ def test_lazy_stacks_give_the_numpy_result(drift_case, reference):
     store[:] = stack
     for lazy in (da.from_array(stack, chunks=(1, 50, 128)), store):
         got = register_stack(lazy, reference=reference, batch_size=2)
-        np.testing.assert_array_equal(got.shifts, expected.shifts)
-        np.testing.assert_array_equal(got.frame_similarity, expected.frame_similarity)
+        assert_same_run(got.shifts, expected.shifts, atol=1e-4)
+        assert_same_run(got.frame_similarity, expected.frame_similarity, atol=1e-5)
         assert isinstance(got.warped, da.Array) and got.warped.chunks[0] == (1,) * 6
-        np.testing.assert_array_equal(got.warped[3].compute(), expected.warped[3])
+        assert_same_run(got.warped[3].compute(), expected.warped[3], atol=1e-3 * np.ptp(stack))
 
 
 def test_lazy_rigid_stack_gives_the_numpy_result(drift_case):
@@ -124,7 +137,7 @@ def test_lazy_rigid_stack_gives_the_numpy_result(drift_case):
     kw = dict(model="rigid", metric="ncc", reference="mean", batch_size=2)
     expected = register_stack(stack, **kw)
     got = register_stack(da.from_array(stack, chunks=1), **kw)
-    np.testing.assert_array_equal(got.shifts, expected.shifts)
+    assert_same_run(got.shifts, expected.shifts, atol=1e-4)
 
 
 @pytest.mark.parametrize("chunks", [(1, 50, 128), (3, 128, 128)])
@@ -334,7 +347,7 @@ def test_translation_route_gives_the_same_pixel_shifts_on_a_grid(drift_case):
     plain = register_stack(stack)
     spacing, origin = (0.5, 0.25), (10.0, -3.0)
     placed = register_stack(stack, spacing=spacing, origin=origin)
-    np.testing.assert_array_equal(placed.shifts, plain.shifts)
+    assert_same_run(placed.shifts, plain.shifts, atol=1e-4)
     for t in placed.transforms:
         assert t.fixed_grid.spacing == spacing and t.moving_grid.origin == origin
         # Physical translation: the pixel shift times the pixel size (same grid both sides).
