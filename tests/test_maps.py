@@ -1,12 +1,13 @@
 """napari_simwarp.maps: tiled maps equal the whole-array operators at every chunking, lazy
 for dask input, frames never mixed as a volume, one plane on demand."""
 
-import dask.array as da
 import numpy as np
 import pytest
 import torch
 
-from napari_simwarp import maps, ops
+da = pytest.importorskip("dask.array")  # the [large] extra
+
+from napari_simwarp import maps, ops  # noqa: E402
 
 
 def _frames(x):

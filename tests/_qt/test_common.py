@@ -1,13 +1,15 @@
 """_qt/_common.py: result layers by name; the widgets' teardown at exit."""
 
-import dask.array as da
 import numpy as np
+import pytest
 
-from napari_simwarp import data
-from napari_simwarp._qt import RegisterWidget, _common
-from napari_simwarp._qt._common import put_layer
+da = pytest.importorskip("dask.array")  # the [large] extra
 
-from .conftest import dock
+from napari_simwarp import data  # noqa: E402
+from napari_simwarp._qt import RegisterWidget, _common  # noqa: E402
+from napari_simwarp._qt._common import put_layer  # noqa: E402
+
+from .conftest import dock  # noqa: E402
 
 
 def test_a_lazy_result_is_put_in_a_layer_without_being_computed(viewer):

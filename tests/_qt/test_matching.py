@@ -97,7 +97,7 @@ def _counted(array, chunks):
     thread id)``."""
     import threading
 
-    import dask.array as da
+    da = pytest.importorskip("dask.array")
 
     reads = []
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 
 from napari_simwarp import data
 from napari_simwarp._qt import RegisterWidget
@@ -135,7 +136,7 @@ def test_drift_live_display_warps_only_the_frame_on_screen_and_follows_it(
 def test_drift_of_a_lazy_stack_reads_it_only_in_the_worker(viewer, qtbot):
     import threading
 
-    import dask.array as da
+    da = pytest.importorskip("dask.array")
 
     stack, shifts = data.drifting_timelapse(frames=6, size=64)
     gui = threading.get_ident()
@@ -532,7 +533,7 @@ def _counted(array, chunks):
     """A dask array over ``array`` recording each chunk read ``(location, thread id)``."""
     import threading
 
-    import dask.array as da
+    da = pytest.importorskip("dask.array")
 
     reads = []
 

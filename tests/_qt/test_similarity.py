@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import threading
 
-import dask.array as da
 import numpy as np
 import pytest
 import torch
 from scipy import ndimage
 
-from napari_simwarp import ops
-from napari_simwarp._qt import SimilarityMapWidget
+da = pytest.importorskip("dask.array")  # the [large] extra
 
-from .conftest import dock
+from napari_simwarp import ops  # noqa: E402
+from napari_simwarp._qt import SimilarityMapWidget  # noqa: E402
+
+from .conftest import dock  # noqa: E402
 
 
 def _wait_idle(qtbot, widget, shown=1, timeout=30000):

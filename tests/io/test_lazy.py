@@ -1,12 +1,13 @@
 """io/lazy.py: recognizing NumPy, dask, zarr and multiscale data; refusals that name the
 argument."""
 
-import dask.array as da
 import numpy as np
 import pytest
-import zarr
 
-from napari_simwarp.io import lazy
+da = pytest.importorskip("dask.array")  # the [large] extra
+zarr = pytest.importorskip("zarr")
+
+from napari_simwarp.io import lazy  # noqa: E402
 
 
 def test_kinds_are_recognized():

@@ -6,13 +6,16 @@ import subprocess
 import sys
 import textwrap
 
-import dask.array as da
 import numpy as np
 import pytest
-from ngff_zarr import from_ngff_zarr, validate
 
-from napari_simwarp.io import ImageFileError
-from napari_simwarp.io.omezarr import check_store, read_ome_zarr, write_ome_zarr
+da = pytest.importorskip("dask.array")  # the [large] extra
+pytest.importorskip("ngff_zarr")
+
+from ngff_zarr import from_ngff_zarr, validate  # noqa: E402
+
+from napari_simwarp.io import ImageFileError  # noqa: E402
+from napari_simwarp.io.omezarr import check_store, read_ome_zarr, write_ome_zarr  # noqa: E402
 
 
 def test_pyramid_metadata_and_values(tmp_path, rng):

@@ -2,10 +2,11 @@
 keep CI light) gives the local results for a chunked apply, a lazy aligned stack and a
 tiled map."""
 
-import dask.array as da
 import numpy as np
 import pytest
 from scipy import ndimage
+
+da = pytest.importorskip("dask.array")  # the [large] extra
 
 distributed = pytest.importorskip("distributed")
 

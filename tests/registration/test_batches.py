@@ -5,9 +5,10 @@ frames are read on the workers from a Zarr store or a TIFF file by path."""
 
 from collections import Counter
 
-import dask.array as da
 import numpy as np
 import pytest
+
+da = pytest.importorskip("dask.array")  # the [large] extra
 
 distributed = pytest.importorskip("distributed")
 

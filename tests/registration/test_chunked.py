@@ -1,13 +1,14 @@
 """Transform.apply on dask and zarr arrays (registration/chunked.py): every chunking gives
 the in-memory result, chunk borders included; each chunk reads only its preimage box."""
 
-import dask.array as da
 import numpy as np
 import pytest
-import zarr
 from scipy import ndimage
 
-from napari_simwarp.registration.transforms import (
+da = pytest.importorskip("dask.array")  # the [large] extra
+zarr = pytest.importorskip("zarr")
+
+from napari_simwarp.registration.transforms import (  # noqa: E402
     AffineTransform,
     DisplacementTransform,
     VelocityTransform,

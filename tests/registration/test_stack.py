@@ -114,8 +114,8 @@ def test_deformable_stack_chained():
 
 @pytest.mark.parametrize("reference", ["first", "mean", "previous", 2])
 def test_lazy_stacks_give_the_numpy_result(drift_case, reference):
-    import dask.array as da
-    import zarr
+    da = pytest.importorskip("dask.array")
+    zarr = pytest.importorskip("zarr")
 
     stack = drift_case[0][:6].astype(np.float32)
     expected = register_stack(stack, reference=reference, batch_size=2)
@@ -131,7 +131,7 @@ def test_lazy_stacks_give_the_numpy_result(drift_case, reference):
 
 
 def test_lazy_rigid_stack_gives_the_numpy_result(drift_case):
-    import dask.array as da
+    da = pytest.importorskip("dask.array")
 
     stack = drift_case[0][:3].astype(np.float32)
     kw = dict(model="rigid", metric="ncc", reference="mean", batch_size=2)
@@ -145,7 +145,7 @@ def test_lazy_aligned_frames_are_scipy_warps(rng, chunks):
     """Each frame of the lazy aligned stack is its own transform applied by SciPy (linear,
     zeros outside), for matrices and displacement fields, whatever the input chunking
     (frames split into pieces, or several frames per chunk)."""
-    import dask.array as da
+    da = pytest.importorskip("dask.array")
     from scipy import ndimage
 
     from napari_simwarp.registration.stack import lazy_warped
@@ -180,7 +180,7 @@ def test_lazy_aligned_frames_are_scipy_warps(rng, chunks):
 
 
 def test_a_budget_too_small_for_one_frame_is_refused_before_reading(drift_case):
-    import dask.array as da
+    da = pytest.importorskip("dask.array")
 
     read = []
     frames = da.from_array(drift_case[0], chunks=(1, 128, 128)).map_blocks(

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import dask.array as da
 import numpy as np
 import pytest
 
-from napari_simwarp.widgets_logic.planes import Plane, default_mode, source
-from napari_simwarp.widgets_logic.similarity import SimilarityModel, SimilarityParams
+da = pytest.importorskip("dask.array")  # the [large] extra
+
+from napari_simwarp.widgets_logic.planes import Plane, default_mode, source  # noqa: E402
+from napari_simwarp.widgets_logic.similarity import SimilarityModel, SimilarityParams  # noqa: E402
 
 
 def test_default_mode_is_3d_only_for_volumes_shown_in_3d():

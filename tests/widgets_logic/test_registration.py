@@ -156,7 +156,7 @@ def test_stack_mode_registers_on_the_stack_layers_grid():
 
 
 def test_stack_mode_keeps_a_lazy_stack_lazy():
-    import dask.array as da
+    da = pytest.importorskip("dask.array")
 
     stack, _ = data.drifting_timelapse(frames=6, size=64)
     reads = []
@@ -204,7 +204,7 @@ def test_drift_display_warps_only_the_focused_frame_and_follows_it(lazy):
     stack, _ = data.drifting_timelapse(frames=8, size=64)
     moving = stack
     if lazy:
-        import dask.array as da
+        da = pytest.importorskip("dask.array")
 
         moving = da.from_array(stack, chunks=(1, 64, 64))
     settings = RunSettings(mode="stack", model="translation", iterations=30, min_interval=0.0)

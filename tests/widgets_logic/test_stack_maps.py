@@ -1,16 +1,19 @@
 """widgets_logic/stack_maps.py: whole-stack maps are lazy, equal the operator on every
 plane, and write to OME-Zarr; what cannot be mapped is named."""
 
-import dask.array as da
 import numpy as np
 import pytest
 import torch
-from ngff_zarr import from_ngff_zarr
 
-from napari_simwarp import ops
-from napari_simwarp.widgets_logic.planes import source
-from napari_simwarp.widgets_logic.similarity import SimilarityParams
-from napari_simwarp.widgets_logic.stack_maps import axes_of, stack_map, write_stack_map
+da = pytest.importorskip("dask.array")  # the [large] extra
+pytest.importorskip("ngff_zarr")
+
+from ngff_zarr import from_ngff_zarr  # noqa: E402
+
+from napari_simwarp import ops  # noqa: E402
+from napari_simwarp.widgets_logic.planes import source  # noqa: E402
+from napari_simwarp.widgets_logic.similarity import SimilarityParams  # noqa: E402
+from napari_simwarp.widgets_logic.stack_maps import axes_of, stack_map, write_stack_map  # noqa: E402
 
 
 def _frames(x):
