@@ -4,6 +4,8 @@ pure torch path and its peers.
     python benchmarks/bench_gpu.py            # on a GPU: measure, rewrite the GPU section of
                                               # docs/benchmarks.md (scripts/gpu_check.sh)
     python benchmarks/bench_gpu.py --smoke    # tiny sizes on any device: the code paths run
+    python benchmarks/bench_gpu.py --splice gpu-check/summary.md
+                                              # a GPU check's tables into docs/benchmarks.md
     python benchmarks/run.py gpu              # within the whole benchmark run
 
 Per kernel (one torch.ops.simwarp call): the bytes its passes read and write
@@ -378,17 +380,29 @@ def run(report: Report, smoke: bool = False) -> None:
     report.note(SECTION, op_table(device, bandwidth, smoke))
 
 
-def splice(markdown: str, path: pathlib.Path = DOCS) -> None:
-    """Replace the GPU section of ``path`` (from its heading to the next ``## ``) with
-    ``markdown``, leaving every other section as it was."""
+def splice(markdown: str, path: pathlib.Path = DOCS) -> list[str]:
+    """Put every ``## `` section of ``markdown`` into ``path``: a section whose heading
+    (up to a colon) is there replaces it, to the next ``## ``; a new one is appended. Every
+    other section stays as it was. Returns the headings spliced."""
     text = path.read_text().splitlines()
-    start = next(
-        i for i, line in enumerate(text) if line.startswith("## Compiled kernels on the GPU")
-    )
-    end = next((i for i in range(start + 1, len(text)) if text[i].startswith("## ")), len(text))
-    path.write_text(
-        "\n".join([*text[:start], *markdown.rstrip("\n").splitlines(), "", *text[end:]]) + "\n"
-    )
+    sections, current = [], None
+    for line in markdown.rstrip("\n").splitlines():
+        if line.startswith("## "):
+            current = [line]
+            sections.append(current)
+        elif current is not None:
+            current.append(line)
+    for section in sections:
+        key = section[0].split(":")[0]
+        start = next((i for i, line in enumerate(text) if line.split(":")[0] == key), None)
+        if start is None:
+            text += ["", *section]
+            continue
+        end = next((i for i in range(start + 1, len(text)) if text[i].startswith("## ")), len(text))
+        body = section[:-1] if section[-1] == "" else section
+        text = [*text[:start], *body, "", *text[end:]]
+    path.write_text("\n".join(text).rstrip("\n") + "\n")
+    return [section[0] for section in sections]
 
 
 def main(argv=None) -> int:
@@ -397,12 +411,26 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, any device, no docs")
     parser.add_argument("--out", default=str(DOCS), help="the benchmarks page to update")
+    parser.add_argument(
+        "--markdown", help="write the section here instead of updating the benchmarks page"
+    )
+    parser.add_argument(
+        "--splice",
+        metavar="SUMMARY",
+        help="measure nothing: put the sections of a GPU check's summary.md into --out",
+    )
     args = parser.parse_args(argv)
+    if args.splice:
+        for heading in splice(pathlib.Path(args.splice).read_text(), pathlib.Path(args.out)):
+            print(f"{args.out}: {heading}")
+        return 0
     report = Report()
     run(report, smoke=args.smoke)
     markdown = report.markdown(SECTION)
     print(markdown)
-    if not args.smoke:
+    if args.markdown:
+        pathlib.Path(args.markdown).write_text(markdown)
+    elif not args.smoke:
         splice(markdown, pathlib.Path(args.out))
         print(f"updated {args.out}")
     return 0

@@ -39,13 +39,72 @@ def test_gpu_check_refuses_clearly_without_a_gpu(tmp_path):
         env={
             "PYTHON": sys.executable,
             "PATH": "/usr/bin:/bin",
-            "SIMWARP_GPU_CHECK_LOGS": str(tmp_path),
+            "SIMWARP_GPU_CHECK_OUT": str(tmp_path / "out"),
         },
     )
     assert result.returncode == 2
     assert "gpu_check: no usable CUDA GPU here" in result.stderr
     assert "pytest tests/csrc/test_host_shim.py" in result.stderr
     assert list(tmp_path.iterdir()) == []  # nothing run, nothing written
+
+
+def _gpu_check_steps() -> list[tuple[str, int, int, str]]:
+    """``(name, limit, reserve, log)`` of every ``step`` call in gpu_check.sh."""
+    steps = []
+    for line in (ROOT / "scripts" / "gpu_check.sh").read_text().splitlines():
+        words = line.split()
+        if len(words) > 5 and words[0] == "step" and words[1] != "NAME":
+            steps.append((words[1], int(words[2]), int(words[3]), words[4]))
+    return steps
+
+
+def test_gpu_check_fits_the_gpu_machines_box():
+    # The GPU machines are lent 15 minutes, their start included, and send back at most 8
+    # files from one folder: the check must end within 8 minutes on its own and write a
+    # summary and at most 7 logs.
+    text = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    budget = int(text.split("SIMWARP_GPU_CHECK_BUDGET:-")[1].split("}")[0])
+    assert budget <= 480
+    steps = _gpu_check_steps()
+    assert [s[0] for s in steps] == [
+        "build", "self_check", "refusals", "parity", "bench", "register", "suite"
+    ]  # fmt: skip
+    logs = {s[3] for s in steps} | {"memcheck", "summary"}
+    assert len(logs) <= 8
+    # Each step keeps time for the ones after it: its reserve falls step by step, so a
+    # slow step shortens the later ones' boxes instead of running past the deadline.
+    reserves = [s[2] for s in steps]
+    assert reserves == sorted(reserves, reverse=True) and reserves[-1] < 30
+
+
+def test_splice_replaces_the_checks_sections_and_keeps_the_rest(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_gpu
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    page = tmp_path / "benchmarks.md"
+    page.write_text(
+        "# Benchmarks\n\n## CPU things\n\nkeep me\n\n"
+        "## Compiled kernels on the GPU (against the bytes they move)\n\nnot yet measured\n\n"
+        "## Later\n\nkeep me too\n"
+    )
+    summary = (
+        "## GPU check: 2026-11-27, NVIDIA H200\n\n| step | result |\n\n"
+        "## Compiled kernels on the GPU (against the bytes they move)\n\nmeasured\n"
+    )
+    spliced = bench_gpu.splice(summary, page)
+    assert spliced == [
+        "## GPU check: 2026-11-27, NVIDIA H200",
+        "## Compiled kernels on the GPU (against the bytes they move)",
+    ]
+    text = page.read_text()
+    assert "not yet measured" not in text and "measured" in text
+    assert text.count("keep me") == 2 and text.index("## Later") < text.index("## GPU check")
+    # A later check replaces the earlier one's section (same heading up to the colon).
+    bench_gpu.splice("## GPU check: 2026-11-28, NVIDIA H100\n\nnewer\n", page)
+    text = page.read_text()
+    assert "H200" not in text and "newer" in text and text.count("## GPU check") == 1
 
 
 def test_ci_cuda_build_skips_when_no_cuda_torch_installs(tmp_path):
