@@ -11,10 +11,11 @@ napari-simwarp info                which backend runs each op, and why
 napari-simwarp register FIXED MOVING -o OUT
                                    register two image files (TIFF, PNG, NPY), write the
                                    warped image and the transform
-napari-simwarp register-stack STACK -o OUT.zarr
-                                   drift-correct a stack (TIFF, Zarr, OME-Zarr; larger
-                                   than memory too) into an OME-Zarr store, with the
-                                   per-frame transforms beside it
+napari-simwarp register-stack STACK -o OUT
+                                   drift-correct a stack (TIFF, NPY, Zarr, OME-Zarr) into
+                                   a TIFF, a .npy file or an OME-Zarr store (.zarr), with
+                                   the per-frame transforms beside it; Zarr and OME-Zarr
+                                   (and stacks larger than memory) need the large extra
 """
 
 from __future__ import annotations
@@ -151,11 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """Run the command; returns its exit status (2 for a problem the user can fix)."""
+    from ._extras import MissingExtraError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, TypeError, OSError, MemoryError) as exc:
+    except (ValueError, TypeError, OSError, MemoryError, MissingExtraError) as exc:
         # Input problems are the user's to fix: one clear line, no traceback.
         print(f"napari-simwarp {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
