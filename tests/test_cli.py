@@ -28,6 +28,16 @@ def test_no_display_falls_back_to_headless(monkeypatch, capsys):
     assert calls == [("headless", "out/demo")] and "no display" in capsys.readouterr().err
 
 
+def test_out_without_a_display_says_only_that_it_runs_headless(monkeypatch, capsys):
+    calls = _record(monkeypatch)
+    monkeypatch.setattr(_cli, "_has_display", lambda: False)
+    assert _cli.main(["demo", "--out", "out/demo1"]) == 0
+    assert calls == [("headless", "out/demo1")]
+    assert (
+        capsys.readouterr().err == "napari-simwarp demo: no display; running --headless instead\n"
+    )
+
+
 def test_display_opens_the_viewer(monkeypatch):
     import pytest
 
@@ -71,3 +81,25 @@ def test_python_dash_m_runs_the_command():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: napari-simwarp register")
+
+
+def test_importing_the_main_module_runs_nothing():
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", "import napari_simwarp.__main__ as m; print(m.main.__name__)"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "main\n" and result.stderr == ""
+
+
+def test_every_subcommand_has_a_description():
+    parser = _cli.build_parser()
+    for name, sub in parser._subparsers._group_actions[0].choices.items():
+        assert sub.description and len(sub.description) > 60, name
+    info = " ".join(parser._subparsers._group_actions[0].choices["info"].format_help().split())
+    assert "which backend (compiled kernels or pure torch) runs each op" in info

@@ -63,26 +63,24 @@ def _run_demo(args) -> int:
     from ._demo import run_headless_demo
 
     if not args.headless:
-        if args.out is not None:
+        if not _has_display():
+            print("napari-simwarp demo: no display; running --headless instead", file=sys.stderr)
+        elif _napari_missing():  # without importing napari: only _qt/ imports it
             print(
-                "napari-simwarp demo: --out is used with --headless; opening the viewer",
+                "napari-simwarp demo: napari is not installed (pip install "
+                "'napari-simwarp[all]'); running --headless instead",
                 file=sys.stderr,
             )
-        if _has_display():
-            # Whether napari is installed, without importing it: only _qt/ imports napari.
-            if _napari_missing():
+        else:
+            if args.out is not None:  # said only where the viewer does open
                 print(
-                    "napari-simwarp demo: napari is not installed (pip install "
-                    "'napari-simwarp[all]'); running --headless instead",
+                    "napari-simwarp demo: --out is used with --headless; opening the viewer",
                     file=sys.stderr,
                 )
-            else:
-                from ._qt._demo import run_gui_demo
+            from ._qt._demo import run_gui_demo
 
-                run_gui_demo(device=args.device)
-                return 0
-        else:
-            print("napari-simwarp demo: no display; running --headless instead", file=sys.stderr)
+            run_gui_demo(device=args.device)
+            return 0
     summary = run_headless_demo(args.out or "out/demo", device=args.device)
     for key, value in summary.items():
         print(f"{key}: {value}")
@@ -110,7 +108,14 @@ def _run_build_kernels(args) -> int:
 
 
 def _add_info(subparsers) -> None:
-    p = subparsers.add_parser("info", help="which backend runs each op, and why")
+    p = subparsers.add_parser(
+        "info",
+        help="which backend runs each op, and why",
+        description="Say which GPU and torch build this environment has, whether the "
+        "compiled kernels are built (and for which devices), and which backend (compiled "
+        "kernels or pure torch) runs each op on each device, and why. Builds the CPU "
+        "kernels first if they are not in the cache yet (SIMWARP_BACKEND=torch skips that).",
+    )
     p.set_defaults(func=_run_info)
 
 
