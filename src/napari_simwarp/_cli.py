@@ -119,10 +119,48 @@ def _add_info(subparsers) -> None:
     p.set_defaults(func=_run_info)
 
 
+def machine_lines(info: dict) -> list[str]:
+    """``info``'s first lines: torch (version, CUDA), the GPUs, and which kernels run
+    (``info``: :func:`napari_simwarp.backend_info`'s answer)."""
+    import torch
+
+    cuda = torch.version.cuda
+    lines = [f"torch: {torch.__version__} ({f'CUDA {cuda}' if cuda else 'no CUDA: a CPU build'})"]
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            major, minor = torch.cuda.get_device_capability(i)
+            lines.append(
+                f"GPU cuda:{i}: {torch.cuda.get_device_name(i)} (compute capability "
+                f"{major}.{minor})"
+            )
+    else:
+        why = "torch is a CPU build" if cuda is None else "torch finds no CUDA device"
+        lines.append(f"GPU: none ({why})")
+    build = info["build"]
+    if info["requested"] == "torch":
+        lines.append("kernels: none (SIMWARP_BACKEND=torch: the pure torch operators run)")
+    elif not build["loaded"]:
+        lines.append(f"kernels: none (the pure torch operators run): {build['error']}")
+    else:
+        lines.append("kernels: compiled CPU kernels")
+        if build["cuda_kernels"]:
+            compiled = [op for op, per in info["ops"].items() if per["cpu"][0] == "compiled"]
+            on_gpu = [op for op in compiled if info["ops"][op]["cuda"][0] == "compiled"]
+            lines.append(
+                f"kernels: compiled CUDA kernels, {len(on_gpu)} of {len(compiled)} ops on "
+                "the GPU (each after its self-check there; the table below says why)"
+            )
+        else:
+            lines.append(f"kernels: no CUDA kernels ({build['cuda_error'] or 'not built'})")
+    return lines
+
+
 def _run_info(args) -> int:
     from .backend import backend_info
 
     info = backend_info()
+    for line in machine_lines(info):
+        print(line)
     print(f"requested backend: {info['requested']}")
     for key, value in info["build"].items():
         print(f"build {key}: {value}")
