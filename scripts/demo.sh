@@ -8,7 +8,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$#" -gt 0 ]; then
-    bash scripts/setup.sh all
+    # --headless needs no viewer: the base install (no napari, no Qt) runs it
+    case " $* " in
+        *" --headless "*) bash scripts/setup.sh ;;
+        *) bash scripts/setup.sh all ;;
+    esac
     exec .venv/bin/napari-simwarp demo "$@"
 fi
 if [ -n "${DISPLAY:-}" ] || [ -n "${WAYLAND_DISPLAY:-}" ] || [ "$(uname)" = Darwin ]; then

@@ -28,6 +28,16 @@ def test_no_display_falls_back_to_headless(monkeypatch, capsys):
     assert calls == [("headless", "out/demo")] and "no display" in capsys.readouterr().err
 
 
+def test_out_without_a_display_says_only_that_it_runs_headless(monkeypatch, capsys):
+    calls = _record(monkeypatch)
+    monkeypatch.setattr(_cli, "_has_display", lambda: False)
+    assert _cli.main(["demo", "--out", "out/demo1"]) == 0
+    assert calls == [("headless", "out/demo1")]
+    assert (
+        capsys.readouterr().err == "napari-simwarp demo: no display; running --headless instead\n"
+    )
+
+
 def test_display_opens_the_viewer(monkeypatch):
     import pytest
 
@@ -71,3 +81,70 @@ def test_python_dash_m_runs_the_command():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: napari-simwarp register")
+
+
+def test_importing_the_main_module_runs_nothing():
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", "import napari_simwarp.__main__ as m; print(m.main.__name__)"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "main\n" and result.stderr == ""
+
+
+def test_every_subcommand_has_a_description():
+    parser = _cli.build_parser()
+    for name, sub in parser._subparsers._group_actions[0].choices.items():
+        assert sub.description and len(sub.description) > 60, name
+    info = " ".join(parser._subparsers._group_actions[0].choices["info"].format_help().split())
+    assert "which backend (compiled kernels or pure torch) runs each op" in info
+
+
+def _info(loaded=True, cuda_kernels=False, cuda_error="torch has no usable CUDA", ops=None):
+    build = {"loaded": loaded, "error": "no C++ compiler found", "cuda_kernels": cuda_kernels}
+    return {"requested": "auto", "build": {**build, "cuda_error": cuda_error}, "ops": ops or {}}
+
+
+def test_info_says_which_torch_gpu_and_kernels_without_a_gpu(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    lines = _cli.machine_lines(_info())
+    assert lines == [
+        f"torch: {torch.__version__} (no CUDA: a CPU build)",
+        "GPU: none (torch is a CPU build)",
+        "kernels: compiled CPU kernels",
+        "kernels: no CUDA kernels (torch has no usable CUDA)",
+    ]
+    assert _cli.machine_lines(_info(loaded=False))[2:] == [
+        "kernels: none (the pure torch operators run): no C++ compiler found"
+    ]
+
+
+def test_info_names_the_gpu_and_how_many_ops_run_its_kernels(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (9, 0))
+    ops = {
+        "local_std": {"cpu": ("compiled", ""), "cuda": ("compiled", "")},
+        "ssim": {"cpu": ("compiled", ""), "cuda": ("torch", "self-check failed")},
+        "warp": {"cpu": ("torch", ""), "cuda": ("torch", "")},
+    }
+    lines = _cli.machine_lines(_info(cuda_kernels=True, cuda_error=None, ops=ops))
+    assert lines[:2] == [
+        f"torch: {torch.__version__} (CUDA 12.8)",
+        "GPU cuda:0: NVIDIA H100 80GB HBM3 (compute capability 9.0)",
+    ]
+    assert lines[3].startswith("kernels: compiled CUDA kernels, 1 of 2 ops on the GPU")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _cli.machine_lines(_info())[1] == "GPU: none (torch finds no CUDA device)"

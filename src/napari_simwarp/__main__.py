@@ -3,4 +3,5 @@ scripts folder is not on the PATH."""
 
 from ._cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # importing this module (tools, docs) runs nothing
+    raise SystemExit(main())

@@ -11,10 +11,11 @@ napari-simwarp info                which backend runs each op, and why
 napari-simwarp register FIXED MOVING -o OUT
                                    register two image files (TIFF, PNG, NPY), write the
                                    warped image and the transform
-napari-simwarp register-stack STACK -o OUT.zarr
-                                   drift-correct a stack (TIFF, Zarr, OME-Zarr; larger
-                                   than memory too) into an OME-Zarr store, with the
-                                   per-frame transforms beside it
+napari-simwarp register-stack STACK -o OUT
+                                   drift-correct a stack (TIFF, NPY, Zarr, OME-Zarr) into
+                                   a TIFF, a .npy file or an OME-Zarr store (.zarr), with
+                                   the per-frame transforms beside it; Zarr and OME-Zarr
+                                   (and stacks larger than memory) need the large extra
 """
 
 from __future__ import annotations
@@ -62,26 +63,24 @@ def _run_demo(args) -> int:
     from ._demo import run_headless_demo
 
     if not args.headless:
-        if args.out is not None:
+        if not _has_display():
+            print("napari-simwarp demo: no display; running --headless instead", file=sys.stderr)
+        elif _napari_missing():  # without importing napari: only _qt/ imports it
             print(
-                "napari-simwarp demo: --out is used with --headless; opening the viewer",
+                "napari-simwarp demo: napari is not installed (pip install "
+                "'napari-simwarp[all]'); running --headless instead",
                 file=sys.stderr,
             )
-        if _has_display():
-            # Whether napari is installed, without importing it: only _qt/ imports napari.
-            if _napari_missing():
+        else:
+            if args.out is not None:  # said only where the viewer does open
                 print(
-                    "napari-simwarp demo: napari is not installed (pip install "
-                    "'napari-simwarp[all]'); running --headless instead",
+                    "napari-simwarp demo: --out is used with --headless; opening the viewer",
                     file=sys.stderr,
                 )
-            else:
-                from ._qt._demo import run_gui_demo
+            from ._qt._demo import run_gui_demo
 
-                run_gui_demo(device=args.device)
-                return 0
-        else:
-            print("napari-simwarp demo: no display; running --headless instead", file=sys.stderr)
+            run_gui_demo(device=args.device)
+            return 0
     summary = run_headless_demo(args.out or "out/demo", device=args.device)
     for key, value in summary.items():
         print(f"{key}: {value}")
@@ -109,14 +108,59 @@ def _run_build_kernels(args) -> int:
 
 
 def _add_info(subparsers) -> None:
-    p = subparsers.add_parser("info", help="which backend runs each op, and why")
+    p = subparsers.add_parser(
+        "info",
+        help="which backend runs each op, and why",
+        description="Say which GPU and torch build this environment has, whether the "
+        "compiled kernels are built (and for which devices), and which backend (compiled "
+        "kernels or pure torch) runs each op on each device, and why. Builds the CPU "
+        "kernels first if they are not in the cache yet (SIMWARP_BACKEND=torch skips that).",
+    )
     p.set_defaults(func=_run_info)
+
+
+def machine_lines(info: dict) -> list[str]:
+    """``info``'s first lines: torch (version, CUDA), the GPUs, and which kernels run
+    (``info``: :func:`napari_simwarp.backend_info`'s answer)."""
+    import torch
+
+    cuda = torch.version.cuda
+    lines = [f"torch: {torch.__version__} ({f'CUDA {cuda}' if cuda else 'no CUDA: a CPU build'})"]
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            major, minor = torch.cuda.get_device_capability(i)
+            lines.append(
+                f"GPU cuda:{i}: {torch.cuda.get_device_name(i)} (compute capability "
+                f"{major}.{minor})"
+            )
+    else:
+        why = "torch is a CPU build" if cuda is None else "torch finds no CUDA device"
+        lines.append(f"GPU: none ({why})")
+    build = info["build"]
+    if info["requested"] == "torch":
+        lines.append("kernels: none (SIMWARP_BACKEND=torch: the pure torch operators run)")
+    elif not build["loaded"]:
+        lines.append(f"kernels: none (the pure torch operators run): {build['error']}")
+    else:
+        lines.append("kernels: compiled CPU kernels")
+        if build["cuda_kernels"]:
+            compiled = [op for op, per in info["ops"].items() if per["cpu"][0] == "compiled"]
+            on_gpu = [op for op in compiled if info["ops"][op]["cuda"][0] == "compiled"]
+            lines.append(
+                f"kernels: compiled CUDA kernels, {len(on_gpu)} of {len(compiled)} ops on "
+                "the GPU (each after its self-check there; the table below says why)"
+            )
+        else:
+            lines.append(f"kernels: no CUDA kernels ({build['cuda_error'] or 'not built'})")
+    return lines
 
 
 def _run_info(args) -> int:
     from .backend import backend_info
 
     info = backend_info()
+    for line in machine_lines(info):
+        print(line)
     print(f"requested backend: {info['requested']}")
     for key, value in info["build"].items():
         print(f"build {key}: {value}")
@@ -151,11 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """Run the command; returns its exit status (2 for a problem the user can fix)."""
+    from ._extras import MissingExtraError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, TypeError, OSError, MemoryError) as exc:
+    except (ValueError, TypeError, OSError, MemoryError, MissingExtraError) as exc:
         # Input problems are the user's to fix: one clear line, no traceback.
         print(f"napari-simwarp {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2

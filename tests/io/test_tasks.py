@@ -57,3 +57,30 @@ def test_device_slot_caps_gpu_tasks_only(monkeypatch):
         t.start()
         t.join(0.2)
         assert not held.is_set()  # a second task waits for the GPU
+
+
+def test_register_stack_of_numpy_imports_distributed_only_where_it_is_imported():
+    # Asking for a client by importing distributed costs about 0.6 s: a process that has
+    # not imported it has no client, and register_stack of a NumPy stack leaves it be (a
+    # dask stack's compute imports it anyway: dask's own get_scheduler asks the same).
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from napari_simwarp import data\n"
+        "from napari_simwarp.registration import register_stack\n"
+        "stack, _ = data.drifting_timelapse(frames=3, size=32)\n"
+        "register_stack(stack)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'distributed'))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "SIMWARP_BACKEND": "torch"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"

@@ -171,12 +171,20 @@ def _tilted_stack(rng):
     return np.stack([first, second]).astype(np.float32), spacing, np.linalg.inv(pixels)
 
 
+def _needs_the_large_extra():
+    """OME-Zarr outputs (and inputs) need zarr, dask and ngff-zarr: skipped in a base
+    install (tests/registration/test_cli_base_install.py covers it)."""
+    for name in ("zarr", "dask.array", "ngff_zarr"):
+        pytest.importorskip(name)
+
+
 def _stack_argv(src, out, *extra):
     return ["register-stack", str(src), "-o", str(out), "--model", "rigid", "--metric", "ncc",
             "--quiet", *extra]  # fmt: skip
 
 
 def test_cli_register_stack_spacing_flag(tmp_path, rng, capsys):
+    _needs_the_large_extra()
     stack, spacing, truth = _tilted_stack(rng)
     tifffile.imwrite(tmp_path / "s.tif", stack)
     out = tmp_path / "o.zarr"
@@ -195,6 +203,7 @@ def test_cli_register_stack_spacing_flag(tmp_path, rng, capsys):
 
 
 def test_cli_register_stack_reads_the_ome_zarr_pixel_size(tmp_path, rng, capsys):
+    _needs_the_large_extra()
     from napari_simwarp.io.omezarr import read_ome_zarr, write_ome_zarr
 
     stack, spacing, truth = _tilted_stack(rng)
@@ -222,6 +231,7 @@ def test_cli_register_stack_reads_the_ome_zarr_pixel_size(tmp_path, rng, capsys)
 
 
 def test_cli_register_stack_reads_a_npy_stack_frame_by_frame(tmp_path, capsys):
+    _needs_the_large_extra()
     from napari_simwarp import data
     from napari_simwarp.io.omezarr import read_ome_zarr
 

@@ -23,6 +23,11 @@ import time
 
 import numpy as np
 
+from .._extras import install_line, require
+
+#: the extra that brings register-stack's optional packages (zarr, dask, ngff-zarr, distributed)
+STACK_EXTRA = "large"
+
 #: ``--dtype`` choices besides "same" (the moving file's dtype)
 OUTPUT_DTYPES = ("float32", "float64", "uint8", "uint16", "int16", "int32")
 
@@ -289,23 +294,46 @@ def stack_transforms_path(out) -> pathlib.Path:
     return out.with_name(out.name + ".transforms")
 
 
+#: ``register-stack --help``: which inputs and outputs need which optional packages
+STACK_EXTRAS_HELP = (
+    "Optional packages: a .tif/.tiff or .npy stack in and a .tif/.tiff or .npy file out "
+    "need none (the input is memory-mapped, or read whole when compressed; the aligned "
+    "stack is held in memory). A Zarr or OME-Zarr input, an OME-Zarr output (.zarr) and "
+    "--scheduler need zarr, dask and ngff-zarr (and distributed): "
+    f"{install_line(STACK_EXTRA)}. With them installed, TIFF and .npy inputs are read "
+    "frame by frame too and the aligned stack is computed lazily, so a stack may be "
+    "larger than memory."
+)
+
+
 def add_stack_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``register-stack`` subcommand to an argparse ``subparsers`` object."""
     from ._names import METRICS, MODELS
 
     p = subparsers.add_parser(
         "register-stack",
-        help="drift-correct a stack (TIFF, Zarr, OME-Zarr) into an OME-Zarr store",
+        help="drift-correct a stack (TIFF, NPY, Zarr, OME-Zarr) into an OME-Zarr store, "
+        "a TIFF or a .npy file",
         description="Align every frame of a (T, Y, X) or (T, Z, Y, X) stack to a reference "
-        "and write the aligned stack to OUT (an OME-Zarr store: multiscale, chunked, "
-        "compressed, with the input's pixel sizes) and the per-frame transforms beside it, "
-        "in OUT.transforms/. The stack is read and written frame by frame: it may be "
-        "larger than memory. An interrupted run rerun with the same arguments resumes the "
-        "write. Inputs are never written over; existing outputs are replaced only with "
-        "--overwrite.",
+        "and write the aligned stack to OUT and the per-frame transforms beside it, in "
+        "OUT.transforms/. OUT is an OME-Zarr store (a folder, .zarr: multiscale, chunked, "
+        "compressed, with the input's pixel sizes; an interrupted run rerun with the same "
+        "arguments resumes the write), or a .tif/.tiff or .npy file (written frame by frame). "
+        "Inputs are never written over; existing outputs are replaced only with --overwrite.",
+        epilog=STACK_EXTRAS_HELP,
     )
-    p.add_argument("input", help="stack: .tif/.tiff, a Zarr array or an OME-Zarr image (.zarr)")
-    p.add_argument("-o", "--out", required=True, help="output OME-Zarr store (a folder, .zarr)")
+    p.add_argument(
+        "input",
+        help="stack: .tif/.tiff, .npy, a Zarr array or an OME-Zarr image (.zarr, needs the "
+        "large extra)",
+    )
+    p.add_argument(
+        "-o",
+        "--out",
+        required=True,
+        help="output: an OME-Zarr store (.zarr, a folder; needs the large extra), or a "
+        ".tif, .tiff or .npy file",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace OUT and its transforms")
     p.add_argument("--reference", default="first", help="first, previous, mean or a frame index")
     p.add_argument("--model", default="translation", choices=MODELS)
@@ -340,7 +368,11 @@ def add_stack_parser(subparsers) -> argparse.ArgumentParser:
         choices=("same", *OUTPUT_DTYPES),
         help="dtype of OUT (default: the input's; integers are rounded and clipped)",
     )
-    p.add_argument("--scheduler", default=None, help="dask.distributed scheduler address")
+    p.add_argument(
+        "--scheduler",
+        default=None,
+        help="dask.distributed scheduler address (needs the large extra)",
+    )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.set_defaults(func=run_stack)
@@ -386,43 +418,99 @@ def _frames_by_path(path, opener):
     return da.from_array(array, chunks=(1, *array.shape[1:]))
 
 
-def open_stack(path):
-    """``(data, axes, pixel_size, origin)``: a stack file opened lazily (nothing read yet);
-    the spatial pixel size and origin are None unless the file is an OME-Zarr image.
+#: optional modules behind a stack read frame by frame, and behind OME-Zarr stores
+LAZY_MODULES = ["zarr", "dask.array"]
+OME_ZARR_MODULES = ["zarr", "dask.array", "ngff_zarr"]
 
-    TIFF (through tifffile's Zarr view), NumPy ``.npy`` (memory-mapped), a Zarr array, or
-    an OME-Zarr image (level 0).
+
+def _is_zarr_path(path: pathlib.Path) -> bool:
+    """Whether ``path`` names a Zarr array or group (by its suffix or its metadata files)."""
+    return path.suffix.lower() == ".zarr" or (
+        path.is_dir() and any((path / n).exists() for n in (".zgroup", "zarr.json", ".zarray"))
+    )
+
+
+def check_stack_output_type(out) -> None:
+    """``-o``: an OME-Zarr store (``.zarr`` or a folder name with no suffix), or a
+    ``.tif``, ``.tiff`` or ``.npy`` file; anything else is refused before any work."""
+    from ..io import ImageFileError
+    from ..io.stack_files import FILE_SUFFIXES
+
+    suffix = pathlib.Path(out).suffix.lower()
+    if suffix not in (*FILE_SUFFIXES, ".zarr", ""):
+        raise ImageFileError(
+            f"-o: {str(out)!r} has an unsupported output type {suffix!r}; use .zarr (an "
+            f"OME-Zarr store) or one of {', '.join(FILE_SUFFIXES)}"
+        )
+
+
+def stack_needs(args) -> dict[str, list[str]]:
+    """The optional modules ``register-stack`` will import for ``args``, by what they are
+    for (``{purpose: modules}``, for :func:`napari_simwarp._extras.require`); empty for a
+    TIFF or ``.npy`` stack in and a TIFF or ``.npy`` file out."""
+    from ..io.stack_files import is_stack_file
+
+    needs = {}
+    if _is_zarr_path(pathlib.Path(args.input)):
+        needs[f"reading a Zarr or OME-Zarr input ({args.input})"] = OME_ZARR_MODULES
+    if not is_stack_file(args.out):
+        needs[f"writing an OME-Zarr store (-o {args.out})"] = OME_ZARR_MODULES
+    if args.scheduler:
+        needs["running on a dask.distributed cluster (--scheduler)"] = [
+            "distributed",
+            *LAZY_MODULES,
+        ]
+    return needs
+
+
+def open_stack(path, *, lazy=None, memory_budget=None):
+    """``(data, axes, pixel_size, origin)``: a stack file opened (nothing read yet but
+    for a compressed TIFF in memory); the spatial pixel size and origin are None unless
+    the file is an OME-Zarr image.
+
+    TIFF, NumPy ``.npy``, a Zarr array, or an OME-Zarr image (level 0). With ``lazy``
+    (default: when zarr and dask import), TIFF and ``.npy`` files are read frame by
+    frame as a dask array (TIFF through tifffile's Zarr view); without, as NumPy (a
+    memory map, or a compressed TIFF read whole after a check against
+    ``memory_budget``): the base install's way, which needs neither.
     Raises an ImageFileError naming the input for anything else.
     """
+    from .._extras import missing
     from ..io import ImageFileError
     from ..io.images import load_npy
     from ..io.omezarr import read_ome_zarr
+    from ..io.stack_files import open_tiff_in_memory
 
     path = pathlib.Path(path)
     where = f"input: {str(path)!r}"
     if not path.exists():
         raise ImageFileError(f"{where} does not exist")
+    if lazy is None:
+        lazy = not missing(LAZY_MODULES)
     try:
-        import zarr
-
         if path.suffix.lower() in (".tif", ".tiff"):
-            data, pixel_size = _frames_by_path(path, _open_tiff), None
-        elif path.is_dir() and any(
-            (path / n).exists() for n in (".zgroup", "zarr.json", ".zarray")
-        ):
+            if lazy:
+                data, pixel_size = _frames_by_path(path, _open_tiff), None
+            else:
+                data = open_tiff_in_memory(path, where=where, memory_budget=memory_budget)
+                pixel_size = None
+        elif _is_zarr_path(path) and path.is_dir():
+            import zarr
+
             node = zarr.open(str(path), mode="r")
             if hasattr(node, "shape"):
                 data, pixel_size = node, None
             else:
                 return tuple(read_ome_zarr(path))
         elif path.suffix.lower() == ".npy":
-            load_npy(path, mmap_mode="r")  # checked here (a clear error), read by path
-            data, pixel_size = _frames_by_path(path, _open_npy), None
+            array = load_npy(path, mmap_mode="r")  # checked here (a clear error)
+            data = _frames_by_path(path, _open_npy) if lazy else array  # lazy: read by path
+            pixel_size = None
         else:
             raise ImageFileError(
                 f"{where} is not a TIFF file, a NumPy .npy file, a Zarr array or an OME-Zarr image"
             )
-    except ImageFileError:
+    except (ImageFileError, MemoryError):
         raise
     except Exception as exc:
         reason = " ".join(str(exc).split())[:160]
@@ -469,20 +557,24 @@ def _stack_progress(stream=sys.stderr, every: float = 5.0):
 def run_stack(args) -> int:
     """Run ``register-stack`` from parsed ``args``; returns the exit status.
 
-    Every check (input readable, output store writable and not an input, options) is
-    made before the registration starts.
+    Every check (optional packages installed, input readable, output writable and not
+    an input, options) is made before the registration starts.
     """
     import json
 
     from ..io import budget as _budget
-    from ..io import check_target
+    from ..io import check_target, lazy
     from ..io.omezarr import check_store, write_key, write_ome_zarr
+    from ..io.stack_files import check_stack_output, is_stack_file, write_stack
     from ._names import default_metric
     from .grid import Grid
     from .stack import lazy_warped, register_stack
     from .transforms import load_transform
 
-    data, axes, pixel_size, stored_origin = open_stack(args.input)
+    check_stack_output_type(args.out)
+    require(stack_needs(args))  # every optional package, before anything is read
+    to_file = is_stack_file(args.out)
+    data, axes, pixel_size, stored_origin = open_stack(args.input, memory_budget=args.memory_budget)
     # The pixel size and origin: --spacing and --origin, else the OME-Zarr input's own
     # (None for TIFF and Zarr). The aligned frames lie on the reference's grid, so the
     # output store carries the same.
@@ -522,7 +614,11 @@ def run_stack(args) -> int:
         json.dumps(options),
         list(grid.origin),
     )
-    state = check_store(out, key=key, inputs=inputs, overwrite=args.overwrite)
+    if to_file:
+        check_stack_output(out, what="-o", inputs=inputs, overwrite=args.overwrite)
+        state = "new"
+    else:
+        state = check_store(out, key=key, inputs=inputs, overwrite=args.overwrite)
     folder = stack_transforms_path(out)
     complete = folder / "complete"
     resume = state == "resume" and complete.exists()
@@ -577,20 +673,31 @@ def run_stack(args) -> int:
             for t, transform in enumerate(transforms):
                 transform.save(folder / f"frame_{t:05d}.transform.npz")
             complete.write_text(f"{len(transforms)}\n")
-        write_ome_zarr(
-            out,
-            warped,
-            axes=axes,
-            pixel_size=pixel_size,
-            origin=grid.origin,
-            chunks=block,
-            dtype=dtype,
-            overwrite=args.overwrite and not resume,
-            inputs=inputs,
-            key_extra=json.dumps(options),
-            progress=None if args.quiet else on_blocks,
-            memory_budget=args.memory_budget,
-        )
+        if to_file:
+            write_stack(out, warped, dtype=dtype, progress=None if args.quiet else on_blocks)
+        else:
+            write_ome_zarr(
+                out,
+                warped,
+                axes=axes,
+                pixel_size=pixel_size,
+                origin=grid.origin,
+                chunks=block,
+                dtype=dtype,
+                overwrite=args.overwrite and not resume,
+                inputs=inputs,
+                key_extra=json.dumps(options),
+                progress=None if args.quiet else on_blocks,
+                memory_budget=args.memory_budget,
+            )
+    except MemoryError as exc:
+        if lazy.is_lazy(data):
+            raise
+        # in memory for want of zarr and dask: say that the large extra lifts that
+        raise MemoryError(
+            f"{exc}; {install_line(STACK_EXTRA)} lets the command read TIFF and .npy "
+            "stacks frame by frame and hold no aligned stack in memory"
+        ) from None
     finally:
         if client is not None:
             client.close()

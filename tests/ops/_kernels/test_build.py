@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 import torch
 
@@ -176,3 +178,45 @@ def test_host_shim_sources_are_the_cuda_sources_and_its_library(tmp_path):
     stamp = wrapper.stat().st_mtime_ns
     assert _build._host_source(tmp_path, cuda[0]) == wrapper
     assert wrapper.stat().st_mtime_ns == stamp
+
+
+def test_a_build_says_on_stderr_what_it_builds_and_when_it_ends(monkeypatch, tmp_path, capsys):
+    # A command-line user waits minutes for a first build: one line when it starts (what,
+    # why, how long, where it is cached, how to skip it), one when it ends; nothing when
+    # the cache holds the build. The compiler is stood in for by a fake that writes the
+    # library where cpp_extension would.
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv(_build.ENV_CACHE, str(tmp_path))
+    loads = []
+
+    def fake_load(name, build_directory, **kwargs):
+        loads.append(name)
+        (pathlib.Path(build_directory) / f"{name}{cpp_extension.LIB_EXT}").write_bytes(b"")
+
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    directory = _build.build("cpu")
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and loads == ["simwarp_ops_cpu"]
+    start, end = lines
+    assert start.startswith("napari-simwarp: building the compiled CPU kernels")
+    assert "about 1 to 3 minutes" in start and f"cached in {directory}" in start
+    assert "SIMWARP_BACKEND=torch" in start and "napari-simwarp build-kernels" in start
+    assert end.startswith("napari-simwarp: compiled CPU kernels built in ") and end.endswith(" s")
+    assert _build.build("cpu") == directory  # cached: loaded, not built, and silent
+    assert loads == ["simwarp_ops_cpu"] * 2 and capsys.readouterr().err == ""
+
+
+def test_a_failed_build_says_it_ended(monkeypatch, tmp_path, capsys):
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv(_build.ENV_CACHE, str(tmp_path))
+
+    def broken(**kwargs):
+        raise RuntimeError("Error building extension 'simwarp_ops_cpu'")
+
+    monkeypatch.setattr(cpp_extension, "load", broken)
+    with pytest.raises(RuntimeError, match="Error building extension"):
+        _build.build("cpu")
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and "the compiled CPU kernels build failed after" in lines[1]

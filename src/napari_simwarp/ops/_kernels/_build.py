@@ -21,6 +21,8 @@ import pathlib
 import platform
 import re
 import subprocess
+import sys
+import time
 
 import torch
 
@@ -190,12 +192,57 @@ def build_directory(kind: str, files: list[pathlib.Path], cflags: list[str]) -> 
     return path
 
 
+#: what each extension is called in the build messages, and about how long it builds
+_NAMES = {
+    "cpu": "compiled CPU kernels",
+    "cuda": "compiled CUDA kernels",
+    "host_shim": "host-shim build of the CUDA kernels (tests)",
+}
+_DURATIONS = {"cpu": "1 to 3 minutes", "cuda": "2 to 10 minutes", "host_shim": "1 to 3 minutes"}
+
+
+def announce(text: str) -> None:
+    """One line on stderr: the build messages of a command-line or script user, who
+    would otherwise wait minutes in silence (the widgets show their own progress bar)."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def library_path(kind: str, directory: pathlib.Path) -> pathlib.Path:
+    """The library ``cpp_extension.load`` writes for extension ``kind`` in ``directory``."""
+    from torch.utils import cpp_extension
+
+    return directory / f"simwarp_ops_{kind}{cpp_extension.LIB_EXT}"
+
+
+def built(kind: str, directory: pathlib.Path) -> bool:
+    """Whether ``directory`` (keyed by the sources, torch, flags and machine) holds a
+    finished build of ``kind``: loading it then takes seconds, not minutes."""
+    return library_path(kind, directory).is_file()
+
+
+def starting_message(kind: str, directory: pathlib.Path) -> str:
+    """What is built, why, about how long it takes, where it is cached, how to skip it."""
+    return (
+        f"napari-simwarp: building the {_NAMES[kind]} (once per torch version and machine: "
+        f"the fused kernels make the ops faster); about {_DURATIONS[kind]}, cached in "
+        f"{directory}. To skip it, set SIMWARP_BACKEND=torch (the pure torch ops, slower); "
+        "`napari-simwarp build-kernels` builds ahead of time"
+    )
+
+
+def _took(started: float) -> str:
+    seconds = time.monotonic() - started
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes else f"{seconds:.1f} s"
+
+
 def build(kind: str, verbose: bool = False) -> pathlib.Path:
     """Build (or find in the cache) and load one extension; return its build directory.
 
     Processes building one directory take turns (:func:`._build_lock.build_lock`); a
-    build left unfinished by a killed process is resumed. Raises whatever the compiler or
-    loader raised.
+    build left unfinished by a killed process is resumed. A build that compiles (not one
+    found in the cache) says so on stderr when it starts and when it ends
+    (:func:`announce`). Raises whatever the compiler or loader raised.
     """
     from torch.utils import cpp_extension
 
@@ -208,20 +255,31 @@ def build(kind: str, verbose: bool = False) -> pathlib.Path:
     # killed: torch's own (a file that only its maker removes) hung every later process
     # after a build killed with kill -9 (_build_lock).
     with build_lock(directory):
+        fresh = not built(kind, directory)  # after the lock: another process may have built it
+        if fresh:
+            announce(starting_message(kind, directory))
+        started = time.monotonic()
         if kind == "host_shim":
             # The shim's cuda_runtime.h first; the bindings' local headers beside the wrappers.
             includes = [root / "host_shim", *includes, root / "cuda"]
             files = [_host_source(directory, f) if f.suffix == ".cu" else f for f in files]
-        cpp_extension.load(
-            name=f"simwarp_ops_{kind}",
-            sources=[str(f) for f in files],
-            extra_include_paths=[str(p) for p in includes],
-            extra_cflags=cflags,
-            extra_cuda_cflags=["-O3"],
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(directory),
-            with_cuda=kind == "cuda",
-            is_python_module=False,
-            verbose=verbose,
-        )
+        try:
+            cpp_extension.load(
+                name=f"simwarp_ops_{kind}",
+                sources=[str(f) for f in files],
+                extra_include_paths=[str(p) for p in includes],
+                extra_cflags=cflags,
+                extra_cuda_cflags=["-O3"],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(directory),
+                with_cuda=kind == "cuda",
+                is_python_module=False,
+                verbose=verbose,
+            )
+        except BaseException:
+            if fresh:
+                announce(f"napari-simwarp: the {_NAMES[kind]} build failed after {_took(started)}")
+            raise
+        if fresh:
+            announce(f"napari-simwarp: {_NAMES[kind]} built in {_took(started)}")
     return directory
