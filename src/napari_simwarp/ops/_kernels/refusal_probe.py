@@ -72,6 +72,8 @@ def run(kinds: tuple[str, ...], device: str, *, child: str | None = None) -> str
     ``kinds``: the extensions to load (``("cpu",)`` or ``("cpu", "cuda")``); ``device``:
     where the refused call runs. ``child`` replaces the child's code (tests).
     """
+    if getattr(sys, "frozen", False):  # a bundled app: sys.executable is not a Python
+        return None
     package_root = pathlib.Path(__file__).resolve().parents[3]  # holds napari_simwarp/
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(package_root), *filter(None, [env.get("PYTHONPATH")])])
