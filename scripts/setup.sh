@@ -14,6 +14,17 @@ cd "$(dirname "$0")/.."
 extras="${1:-}"
 python="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
+    if ! "$python" -c "import venv, ensurepip" 2>/dev/null; then
+        # Debian and Ubuntu ship python3 without venv: install it where this user may
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+            DEBIAN_FRONTEND=noninteractive apt-get update -qq
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv python3-pip >/dev/null
+        else
+            echo "scripts/setup.sh: $python cannot create a virtual environment (no venv or" >&2
+            echo "ensurepip module); on Debian or Ubuntu: sudo apt-get install python3-venv" >&2
+            exit 1
+        fi
+    fi
     "$python" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip

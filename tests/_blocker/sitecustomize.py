@@ -1,6 +1,6 @@
 """A base install, simulated: on the PYTHONPATH, this makes the optional packages of the
-``large`` extra (or those listed in ``SIMWARP_BLOCK_MODULES``, comma-separated) fail to
-import with ModuleNotFoundError, as they do where they are not installed.
+``large`` extra and napari (or those listed in ``SIMWARP_BLOCK_MODULES``, comma-separated)
+fail to import with ModuleNotFoundError, as they do where they are not installed.
 
 Used by :mod:`tests.base_install` (the command line run in a subprocess) and to run test
 files as a base install would::
@@ -16,7 +16,9 @@ import sys
 
 BLOCKED = tuple(
     n
-    for n in os.environ.get("SIMWARP_BLOCK_MODULES", "zarr,dask,ngff_zarr,distributed").split(",")
+    for n in os.environ.get(
+        "SIMWARP_BLOCK_MODULES", "zarr,dask,ngff_zarr,distributed,napari"
+    ).split(",")
     if n
 )
 

@@ -90,3 +90,18 @@ def test_help_says_which_inputs_and_outputs_need_the_large_extra():
     assert "pip install 'napari-simwarp[large]'" in text
     summary = " ".join(parser.format_help().split())
     assert "(TIFF, NPY, Zarr, OME-Zarr) into an OME-Zarr store, a TIFF or a .npy file" in summary
+
+
+def test_a_stack_too_large_for_memory_names_the_large_extra(tmp_path, timelapse):
+    # Without zarr and dask the aligned stack is held in memory: a run that cannot fit is
+    # refused before any frame is aligned, and the message says what reads frame by frame.
+    stack, _ = timelapse
+    np.save(tmp_path / "s.npy", stack)
+    result = run_cli(
+        ["register-stack", "s.npy", "-o", "a.npy", "--memory-budget", "64KiB"], cwd=tmp_path
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and "memory budget is 64.0 KiB" in lines[0]
+    assert "pip install 'napari-simwarp[large]' lets the command read TIFF and .npy" in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.npy"]

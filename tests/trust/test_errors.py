@@ -175,7 +175,7 @@ def files(tmp_path_factory):
         (["register", "good.png", "adir", "-o", "o.tif"], "directory"),
         (["register", "good.png", "objects.npy", "-o", "o.tif"], "could not be read"),
         (["register", "good.png", "text.npy", "-o", "o.tif"], "not a NumPy .npy file"),
-        (["register-stack", "text.npy", "-o", "o.zarr"], "not a NumPy .npy file"),
+        (["register-stack", "text.npy", "-o", "o.npy"], "not a NumPy .npy file"),
         (["register", "good.png", "missing.tif", "-o", "o.tif"], "does not exist"),
         (["register", "good.png", "good.png", "-o", "o.tif", "--lr", "fast"], "--lr"),
         (["register", "good.png", "good.png", "-o", "o.tif", "--levels", "-2"], "--levels"),
