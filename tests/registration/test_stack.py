@@ -244,6 +244,7 @@ def _peak(*argv):
 def test_a_lazy_stack_larger_than_the_budget_runs_within_it():
     """96 frames of 256² (24 MiB as float32) against an 8 MiB budget: the process grows by
     about the budget, not by the stack."""
+    pytest.importorskip("dask")  # the measuring child process imports it
     budget = 8 * 2**20
     got = _peak(96, "lazy", budget)
     assert got["extra"] < 2 * budget, got["extra"] / 2**20
@@ -253,6 +254,7 @@ def test_a_lazy_stack_larger_than_the_budget_runs_within_it():
 def test_the_in_memory_path_holds_at_most_two_and_a_half_stacks():
     """The stack is never copied whole (batches of one frame here: the automatic batch of a
     stack this small may use up to CPU_BATCH_BYTES, more than the stack)."""
+    pytest.importorskip("dask")  # the measuring child process imports it
     stack_bytes = 160 * 256 * 256 * 4
     got = _peak(160, "memory", 1)
     # the input itself (1x) counts: input + aligned output + batches

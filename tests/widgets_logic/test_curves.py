@@ -47,6 +47,7 @@ def test_frame_similarity_curve_spans_zero_to_one_and_names_the_worst_frame():
 
 
 def test_a_drift_run_is_plotted_per_frame_and_a_failed_frame_is_a_drop():
+    pytest.importorskip("dask")  # the drift display shows a lazy stack (focus_stack)
     stack, _ = data.drifting_timelapse(frames=6, size=64)
     failed = 3
     stack[failed] = np.random.default_rng(1).random((64, 64), dtype=np.float32)  # noise

@@ -80,9 +80,8 @@ def test_layer_affine_refuses_a_dense_transform():
 
 
 def test_layer_grid_is_the_layers_scale_and_translate():
-    import napari.layers
-
-    layer = napari.layers.Image(np.zeros((3, 10, 12)), scale=(5, 0.2, 0.3), translate=(0, 1, 2))
+    layers = pytest.importorskip("napari.layers")
+    layer = layers.Image(np.zeros((3, 10, 12)), scale=(5, 0.2, 0.3), translate=(0, 1, 2))
     grid = layer_grid(layer, "fixed")
     assert grid.spacing == (5.0, 0.2, 0.3) and grid.origin == (0.0, 1.0, 2.0)
     assert layer_grid(layer, "moving", skip=1).spacing == (0.2, 0.3)  # a time axis left out
@@ -98,9 +97,8 @@ def test_layer_grid_is_the_layers_scale_and_translate():
     ],
 )
 def test_layer_grid_refuses_a_placement_registration_cannot_honour(placement, words):
-    import napari.layers
-
-    layer = napari.layers.Image(np.zeros((10, 10)), name="cells", **placement)
+    layers = pytest.importorskip("napari.layers")
+    layer = layers.Image(np.zeros((10, 10)), name="cells", **placement)
     with pytest.raises(ValueError, match=f"the moving layer 'cells' is placed with {words}"):
         layer_grid(layer, "moving")
 

@@ -88,6 +88,7 @@ def test_the_status_counts_the_levels_the_run_optimizes():
 
 
 def test_stack_snapshots():
+    pytest.importorskip("dask")  # the drift display shows a lazy stack (focus_stack)
     stack, shifts = data.drifting_timelapse(frames=4, size=64)
     run = RegistrationRun(None, stack, RunSettings(mode="stack", model="translation"))
     snaps = list(run.snapshots())
@@ -143,6 +144,7 @@ def test_points_layers_give_world_coordinates_and_must_pair_up():
 
 
 def test_stack_mode_registers_on_the_stack_layers_grid():
+    pytest.importorskip("dask")  # the drift display shows a lazy stack (focus_stack)
     from napari_simwarp.registration.grid import Grid
 
     stack, shifts = data.drifting_timelapse(frames=3, size=64)
@@ -199,6 +201,7 @@ def _counting_warps(run):
 
 @pytest.mark.parametrize("lazy", [False, True])
 def test_drift_display_warps_only_the_focused_frame_and_follows_it(lazy):
+    pytest.importorskip("dask")  # the drift display shows a lazy stack (focus_stack)
     from scipy import ndimage as ndi
 
     stack, _ = data.drifting_timelapse(frames=8, size=64)
