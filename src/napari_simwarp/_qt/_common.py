@@ -57,15 +57,15 @@ def put_layer(viewer, kind: str, name: str, data, like=None, **props):
     """
     layer = layer_by_name(viewer, name)
     ndim = _ndim(kind, data)
-    if layer is not None and not same_kind(layer, kind, data):
-        viewer.layers.remove(layer)
-        layer = None
     geometry = {}
     if like is not None and like.ndim == ndim:
         geometry = {"scale": like.scale, "translate": like.translate}
-    if layer is None:
-        adder = getattr(viewer, f"add_{kind}")
-        return adder(data, name=name, **geometry, **props)
+    if layer is None or not same_kind(layer, kind, data):
+        with selection_kept(viewer):  # napari selects each layer it adds
+            if layer is not None:
+                viewer.layers.remove(layer)
+            adder = getattr(viewer, f"add_{kind}")
+            return adder(data, name=name, **geometry, **props)
     features = props.pop("features", None)
     if kind == "shapes":
         layer.data = (list(data), [props.pop("shape_type", "rectangle")] * len(data))
@@ -124,12 +124,40 @@ def _differs(current, value) -> bool:
 def same_kind(layer, kind: str, data) -> bool:
     """Whether ``layer`` is a ``kind`` layer ("image", "vectors"...) that can take ``data``
     (same dimensionality)."""
-    # The class name, not napari's private ``_type_string`` (a FutureWarning on each use).
+    # isinstance, not the type's name: docked from the Plugins menu, a widget's layers are
+    # napari's PublicOnlyProxy (``type(layer)`` is the proxy; ``isinstance`` sees through
+    # it), and a name compare replaced every result layer at each display (issue 27).
+    # Nor napari's private ``_type_string`` (a FutureWarning on each use).
+    import napari.layers
+
+    cls = getattr(napari.layers, kind.capitalize(), None)
     return (
         layer is not None
-        and type(layer).__name__.lower() == kind
+        and cls is not None
+        and isinstance(layer, cls)
         and layer.ndim == _ndim(kind, data)
     )
+
+
+@contextlib.contextmanager
+def selection_kept(viewer):
+    """Restore the user's layer selection after adding or removing layers inside the
+    ``with`` block: napari makes each added layer the selected one, and a result layer
+    taking the selection at every run took the layer the user was working on (issue 27).
+    Only what changed is put back (added first, then removed: the selection is never
+    empty in between, which would swap napari's layer controls twice)."""
+    selection = viewer.layers.selection
+    before = set(selection)
+    try:
+        yield
+    finally:
+        now = set(selection)
+        kept = {layer for layer in before if layer in viewer.layers}
+        if now != kept:
+            if kept - now:
+                selection.update(kept - now)
+            if now - kept:
+                selection.difference_update(now - kept)
 
 
 def remove_layer(viewer, name: str) -> None:
@@ -137,7 +165,8 @@ def remove_layer(viewer, name: str) -> None:
     for it must not leave an earlier run's layer behind, looking current)."""
     layer = layer_by_name(viewer, name)
     if layer is not None:
-        viewer.layers.remove(layer)
+        with selection_kept(viewer):
+            viewer.layers.remove(layer)
 
 
 def _ndim(kind: str, data) -> int:

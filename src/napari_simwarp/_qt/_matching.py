@@ -120,6 +120,20 @@ class TemplateMatchingWidget(WorkerWidget):
         self._on_image()
         self._backend.refresh()
 
+    def reset_choices(self, *_):
+        """The layer lists changed (napari calls this as layers come and go): refresh the
+        combos, and give an empty rectangle choice the Shapes layer there is, so the first
+        press after drawing a rectangle finds it (issue 27: the combo stayed "-----")."""
+        super().reset_choices()
+        if self._shapes.value is None:
+            drawn = [
+                layer
+                for layer in self._shapes.choices
+                if isinstance(layer, napari.layers.Shapes) and layer.name != BOXES_LAYER
+            ]
+            if drawn:
+                self._shapes.value = drawn[-1]  # the newest
+
     def _update_visibility(self, *_):
         from_shapes = self._source.value == SOURCES[0]
         self._shapes.visible = from_shapes

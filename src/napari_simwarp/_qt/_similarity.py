@@ -44,6 +44,7 @@ from ._common import (
     plane_geometry,
     put_layer,
     remove_layer,
+    selection_kept,
     start_worker,
     wait_for,
 )
@@ -356,16 +357,17 @@ class SimilarityMapWidget(WorkerWidget):
 
             levels = [im.data for im in from_ngff_zarr(str(store)).images]
             data = levels if len(levels) > 1 else levels[0]
-        remove_layer(self._viewer, STACK_LAYER)
-        self._viewer.add_image(
-            data,
-            name=STACK_LAYER,
-            multiscale=isinstance(data, list),
-            colormap=result.colormap,
-            contrast_limits=result.contrast_limits,
-            scale=scale,
-            translate=translate,
-        )
+        with selection_kept(self._viewer):  # napari selects the layer it adds
+            remove_layer(self._viewer, STACK_LAYER)
+            self._viewer.add_image(
+                data,
+                name=STACK_LAYER,
+                multiscale=isinstance(data, list),
+                colormap=result.colormap,
+                contrast_limits=result.contrast_limits,
+                scale=scale,
+                translate=translate,
+            )
         where = f", written to {store}" if store else " (lazy: planes are computed when shown)"
         self._status.value = (
             f"whole-stack {result.params.metric}, window {result.params.window}, shape "
