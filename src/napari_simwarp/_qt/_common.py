@@ -160,6 +160,13 @@ def selection_kept(viewer):
                 selection.difference_update(now - kept)
 
 
+def show_colorbar(layer) -> None:
+    """Show napari's colour bar of an image layer (a map's values, e.g. ZNCC from -1 to
+    1, read off beside it); nothing where this napari has none."""
+    with contextlib.suppress(AttributeError):
+        layer.colorbar.visible = True
+
+
 def remove_layer(viewer, name: str) -> None:
     """Remove the result layer called ``name``, if there is one (a run that produces no data
     for it must not leave an earlier run's layer behind, looking current)."""
@@ -437,11 +444,21 @@ def after_kernel_build(widget, then, device="auto") -> bool:
     _start_kernel_build()
     if torch_while_building():
         return True  # the operators take the torch path until the build ends
-    widget._status.value = (
-        "building the compiled kernels (first use only; about a minute; or tick "
-        "'pure torch while the kernels build')…"
-    )
+    # A cached build loads in under a second: "about a minute" only when it is still
+    # going after one (it flashed on every cached load, issue 27).
+    widget._status.value = "loading the compiled kernels…"
     _KERNEL_BUILD["waiters"].append((widget, then))
+
+    def still_building():
+        if _KERNEL_BUILD["worker"] is not None and not widget._closed:
+            widget._status.value = (
+                "building the compiled kernels (first use only; about a minute; or tick "
+                "'pure torch while the kernels build')…"
+            )
+
+    from qtpy.QtCore import QTimer
+
+    QTimer.singleShot(1000, still_building)
     return False
 
 
@@ -528,6 +545,7 @@ class WorkerWidget(Container):
         self._status = Label(value="")
         self._status.native.setWordWrap(True)  # whole error messages, not cut at the edge
         self._backend = BackendLabel(lambda: self._device.value)
+        self._backend.native.setWordWrap(True)  # its length must not widen the dock
         self._device.changed.connect(self._backend.refresh)
         # Shown while the kernels are not loaded: compute at once with the torch operators
         # instead of waiting for the first build (about a minute; issue 13).

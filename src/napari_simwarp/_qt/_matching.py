@@ -34,6 +34,7 @@ from ._common import (
     plane_geometry,
     put_layer,
     remove_layer,
+    show_colorbar,
     start_worker,
 )
 
@@ -240,6 +241,7 @@ class TemplateMatchingWidget(WorkerWidget):
             return
         self.result = result
         geometry = plane_geometry(self._image.value, self._plane.source)
+        new_map = MAP_LAYER not in self._viewer.layers
         zncc_map = put_layer(
             self._viewer,
             "image",
@@ -251,6 +253,8 @@ class TemplateMatchingWidget(WorkerWidget):
             blending="translucent",
             **geometry,
         )
+        if new_map:  # once: the ZNCC scale beside the map (the user may hide it)
+            show_colorbar(zncc_map)
         features = {"score": result.scores.astype(np.float32)}
         ndim = result.zncc.ndim
         points = put_layer(

@@ -114,13 +114,11 @@ class RegisterWidget(WorkerWidget):
         self._metric = ComboBox(
             name="metric", choices=["auto", *METRICS], value="auto", label="metric"
         )
-        self._levels = SpinBox(
-            name="levels", value=0, min=0, max=8, label="pyramid levels (0: auto)"
-        )
+        self._levels = SpinBox(name="levels", value=0, min=0, max=8, label="pyramid levels")
         self._level = SpinBox(name="level", value=0, min=0, max=0, label="level (multiscale)")
         self._level.visible = False
         self._iterations = SpinBox(
-            name="iterations", value=0, min=0, max=10000, label="iterations / level (0: default)"
+            name="iterations", value=0, min=0, max=10000, label="iterations / level"
         )
         self._gradient = CheckBox(value=True, text="show similarity gradient")
         # Landmarks: point i of one layer matches point i of the other (world coordinates).
@@ -142,8 +140,15 @@ class RegisterWidget(WorkerWidget):
             min=0.0,
             max=1e6,
             step=0.01,
-            label="landmark weight (0: start only)",
+            label="landmark weight",
         )
+        # 0 shown as what it means, in the box (the labels said it: a dock 660 px wide)
+        for box, text in (
+            (self._levels, "auto"),
+            (self._iterations, "default"),
+            (self._landmark_weight, "0 (start only)"),
+        ):
+            box.native.setSpecialValueText(text)
         for chooser in (self._fixed_points, self._moving_points):
             chooser.value = None  # no landmarks unless asked for
         self._run_btn = PushButton(text="Register")
@@ -328,7 +333,8 @@ class RegisterWidget(WorkerWidget):
         self._plot.set_values([])
         # napari's progress bar, advanced by the steps each snapshot covers (snapshots are
         # merged in the worker, so one yield may stand for several steps).
-        self._progress = progress(total=run.expected_steps() + 1, desc="Registering")
+        desc = "Aligning frames" if self.mode == "stack" else "Registering"
+        self._progress = progress(total=run.expected_steps() + 1, desc=desc)
         worker = create_worker(_snapshots, run, _ignore_errors=True)
         worker.yielded.connect(self._receive)
         worker.errored.connect(self._on_error)
@@ -469,6 +475,15 @@ class RegisterWidget(WorkerWidget):
         with the fixed layer's, the moving layer's contrast limits (none computed on data)."""
         moving, fixed = self._moving_layer, self._fixed_layer
         limits = tuple(moving.contrast_limits) if moving is not None else None
+        if self.mode == "stack" and moving is not None:
+            # A drift-corrected movie replaces the movie on screen: in its own colours (a
+            # grey movie came back magenta, issue 27) and blending.
+            return {
+                **self._geometry,
+                "colormap": moving.colormap.name,
+                "blending": moving.blending,
+                **({"contrast_limits": limits} if limits else {}),
+            }
         return {
             **self._geometry,
             "colormap": _contrasting(fixed),
@@ -653,11 +668,17 @@ class RegisterWidget(WorkerWidget):
         if self._run is not None and self._run.result is not None:
             res = self._run.result
             word = "stopped early" if res.stopped else "done"
-            status = (
-                f"{word} in {res.seconds:.1f} s on {res.device}; similarity "
-                f"({MEASURES[res.similarity_measure].label}) "
-                f"{res.initial_similarity:.3f} → {res.similarity:.3f}"
-            )
+            label = MEASURES[res.similarity_measure].label
+            if self._run.settings.mode == "pair":
+                status = (
+                    f"{word} in {res.seconds:.1f} s on {res.device}; similarity "
+                    f"({label}) {res.initial_similarity:.3f} → {res.similarity:.3f}"
+                )
+            else:
+                status = (
+                    f"{word}: {self._run.frame_total} frames aligned in {res.seconds:.1f} s "
+                    f"on {res.device}; lowest frame similarity ({label}) {res.similarity:.3f}"
+                )
             if res.warnings:
                 status += f"; ⚠ {len(res.warnings)} warning(s)"
                 for message in res.warnings:
@@ -670,17 +691,41 @@ class RegisterWidget(WorkerWidget):
 
     # -- after the run --------------------------------------------------------------------
     def save_transform(self, path) -> list:
-        """Save the transform(s): ``path`` for a pair, ``path_<t>.npz`` per frame."""
+        """Save the transform(s): ``path`` for a pair, ``path_<t>.npz`` per frame and, for
+        a drift run whose transforms are shifts (linear models: their translation), the
+        shift table ``path_shifts.csv`` beside them (frame, shift per axis in pixels and
+        in the layer's units: :mod:`~..widgets_logic.shift_table`)."""
         import pathlib
+
+        from ..widgets_logic.shift_table import write_shift_table
 
         ts = self._run.transforms if self._run is not None else []
         if not ts:
             raise ValueError("run a registration first")
         path = pathlib.Path(path)
-        if len(ts) == 1:
+        if self._run.settings.mode == "pair":
             return [ts[0].save(path)]
         stem = path.with_suffix("")
-        return [t.save(f"{stem}_{i:04d}.npz") for i, t in enumerate(ts)]
+        saved = [t.save(f"{stem}_{i:04d}.npz") for i, t in enumerate(ts)]
+        if all(hasattr(t, "translation") for t in ts):
+            d = len(self._run.shape)
+            spacing = np.asarray(self._geometry.get("scale", np.ones(d + 1)))[-d:]
+            table = write_shift_table(
+                f"{stem}_shifts.csv", self._run.result.shifts, spacing, self._unit(d)
+            )
+            saved.append(table)
+        return saved
+
+    def _unit(self, d: int) -> str:
+        """The physical unit of the moving layer's last ``d`` axes, for the shift table's
+        columns ("world" when napari knows none but pixels, or they differ)."""
+        units = getattr(self._moving_layer, "units", None)
+        try:
+            names = {str(u) for u in tuple(units)[-d:]}
+        except TypeError:
+            return "world"
+        name = names.pop() if len(names) == 1 else "pixel"
+        return "world" if name in ("pixel", "") else name.replace(" ", "_")
 
     def _ask_save(self, *_):
         from qtpy.QtWidgets import QFileDialog
@@ -691,7 +736,10 @@ class RegisterWidget(WorkerWidget):
         if path:
             try:
                 saved = self.save_transform(path)
-                notify_info(f"saved {len(saved)} transform file(s) to {saved[0].parent}")
+                tables = [p for p in saved if str(p).endswith(".csv")]
+                table = f" and the shift table {tables[0].name}" if tables else ""
+                count = len(saved) - len(tables)
+                notify_info(f"saved {count} transform file(s){table} to {saved[0].parent}")
             except (OSError, ValueError) as exc:
                 self._report(exc, "saving the transform")
 

@@ -45,6 +45,7 @@ from ._common import (
     put_layer,
     remove_layer,
     selection_kept,
+    show_colorbar,
     start_worker,
     wait_for,
 )
@@ -81,9 +82,9 @@ class SimilarityMapWidget(WorkerWidget):
         self._metric = ComboBox(
             name="metric", choices=list(METRICS), value="local std", label="metric"
         )
-        self._window = SpinBox(name="window", value=15, min=1, max=255, step=2, label="window")
+        self._window = SpinBox(name="window", value=15, min=1, max=255, step=2, label="window (px)")
         self._sigma = FloatSpinBox(
-            name="sigma", value=1.5, min=0.1, max=50.0, step=0.1, label="sigma"
+            name="sigma", value=1.5, min=0.1, max=50.0, step=0.1, label="sigma (px)"
         )
         self._kernel = ComboBox(
             name="kernel", choices=["box", "gaussian"], value="box", label="NCC kernel"
@@ -380,6 +381,7 @@ class SimilarityMapWidget(WorkerWidget):
     def _show(self, result):
         if self._closed or not self._model.is_current(result.request_id):
             return  # stale: a newer request supersedes it
+        new = result.name not in self._viewer.layers
         layer = put_layer(
             self._viewer,
             "image",
@@ -389,6 +391,8 @@ class SimilarityMapWidget(WorkerWidget):
             contrast_limits=result.contrast_limits,
             **plane_geometry(self._image.value, self._planes[0].source),
         )
+        if new:  # once: the values' scale beside the map (the user may hide it)
+            show_colorbar(layer)
         keep_on_top(self._viewer, [layer], self._seen_layers)
         self.results_shown += 1
         where = f" at {result.index}" if result.index else ""
