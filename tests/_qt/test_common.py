@@ -68,3 +68,27 @@ def test_put_layer_through_napari_proxy_reuses_the_layer_and_keeps_the_selection
     # a layer of another kind under the name is replaced, the selection still kept
     put_layer(proxy, "points", "result", np.zeros((3, 2), np.float32))
     assert removed == ["result"] and set(viewer.layers.selection) == {user}
+
+
+def test_a_cached_kernel_build_is_loaded_as_a_widget_opens_a_first_build_is_not(
+    viewer, monkeypatch
+):
+    # Loading a cached build takes about a second, which the first run used to wait for
+    # (issue 27); a first build (a minute of both cores) waits until a run asks for it.
+    started = []
+    monkeypatch.setattr(_common, "kernels_pending", lambda: True)
+    monkeypatch.setattr(_common, "_start_kernel_build", lambda: started.append(1))
+    for cached in (False, True):
+        monkeypatch.setattr(_common, "kernels_cached", lambda cached=cached: cached)
+        dock(viewer, RegisterWidget(viewer))
+        assert started == ([1] if cached else [])
+
+
+def test_kernels_cached_names_the_build_the_kernels_load_from():
+    from napari_simwarp.ops import _kernels
+
+    if _kernels.requested_backend() == "torch" or not _kernels.state()["cpu"]:
+        import pytest
+
+        pytest.skip("no compiled kernels here")
+    assert _common.kernels_cached()  # the session built (or found) them: conftest

@@ -441,7 +441,7 @@ def test_similarity_curve_has_one_colour_per_level_named_as_napari_names_levels(
     assert plot.values[-1] == pytest.approx(res.similarity)
     assert f"{res.similarity:.3f}" in w._status.value
     legend = [label.text for _, label in plot._legend.items]
-    assert legend == ["level 2", "level 1", "level 0 (full)"]
+    assert legend == ["level 2", "1", "0 (full)"]
     image = plot.grab().toImage()  # painted: axes, curves and the value, without error
     colours = {image.pixelColor(x, y).getRgb()[:3] for x in range(image.width())
                for y in range(0, image.height(), 2)}  # fmt: skip

@@ -29,7 +29,9 @@ def test_snapshot_curve_is_loss_against_snapshot_without_non_finite_values():
 
 def test_similarity_curve_names_levels_as_napari_does():
     c = similarity_curve([0, 5, 9], [0.9, 0.95, 0.99], [2, 1, 0])
-    assert c.name(0) == "level 0 (full)" and c.name(2) == "level 2"  # 0: full resolution
+    # 0: full resolution; the coarsest (first in the legend) says what the numbers are
+    assert c.name(0) == "0 (full)" and c.name(1) == "1" and c.name(2) == "level 2"
+    assert similarity_curve([0], [0.9], [0]).name(0) == "level 0 (full)"
     assert c.x_label == "iteration (all levels)" and c.y_label == "similarity (ZNCC)"
     assert not c.log and c.now == "ZNCC 0.990"
 

@@ -453,7 +453,7 @@ def after_kernel_build(widget, then, device="auto") -> bool:
         if _KERNEL_BUILD["worker"] is not None and not widget._closed:
             widget._status.value = (
                 "building the compiled kernels (first use only; about a minute; or tick "
-                "'pure torch while the kernels build')…"
+                "'pure torch until built')…"
             )
 
     from qtpy.QtCore import QTimer
@@ -485,6 +485,27 @@ def torch_while_building(on: bool | None = None) -> bool:
     return on
 
 
+def kernels_cached() -> bool:
+    """Whether this machine holds a build of the CPU kernels for these sources (then
+    loading them takes about a second, not a minute's build). False on any doubt."""
+    try:
+        from ..ops._kernels import _build
+
+        files = _build.sources("cpu")
+        directory = _build.build_directory("cpu", files, _build.host_cflags())
+        return any(directory.glob("simwarp_ops_cpu*.so"))
+    except Exception:
+        return False
+
+
+def preload_kernels() -> None:
+    """Load the compiled kernels in the background as a widget opens, where a build is
+    cached (about a second, which the first run waited for, issue 27); a first build (a
+    minute of both cores) still waits for a run to ask for it."""
+    if kernels_pending() and _KERNEL_BUILD["worker"] is None and kernels_cached():
+        _start_kernel_build()
+
+
 def _start_kernel_build() -> None:
     """Start the one kernel build (unless under way): a worker with a progress bar."""
     from napari.qt.threading import create_worker
@@ -508,10 +529,11 @@ def _start_kernel_build() -> None:
                 w._status.value = "kernels ready"
                 callback()
 
+    verb = "Loading" if kernels_cached() else "Building"
     worker = create_worker(
         _kernels.ensure_loaded,
         _ignore_errors=True,
-        _progress={"total": 0, "desc": "Building napari-simwarp kernels"},
+        _progress={"total": 0, "desc": f"{verb} napari-simwarp kernels"},
     )
     worker.errored.connect(lambda exc: notify_error("building the kernels", exc))
     worker.finished.connect(done)
@@ -532,6 +554,8 @@ class WorkerWidget(Container):
     task = "computation"
 
     def __init__(self):
+        from qtpy.QtWidgets import QSizePolicy
+
         super().__init__()
         self._worker = None
         self._closed = False
@@ -542,19 +566,40 @@ class WorkerWidget(Container):
         self._device = ComboBox(
             name="device", choices=device_choices(), value="auto", label="device"
         )
-        self._status = Label(value="")
-        self._status.native.setWordWrap(True)  # whole error messages, not cut at the edge
+        self._status = Label(value="")  # wraps: whole error messages, not cut at the edge
         self._backend = BackendLabel(lambda: self._device.value)
-        self._backend.native.setWordWrap(True)  # its length must not widen the dock
+        for label in (self._status, self._backend):
+            # a long line wraps at the dock's width and never widens it (a wrapped
+            # QLabel still asks for a width of its own, here 400 px)
+            label.native.setWordWrap(True)
+            label.native.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self._device.changed.connect(self._backend.refresh)
         # Shown while the kernels are not loaded: compute at once with the torch operators
         # instead of waiting for the first build (about a minute; issue 13).
         self._torch_meanwhile = CheckBox(
-            value=torch_while_building(), text="pure torch while the kernels build"
+            value=torch_while_building(), text="pure torch until built"
+        )
+        self._torch_meanwhile.tooltip = (
+            "Compute with the pure torch operators (slower) until the compiled kernels "
+            "are built (first use only, about a minute), instead of waiting"
         )
         if not kernels_pending():  # (made visible before its parent, it would be a window)
             self._torch_meanwhile.visible = False
         self._torch_meanwhile.changed.connect(torch_while_building)
+        preload_kernels()
+
+    def compact(self) -> None:
+        """Keep the dock narrow (issue 27: 660 px of a 1500 px window, the image opened
+        cropped; napari-animation and affinder take about 350 px): a combo box asks for
+        the width of a few characters, not of its longest choice (a layer's long name);
+        the whole text shows in its list."""
+        from qtpy.QtWidgets import QComboBox
+
+        for combo in self.native.findChildren(QComboBox):
+            combo.setSizeAdjustPolicy(
+                QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon
+            )
+            combo.setMinimumContentsLength(10)
 
     def watch_destroyed(self, stop=None) -> None:
         """When the native widget is destroyed (or Python exits first), mark the widget

@@ -117,6 +117,7 @@ class TemplateMatchingWidget(WorkerWidget):
         self.result = None
         self._plane = None  # the image plane of the last run (its geometry places results)
         self.watch_destroyed()
+        self.compact()
         self._update_visibility()
         self._on_image()
         self._backend.refresh()

@@ -88,6 +88,13 @@ class LossPlot(QWidget):
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.set_curve(self.curve)  # the axes' titles before the first run
 
+    def sizeHint(self):  # noqa: N802 (Qt's name)
+        """A dock's width, not pyqtgraph's 640 px (the plot set the Register dock's width
+        to 660 px, issue 27); it widens with the dock."""
+        from qtpy.QtCore import QSize
+
+        return QSize(300, 170)
+
     def set_curve(self, curve: Curve) -> None:
         self.curve = curve
         plot = self._view.getPlotItem()

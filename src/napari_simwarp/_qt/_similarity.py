@@ -56,6 +56,10 @@ if TYPE_CHECKING:
 DEBOUNCE_MS = 150
 
 
+#: a new map's opacity: the image stays visible through it
+MAP_OPACITY = 0.7
+
+
 class SimilarityMapWidget(WorkerWidget):
     """Local std, local NCC, SSIM or ZNCC against a template, recomputed live.
 
@@ -141,6 +145,7 @@ class SimilarityMapWidget(WorkerWidget):
         dims.current_step.connect(self._on_step)
         dims.ndisplay.connect(self._on_ndisplay)
         self.watch_destroyed(_refresh_stopper(self._timer, dims, self._on_step, self._on_ndisplay))
+        self.compact()
         self._update_visibility()
         self._on_layers()
         self._backend.refresh()
@@ -391,8 +396,10 @@ class SimilarityMapWidget(WorkerWidget):
             contrast_limits=result.contrast_limits,
             **plane_geometry(self._image.value, self._planes[0].source),
         )
-        if new:  # once: the values' scale beside the map (the user may hide it)
+        if new:  # once (the user may change them): the values' scale beside the map, and
+            # the image seen through it
             show_colorbar(layer)
+            layer.opacity = MAP_OPACITY
         keep_on_top(self._viewer, [layer], self._seen_layers)
         self.results_shown += 1
         where = f" at {result.index}" if result.index else ""

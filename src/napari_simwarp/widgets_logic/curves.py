@@ -84,7 +84,12 @@ def similarity_curve(iterations, values, levels, measure: str = "ZNCC", now="") 
     the iteration counted across levels, one series per pyramid level (napari's
     numbering, 0: full resolution, named so in the legend)."""
     x, y, lv = _finite(iterations, values, levels)
-    names = tuple((k, f"level {k}" + (" (full)" if k == 0 else "")) for k in sorted(set(lv)))
+    # one legend row in a dock ~300 px wide: "level 4", "3", … "0 (full)"
+    keys = sorted(set(lv), reverse=True)
+    names = tuple(
+        (k, ("level " if i == 0 else "") + str(k) + (" (full)" if k == 0 else ""))
+        for i, k in enumerate(keys)
+    )
     if not now and y:
         now = f"{measure} {y[-1]:.3f}"
     return Curve(
