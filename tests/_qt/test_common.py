@@ -48,3 +48,49 @@ def test_the_exit_teardown_stops_a_running_widget_and_deletes_it_at_once(viewer,
     assert worker._simwarp_done.is_set()  # its worker has left its thread
     assert not w._display_timer.isActive() and not w._step_timer.isActive()
     _common.tear_down_widgets([w])  # again (the exit hook after a test): nothing to do
+
+
+def test_put_layer_through_napari_proxy_reuses_the_layer_and_keeps_the_selection(viewer):
+    # Docked from the Plugins menu a widget gets napari's PublicOnlyProxy viewer: its
+    # layers' type is the proxy's, and a compare of type names replaced every result
+    # layer at each display (issue 27).
+    from napari.utils._proxies import PublicOnlyProxy
+
+    proxy = PublicOnlyProxy(viewer)
+    user = viewer.add_image(np.zeros((8, 8), np.float32), name="user's")
+    viewer.layers.selection.active = user
+    first = put_layer(proxy, "image", "result", np.ones((8, 8), np.float32))
+    assert _common.same_kind(first, "image", np.ones((8, 8)))
+    assert not _common.same_kind(first, "vectors", np.ones((8, 8)))
+    removed = []
+    viewer.layers.events.removed.connect(lambda e: removed.append(e.value.name))
+    again = put_layer(proxy, "image", "result", np.full((8, 8), 2, np.float32))
+    assert removed == [] and again == first and float(again.data[0, 0]) == 2.0
+    assert set(viewer.layers.selection) == {user}  # adding never took the selection
+    # a layer of another kind under the name is replaced, the selection still kept
+    put_layer(proxy, "points", "result", np.zeros((3, 2), np.float32))
+    assert removed == ["result"] and set(viewer.layers.selection) == {user}
+
+
+def test_a_cached_kernel_build_is_loaded_as_a_widget_opens_a_first_build_is_not(
+    viewer, monkeypatch
+):
+    # Loading a cached build takes about a second, which the first run used to wait for
+    # (issue 27); a first build (a minute of both cores) waits until a run asks for it.
+    started = []
+    monkeypatch.setattr(_common, "kernels_pending", lambda: True)
+    monkeypatch.setattr(_common, "_start_kernel_build", lambda: started.append(1))
+    for cached in (False, True):
+        monkeypatch.setattr(_common, "kernels_cached", lambda cached=cached: cached)
+        dock(viewer, RegisterWidget(viewer))
+        assert started == ([1] if cached else [])
+
+
+def test_kernels_cached_names_the_build_the_kernels_load_from():
+    from napari_simwarp.ops import _kernels
+
+    if _kernels.requested_backend() == "torch" or not _kernels.state()["cpu"]:
+        import pytest
+
+        pytest.skip("no compiled kernels here")
+    assert _common.kernels_cached()  # the session built (or found) them: conftest

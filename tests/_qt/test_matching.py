@@ -65,6 +65,7 @@ def test_no_rectangle_is_a_notification(viewer, qtbot, errors, monkeypatch, buil
 
     # while the kernels would still build, the missing input is said at once, no build
     monkeypatch.setattr(_common, "kernels_pending", lambda: building)
+    monkeypatch.setattr(_common, "kernels_cached", lambda: False)  # a first use
     started = []
     monkeypatch.setattr(_common, "_start_kernel_build", lambda: started.append(1))
     layer = viewer.add_image(data.camera()[:64, :64], name="camera")
@@ -198,11 +199,14 @@ def test_first_run_waits_for_the_kernel_build_in_the_status_line(viewer, qtbot, 
         return True
 
     monkeypatch.setattr(_common, "kernels_pending", lambda: not built.is_set())
+
+    monkeypatch.setattr(_common, "kernels_cached", lambda: False)  # a first use
     monkeypatch.setattr(_kernels, "ensure_loaded", fake_build)
     _, wdg = _camera_with_a_box(viewer)
     try:
         wdg.run()
-        assert "building the compiled kernels" in wdg._status.value
+        assert wdg._status.value == "loading the compiled kernels…"  # a cached load: no more
+        qtbot.waitUntil(lambda: "building the compiled kernels" in wdg._status.value)
         assert not wdg.busy and wdg.result is None and "matches" not in viewer.layers
     finally:
         release.set()

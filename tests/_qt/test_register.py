@@ -424,25 +424,36 @@ def test_apply_to_lists_only_image_and_labels_layers(viewer, qtbot, camera_crop)
     assert offered == [f, m, labels]
 
 
-def test_loss_curve_has_one_colour_per_level_and_a_log_axis_when_positive(viewer, qtbot):
-    from napari_simwarp._qt._plot import LEVEL_COLORS, log_scale
+def test_similarity_curve_has_one_colour_per_level_named_as_napari_names_levels(viewer, qtbot):
+    from napari_simwarp._qt._plot import log_scale
 
     assert log_scale([0.5, 0.1]) and not log_scale([-0.9, -0.5]) and not log_scale([])
     fixed, moving, _ = data.deformed_pair()
     w, _, _ = _setup(viewer, fixed[::2, ::2], moving[::2, ::2], model="affine", levels=3)
     _run(qtbot, w)
-    plot = w._plot
+    plot, res = w._plot, w.result
     assert len(plot.levels) == len(plot.values) >= 3
-    assert plot.levels == sorted(plot.levels) and set(plot.levels) == {0, 1, 2}  # coarse first
-    assert plot.log == all(v > 0 for v in plot.values)
+    # napari's numbering: the coarsest (2) first, 0 the full resolution, last
+    assert plot.levels == sorted(plot.levels, reverse=True) and set(plot.levels) == {0, 1, 2}
+    assert plot.curve.y_label == "similarity (ZNCC)" and not plot.log
+    # the curve ends on the similarity the final status gives
+    assert plot.values[0] == pytest.approx(res.initial_similarity)
+    assert plot.values[-1] == pytest.approx(res.similarity)
+    assert f"{res.similarity:.3f}" in w._status.value
+    legend = [label.text for _, label in plot._legend.items]
+    assert legend == ["level 2", "1", "0 (full)"]
     image = plot.grab().toImage()  # painted: axes, curves and the value, without error
     colours = {image.pixelColor(x, y).getRgb()[:3] for x in range(image.width())
                for y in range(0, image.height(), 2)}  # fmt: skip
     assert {LEVEL_COLORS[0], LEVEL_COLORS[1], LEVEL_COLORS[2]} <= colours
 
 
-def test_drift_curve_is_one_point_per_frame_and_a_failed_frame_drops(viewer, qtbot, monkeypatch):
+def test_drift_plot_is_each_frames_shift_and_names_a_failed_frame(
+    viewer, qtbot, monkeypatch, tmp_path
+):
     import time
+
+    import pandas as pd
 
     from napari_simwarp.widgets_logic.registration import RegistrationRun
 
@@ -453,28 +464,43 @@ def test_drift_curve_is_one_point_per_frame_and_a_failed_frame_drops(viewer, qtb
         return real_snapshot(run, *args)
 
     monkeypatch.setattr(RegistrationRun, "_snapshot", slowed)
-    stack, _ = data.drifting_timelapse(frames=8, size=64)
+    stack, true = data.drifting_timelapse(frames=8, size=64)
     failed = 5
     stack[failed] = np.random.default_rng(1).random((64, 64), dtype=np.float32)  # noise
-    w, _, _ = _setup(viewer, None, stack, mode="time-lapse (drift)", iterations=30)
-    shown = []
+    w, _, m = _setup(viewer, None, stack, mode="time-lapse (drift)", iterations=30)
+    m.scale = (1.0, 0.5, 0.25)  # a pixel of 0.5 × 0.25 (world units)
+    shown, statuses = [], []
     real = w._plot.set_curve
     w._plot.set_curve = lambda curve: (shown.append(curve), real(curve))
+    from napari_simwarp.widgets_logic.registration import Snapshot
+
+    real_describe = Snapshot.describe  # what the status line shows at each display
+    monkeypatch.setattr(
+        Snapshot, "describe", lambda snap: statuses.append(real_describe(snap)) or statuses[-1]
+    )
     _run(qtbot, w)
     shown = [curve for curve in shown if curve.y]  # (the run starts on an empty plot)
     assert len(shown) >= 2  # live curves, then the final one
-    for curve in shown:  # never against the snapshot (the batches' sawtooth)
+    for curve in shown:  # per frame, never against the snapshot
         assert curve.x_label == "frame" and set(curve.x) <= set(range(8))
+    assert any(s.startswith("running: frame ") and s.endswith("/8") for s in statuses)
     plot = w._plot
-    assert plot.curve.x == tuple(range(8)) and plot.curve.y_label.startswith("similarity")
-    sims = dict(zip(plot.curve.x, plot.values))
-    # noise shares nothing with the scene (ZNCC ~0); the aligned frames are the scene
-    assert abs(sims[failed]) < 0.2 and min(v for t, v in sims.items() if t != failed) > 0.8
-    assert not plot.log and f"frame {failed}" in plot.curve.now
-    image = plot.grab().toImage()  # painted: axes, the curve and the value, without error
-    colours = {image.pixelColor(x, y).getRgb()[:3] for x in range(image.width())
-               for y in range(0, image.height(), 2)}  # fmt: skip
-    assert LEVEL_COLORS[0] in colours
+    assert plot.curve.y_label == "shift (px)" and f"(frame {failed})" in plot.curve.now
+    legend = [label.text for _, label in plot._legend.items]
+    assert legend == ["y", "x"]
+    shifts = w.result.shifts
+    good = [t for t in range(8) if t != failed]
+    np.testing.assert_allclose(shifts[good], true[good], atol=0.3)
+    # one arrow per frame (a translation moves every pixel alike), not a grid of them
+    assert len(viewer.layers["displacement"].data) == 8
+
+    saved = w.save_transform(tmp_path / "drift.npz")
+    table = pd.read_csv(tmp_path / "drift_shifts.csv")
+    assert len(saved) == 9 and list(table["frame"]) == list(range(8))
+    np.testing.assert_allclose(table[["shift_y_px", "shift_x_px"]], shifts, rtol=1e-12)
+    np.testing.assert_allclose(
+        table[["shift_y_world", "shift_x_world"]], shifts * [0.5, 0.25], rtol=1e-12
+    )
 
 
 def _far_pair(camera_crop):

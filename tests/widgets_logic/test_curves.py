@@ -1,16 +1,20 @@
-"""The Register widget's plot data (widgets_logic/curves.py): per snapshot for pairs,
-per frame for drift runs."""
+"""The Register widget's plot data (widgets_logic/curves.py): the similarity against the
+iteration for pairs, the shift per frame for drift runs."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from napari_simwarp import data
 from napari_simwarp.registration.quality import RegistrationWarning
+from napari_simwarp.registration.transforms import AffineTransform
 from napari_simwarp.widgets_logic.curves import (
-    FrameLosses,
+    FrameShifts,
     frame_similarity_curve,
+    shift_curve,
+    similarity_curve,
     snapshot_curve,
 )
 from napari_simwarp.widgets_logic.registration import RegistrationRun, RunSettings
@@ -23,20 +27,39 @@ def test_snapshot_curve_is_loss_against_snapshot_without_non_finite_values():
     assert not snapshot_curve([-0.9, -0.5]).log  # −NCC: no logarithm
 
 
-def test_frame_losses_give_each_frame_its_batchs_latest_loss_per_level():
-    # 7 stack frames, reference "previous": moving frame i is stack frame i + 1.
-    frames = FrameLosses(7, offset=1)
-    frames.update(slice(0, 3), 0, 5.0)
-    frames.update(slice(0, 3), 0, 4.0)  # the batch improves: its frames show the latest
-    frames.update(slice(0, 3), 1, 2.0)
-    frames.update(slice(3, 6), 0, 9.0)
-    c = frames.curve()
-    assert c.x_label == "frame" and c.now == "frames 4–6: 9"
-    by_level = {
-        lv: {x: y for x, y, l2 in zip(c.x, c.y, c.levels) if l2 == lv} for lv in set(c.levels)
+def test_similarity_curve_names_levels_as_napari_does():
+    c = similarity_curve([0, 5, 9], [0.9, 0.95, 0.99], [2, 1, 0])
+    # 0: full resolution; the coarsest (first in the legend) says what the numbers are
+    assert c.name(0) == "0 (full)" and c.name(1) == "1" and c.name(2) == "level 2"
+    assert similarity_curve([0], [0.9], [0]).name(0) == "level 0 (full)"
+    assert c.x_label == "iteration (all levels)" and c.y_label == "similarity (ZNCC)"
+    assert not c.log and c.now == "ZNCC 0.990"
+
+
+def _shift(*t):
+    m = np.eye(len(t) + 1)
+    m[:-1, -1] = t
+    return AffineTransform(m, "translation")
+
+
+def test_frame_shifts_are_each_frames_translation_per_axis():
+    shifts = FrameShifts(4, 2)
+    shifts.update({0: _shift(0.0, 0.0), 2: _shift(1.5, -2.0)})
+    c = shifts.curve()
+    by_axis = {
+        c.name(k): {x: y for x, y, k2 in zip(c.x, c.y, c.levels) if k2 == k} for k in set(c.levels)
     }
-    assert by_level[0] == {1: 4.0, 2: 4.0, 3: 4.0, 4: 9.0, 5: 9.0, 6: 9.0}
-    assert by_level[1] == {1: 2.0, 2: 2.0, 3: 2.0}  # frame 0 is the reference: no loss
+    assert by_axis == {"y": {0: 0.0, 2: 1.5}, "x": {0: 0.0, 2: -2.0}}  # frames 1, 3: not yet
+    assert c.x_label == "frame" and c.y_label == "shift (px)" and not c.log
+
+
+def test_shift_curve_names_the_frame_of_lowest_similarity():
+    c = shift_curve(np.zeros((4, 3)), similarity=[1.0, 0.98, 0.2, 0.97])
+    assert c.now == "lowest ZNCC 0.200 (frame 2)" and {c.name(k) for k in c.levels} == {
+        "z",
+        "y",
+        "x",
+    }
 
 
 def test_frame_similarity_curve_spans_zero_to_one_and_names_the_worst_frame():
@@ -46,9 +69,9 @@ def test_frame_similarity_curve_spans_zero_to_one_and_names_the_worst_frame():
     assert frame_similarity_curve([0.9, -0.3]).y_range == (-0.3, 1.0)
 
 
-def test_a_drift_run_is_plotted_per_frame_and_a_failed_frame_is_a_drop():
+def test_a_drift_run_plots_each_frames_shift_and_names_a_failed_frame():
     pytest.importorskip("dask")  # the drift display shows a lazy stack (focus_stack)
-    stack, _ = data.drifting_timelapse(frames=6, size=64)
+    stack, true = data.drifting_timelapse(frames=6, size=64)
     failed = 3
     stack[failed] = np.random.default_rng(1).random((64, 64), dtype=np.float32)  # noise
     run = RegistrationRun(None, stack, RunSettings(mode="stack", model="translation"))
@@ -57,21 +80,31 @@ def test_a_drift_run_is_plotted_per_frame_and_a_failed_frame_is_a_drop():
     for snap in snaps[:-1]:  # live: x is a frame index, never a snapshot count
         assert snap.curve.x_label == "frame" and set(snap.curve.x) <= set(range(6))
     final = snaps[-1].curve
-    assert final.x == tuple(range(6)) and final.x_label == "frame"
-    sims = dict(zip(final.x, final.y))
-    # Noise shares nothing with the scene (ZNCC ~0); the drifting frames, once aligned,
-    # are the scene again (ZNCC near 1).
-    assert abs(sims[failed]) < 0.2
-    assert min(v for t, v in sims.items() if t != failed) > 0.8
-    assert f"frame {failed}" in final.now
+    assert final.y_label == "shift (px)" and f"(frame {failed})" in final.now
+    got = np.full((6, 2), np.nan)
+    for x, y, axis in zip(final.x, final.y, final.levels):
+        got[int(x), axis] = y
+    np.testing.assert_array_equal(got, run.result.shifts)  # the plot is the result's shifts
+    good = [t for t in range(6) if t != failed]
+    np.testing.assert_allclose(got[good], true[good], atol=0.3)  # against the true drift
 
 
-def test_a_pair_run_keeps_the_loss_per_snapshot():
+def test_a_pair_run_plots_the_similarity_the_result_reports():
     fixed, moving, _ = data.deformed_pair()
     run = RegistrationRun(
         fixed[::4, ::4], moving[::4, ::4], RunSettings(model="affine", levels=2, iterations=10)
     )
     final = list(run.snapshots())[-1]
-    assert final.curve.x_label == "snapshot" and final.curve.y == tuple(final.losses)
-    assert final.curve.x == tuple(range(len(final.losses)))
-    assert final.curve.levels == tuple(final.loss_levels) and set(final.loss_levels) == {0, 1}
+    c, res = final.curve, run.result
+    assert c.x_label == "iteration (all levels)" and c.y_label == "similarity (ZNCC)"
+    # starts at the result's initial similarity, ends at its final one (status agrees)
+    assert c.y[0] == pytest.approx(res.initial_similarity) and c.y[-1] == pytest.approx(
+        res.similarity
+    )
+    assert c.levels[0] == 1 and c.levels[-1] == 0  # napari's numbering: 0 is full resolution
+    assert list(c.x) == sorted(c.x)
+    # the points in between are the masked ZNCC of the pre-blurred images the engine sees
+    # (independent check of one: the result's own transform gives its similarity)
+    value = run._similarity(res.transform, res.warped)
+    assert value == pytest.approx(res.similarity, abs=2e-3)
+    assert torch.is_tensor(run._similarity_inputs[0])

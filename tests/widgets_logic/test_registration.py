@@ -74,15 +74,18 @@ def test_abort_ends_the_run_at_the_next_report_with_no_result():
 
 def test_the_status_counts_the_levels_the_run_optimizes():
     """Above Adam's full-resolution size (256²) the engine skips the finest level: the
-    status counts the levels that run ("level k/4" of a 5-level pyramid), as the curve's
-    levels do, and says where it ends; a 128² pair runs every level."""
+    status names the levels that run as napari does (4 to 1 of a 5-level pyramid), as the
+    curve's legend does, and says where it ends; a 128² pair runs every level."""
     fixed, moving, _ = data.deformed_pair()  # 512²: 5 levels, the finest skipped
     run = RegistrationRun(fixed, moving, RunSettings(model="deformable", iterations=2))
     snaps = list(run.snapshots())
     ran = sorted(set(run.loss_levels))
     assert run.levels == 5 and run.run_levels == len(ran) == 4
-    assert all(f"/{run.run_levels}," in snap.describe() for snap in snaps)
-    assert snaps[-1].final and snaps[-1].describe().startswith("done: level 4/4")
+    # levels named as napari names them (0: full resolution): 4 … 1 here, as in the legend
+    named = {int(snap.describe().split("level ")[1].split(" ")[0]) for snap in snaps}
+    assert named == {run.levels - 1 - lv for lv in ran} == {4, 3, 2, 1}
+    assert set(snaps[-1].curve.levels) <= named
+    assert snaps[-1].final and snaps[-1].describe().startswith("done: level 1 (1 above full")
     small = RegistrationRun(fixed[:128, :128], moving[:128, :128], RunSettings(model="affine"))
     assert small.run_levels == small.levels
 

@@ -57,15 +57,15 @@ def put_layer(viewer, kind: str, name: str, data, like=None, **props):
     """
     layer = layer_by_name(viewer, name)
     ndim = _ndim(kind, data)
-    if layer is not None and not same_kind(layer, kind, data):
-        viewer.layers.remove(layer)
-        layer = None
     geometry = {}
     if like is not None and like.ndim == ndim:
         geometry = {"scale": like.scale, "translate": like.translate}
-    if layer is None:
-        adder = getattr(viewer, f"add_{kind}")
-        return adder(data, name=name, **geometry, **props)
+    if layer is None or not same_kind(layer, kind, data):
+        with selection_kept(viewer):  # napari selects each layer it adds
+            if layer is not None:
+                viewer.layers.remove(layer)
+            adder = getattr(viewer, f"add_{kind}")
+            return adder(data, name=name, **geometry, **props)
     features = props.pop("features", None)
     if kind == "shapes":
         layer.data = (list(data), [props.pop("shape_type", "rectangle")] * len(data))
@@ -124,12 +124,47 @@ def _differs(current, value) -> bool:
 def same_kind(layer, kind: str, data) -> bool:
     """Whether ``layer`` is a ``kind`` layer ("image", "vectors"...) that can take ``data``
     (same dimensionality)."""
-    # The class name, not napari's private ``_type_string`` (a FutureWarning on each use).
+    # isinstance, not the type's name: docked from the Plugins menu, a widget's layers are
+    # napari's PublicOnlyProxy (``type(layer)`` is the proxy; ``isinstance`` sees through
+    # it), and a name compare replaced every result layer at each display (issue 27).
+    # Nor napari's private ``_type_string`` (a FutureWarning on each use).
+    import napari.layers
+
+    cls = getattr(napari.layers, kind.capitalize(), None)
     return (
         layer is not None
-        and type(layer).__name__.lower() == kind
+        and cls is not None
+        and isinstance(layer, cls)
         and layer.ndim == _ndim(kind, data)
     )
+
+
+@contextlib.contextmanager
+def selection_kept(viewer):
+    """Restore the user's layer selection after adding or removing layers inside the
+    ``with`` block: napari makes each added layer the selected one, and a result layer
+    taking the selection at every run took the layer the user was working on (issue 27).
+    Only what changed is put back (added first, then removed: the selection is never
+    empty in between, which would swap napari's layer controls twice)."""
+    selection = viewer.layers.selection
+    before = set(selection)
+    try:
+        yield
+    finally:
+        now = set(selection)
+        kept = {layer for layer in before if layer in viewer.layers}
+        if now != kept:
+            if kept - now:
+                selection.update(kept - now)
+            if now - kept:
+                selection.difference_update(now - kept)
+
+
+def show_colorbar(layer) -> None:
+    """Show napari's colour bar of an image layer (a map's values, e.g. ZNCC from -1 to
+    1, read off beside it); nothing where this napari has none."""
+    with contextlib.suppress(AttributeError):
+        layer.colorbar.visible = True
 
 
 def remove_layer(viewer, name: str) -> None:
@@ -137,7 +172,8 @@ def remove_layer(viewer, name: str) -> None:
     for it must not leave an earlier run's layer behind, looking current)."""
     layer = layer_by_name(viewer, name)
     if layer is not None:
-        viewer.layers.remove(layer)
+        with selection_kept(viewer):
+            viewer.layers.remove(layer)
 
 
 def _ndim(kind: str, data) -> int:
@@ -408,11 +444,21 @@ def after_kernel_build(widget, then, device="auto") -> bool:
     _start_kernel_build()
     if torch_while_building():
         return True  # the operators take the torch path until the build ends
-    widget._status.value = (
-        "building the compiled kernels (first use only; about a minute; or tick "
-        "'pure torch while the kernels build')…"
-    )
+    # A cached build loads in under a second: "about a minute" only when it is still
+    # going after one (it flashed on every cached load, issue 27).
+    widget._status.value = "loading the compiled kernels…"
     _KERNEL_BUILD["waiters"].append((widget, then))
+
+    def still_building():
+        if _KERNEL_BUILD["worker"] is not None and not widget._closed:
+            widget._status.value = (
+                "building the compiled kernels (first use only; about a minute; or tick "
+                "'pure torch until built')…"
+            )
+
+    from qtpy.QtCore import QTimer
+
+    QTimer.singleShot(1000, still_building)
     return False
 
 
@@ -439,6 +485,27 @@ def torch_while_building(on: bool | None = None) -> bool:
     return on
 
 
+def kernels_cached() -> bool:
+    """Whether this machine holds a build of the CPU kernels for these sources (then
+    loading them takes about a second, not a minute's build). False on any doubt."""
+    try:
+        from ..ops._kernels import _build
+
+        files = _build.sources("cpu")
+        directory = _build.build_directory("cpu", files, _build.host_cflags())
+        return any(directory.glob("simwarp_ops_cpu*.so"))
+    except Exception:
+        return False
+
+
+def preload_kernels() -> None:
+    """Load the compiled kernels in the background as a widget opens, where a build is
+    cached (about a second, which the first run waited for, issue 27); a first build (a
+    minute of both cores) still waits for a run to ask for it."""
+    if kernels_pending() and _KERNEL_BUILD["worker"] is None and kernels_cached():
+        _start_kernel_build()
+
+
 def _start_kernel_build() -> None:
     """Start the one kernel build (unless under way): a worker with a progress bar."""
     from napari.qt.threading import create_worker
@@ -462,10 +529,11 @@ def _start_kernel_build() -> None:
                 w._status.value = "kernels ready"
                 callback()
 
+    verb = "Loading" if kernels_cached() else "Building"
     worker = create_worker(
         _kernels.ensure_loaded,
         _ignore_errors=True,
-        _progress={"total": 0, "desc": "Building napari-simwarp kernels"},
+        _progress={"total": 0, "desc": f"{verb} napari-simwarp kernels"},
     )
     worker.errored.connect(lambda exc: notify_error("building the kernels", exc))
     worker.finished.connect(done)
@@ -486,6 +554,8 @@ class WorkerWidget(Container):
     task = "computation"
 
     def __init__(self):
+        from qtpy.QtWidgets import QSizePolicy
+
         super().__init__()
         self._worker = None
         self._closed = False
@@ -496,18 +566,40 @@ class WorkerWidget(Container):
         self._device = ComboBox(
             name="device", choices=device_choices(), value="auto", label="device"
         )
-        self._status = Label(value="")
-        self._status.native.setWordWrap(True)  # whole error messages, not cut at the edge
+        self._status = Label(value="")  # wraps: whole error messages, not cut at the edge
         self._backend = BackendLabel(lambda: self._device.value)
+        for label in (self._status, self._backend):
+            # a long line wraps at the dock's width and never widens it (a wrapped
+            # QLabel still asks for a width of its own, here 400 px)
+            label.native.setWordWrap(True)
+            label.native.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self._device.changed.connect(self._backend.refresh)
         # Shown while the kernels are not loaded: compute at once with the torch operators
         # instead of waiting for the first build (about a minute; issue 13).
         self._torch_meanwhile = CheckBox(
-            value=torch_while_building(), text="pure torch while the kernels build"
+            value=torch_while_building(), text="pure torch until built"
+        )
+        self._torch_meanwhile.tooltip = (
+            "Compute with the pure torch operators (slower) until the compiled kernels "
+            "are built (first use only, about a minute), instead of waiting"
         )
         if not kernels_pending():  # (made visible before its parent, it would be a window)
             self._torch_meanwhile.visible = False
         self._torch_meanwhile.changed.connect(torch_while_building)
+        preload_kernels()
+
+    def compact(self) -> None:
+        """Keep the dock narrow (issue 27: 660 px of a 1500 px window, the image opened
+        cropped; napari-animation and affinder take about 350 px): a combo box asks for
+        the width of a few characters, not of its longest choice (a layer's long name);
+        the whole text shows in its list."""
+        from qtpy.QtWidgets import QComboBox
+
+        for combo in self.native.findChildren(QComboBox):
+            combo.setSizeAdjustPolicy(
+                QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon
+            )
+            combo.setMinimumContentsLength(10)
 
     def watch_destroyed(self, stop=None) -> None:
         """When the native widget is destroyed (or Python exits first), mark the widget

@@ -34,6 +34,7 @@ from ._common import (
     plane_geometry,
     put_layer,
     remove_layer,
+    show_colorbar,
     start_worker,
 )
 
@@ -116,9 +117,24 @@ class TemplateMatchingWidget(WorkerWidget):
         self.result = None
         self._plane = None  # the image plane of the last run (its geometry places results)
         self.watch_destroyed()
+        self.compact()
         self._update_visibility()
         self._on_image()
         self._backend.refresh()
+
+    def reset_choices(self, *_):
+        """The layer lists changed (napari calls this as layers come and go): refresh the
+        combos, and give an empty rectangle choice the Shapes layer there is, so the first
+        press after drawing a rectangle finds it (issue 27: the combo stayed "-----")."""
+        super().reset_choices()
+        if self._shapes.value is None:
+            drawn = [
+                layer
+                for layer in self._shapes.choices
+                if isinstance(layer, napari.layers.Shapes) and layer.name != BOXES_LAYER
+            ]
+            if drawn:
+                self._shapes.value = drawn[-1]  # the newest
 
     def _update_visibility(self, *_):
         from_shapes = self._source.value == SOURCES[0]
@@ -226,6 +242,7 @@ class TemplateMatchingWidget(WorkerWidget):
             return
         self.result = result
         geometry = plane_geometry(self._image.value, self._plane.source)
+        new_map = MAP_LAYER not in self._viewer.layers
         zncc_map = put_layer(
             self._viewer,
             "image",
@@ -237,6 +254,8 @@ class TemplateMatchingWidget(WorkerWidget):
             blending="translucent",
             **geometry,
         )
+        if new_map:  # once: the ZNCC scale beside the map (the user may hide it)
+            show_colorbar(zncc_map)
         features = {"score": result.scores.astype(np.float32)}
         ndim = result.zncc.ndim
         points = put_layer(

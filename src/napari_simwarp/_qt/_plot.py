@@ -1,5 +1,5 @@
-"""The Register widget's plot, drawn with pyqtgraph: the loss per snapshot of a pair run,
-the loss or similarity per frame of a drift run (see
+"""The Register widget's plot, drawn with pyqtgraph: the similarity against the iteration
+of a pair run, the shift per frame of a drift run (see
 :mod:`napari_simwarp.widgets_logic.curves`).
 
 pyqtgraph rather than napari-matplotlib: it is a Qt widget made for live data (a new
@@ -18,7 +18,8 @@ from qtpy.QtWidgets import QSizePolicy, QVBoxLayout, QWidget
 
 from ..widgets_logic.curves import Curve, snapshot_curve
 
-#: one colour per pyramid level (coarsest first), cycled; a marker shape per level too
+#: one colour per series (a pyramid level, napari's numbering; an axis), cycled; a marker
+#: shape per series too
 LEVEL_COLORS = ((255, 170, 0), (0, 200, 255), (120, 230, 80), (255, 90, 200), (200, 200, 90))
 LEVEL_SYMBOLS = ("o", "s", "t", "d", "+")
 BACKGROUND = (38, 41, 48)
@@ -67,7 +68,7 @@ class LossPlot(QWidget):
         self._view.setMouseEnabled(x=False, y=False)
         self._view.hideButtons()
         self._view.showGrid(x=True, y=True, alpha=0.15)
-        self._series: dict[int, tuple] = {}  # level -> (line, markers)
+        self._series: dict[tuple, tuple] = {}  # (key, name) -> (line, markers)
         # the legend in one row over the plot, beside the title (the current value, to
         # the right): inside the axes it sat on the last level's points
         self._legend = pg.LegendItem(offset=(44, 1), colCount=5, labelTextSize="7pt")
@@ -87,6 +88,13 @@ class LossPlot(QWidget):
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.set_curve(self.curve)  # the axes' titles before the first run
 
+    def sizeHint(self):  # noqa: N802 (Qt's name)
+        """A dock's width, not pyqtgraph's 640 px (the plot set the Register dock's width
+        to 660 px, issue 27); it widens with the dock."""
+        from qtpy.QtCore import QSize
+
+        return QSize(300, 170)
+
     def set_curve(self, curve: Curve) -> None:
         self.curve = curve
         plot = self._view.getPlotItem()
@@ -105,22 +113,25 @@ class LossPlot(QWidget):
             plot.setLabel("left", titles[1])
         self._now.setText(curve.now)
         ys = [math.log10(v) for v in curve.y] if log else list(curve.y)
-        levels = sorted(set(curve.levels))
-        for level in set(self._series) - set(levels):
-            line, dots = self._series.pop(level)
+        # a series by its key and name (a level's or an axis'): another run's series of
+        # the same key under another name is a new one, with its own legend entry
+        keys = sorted(set(curve.levels), reverse=curve.x_label != "frame")
+        series = [(key, curve.name(key)) for key in keys]
+        for gone in set(self._series) - set(series):
+            line, dots = self._series.pop(gone)
             self._legend.removeItem(dots)
             plot.removeItem(line)
             plot.removeItem(dots)
-        for level in levels:
-            idx = [i for i, lv in enumerate(curve.levels) if lv == level]
+        for key, name in series:
+            idx = [i for i, lv in enumerate(curve.levels) if lv == key]
             x = [curve.x[i] for i in idx]
             y = [ys[i] for i in idx]
-            line, dots = self._series.get(level) or self._new_series(level)
+            line, dots = self._series.get((key, name)) or self._new_series(key, name)
             line.setData(x, y)
             # markers on at most max_markers points of a series, the line through all
             every = max(1, -(-len(idx) // curve.max_markers))
             dots.setData(x[::every], y[::every])
-        self._legend.setVisible(len(levels) > 1)
+        self._legend.setVisible(len(series) > 1)
         if curve.y_range is not None and not log:
             low = min([curve.y_range[0], *curve.y])
             high = max([curve.y_range[1], *curve.y])
@@ -129,8 +140,9 @@ class LossPlot(QWidget):
             plot.enableAutoRange(axis="y")
         plot.enableAutoRange(axis="x")
 
-    def _new_series(self, level: int):
-        """The line and the markers of a pyramid level, and its legend entry."""
+    def _new_series(self, level: int, name: str):
+        """The line and the markers of a series (a pyramid level, an axis), and its legend
+        entry ``name``."""
         color = LEVEL_COLORS[level % len(LEVEL_COLORS)]
         line = self._view.plot(pen=pg.mkPen(color, width=1.5))
         # markers as a data item of their own (no line): it follows the log axis too
@@ -141,8 +153,8 @@ class LossPlot(QWidget):
             symbolBrush=pg.mkBrush(color),
             symbolPen=pg.mkPen(color),
         )
-        self._legend.addItem(dots, f"level {level}")
-        self._series[level] = (line, dots)
+        self._legend.addItem(dots, name)
+        self._series[(level, name)] = (line, dots)
         return line, dots
 
     def set_values(self, values, levels=None) -> None:

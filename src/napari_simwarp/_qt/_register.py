@@ -70,6 +70,15 @@ STEP_MS = 40
 #: least time between two updates of the Vectors layers (napari redraws their thumbnail,
 #: one Python loop per arrow, at each data change: ~85 ms for 1000 arrows)
 VECTORS_MS = 1000
+#: the live display's share of the GUI thread, at most: displays are spaced so that what
+#: one costs the GUI thread (its steps and the canvas repaint they cause, measured as the
+#: lateness of a ticking timer) is at most this share of the time between two (issue 27:
+#: with software OpenGL a repaint took 0.3-0.9 s, and displays every 100 ms kept the GUI
+#: thread, and the GIL, busy while the worker waited)
+DISPLAY_SHARE = 0.25
+#: the tick of that timer, and the longest time between two displays
+LAG_TICK_MS = 50
+MAX_DISPLAY_MS = 2000
 #: least time between two moves of napari's progress bar (each move runs a nested turn of
 #: the event loop: ``processEvents``, a repaint)
 PROGRESS_MS = 250
@@ -114,13 +123,15 @@ class RegisterWidget(WorkerWidget):
         self._metric = ComboBox(
             name="metric", choices=["auto", *METRICS], value="auto", label="metric"
         )
-        self._levels = SpinBox(
-            name="levels", value=0, min=0, max=8, label="pyramid levels (0: auto)"
+        # Whole numbers in Qt's own spin box (magicgui's SpinBox is superqt's, which shows
+        # no special value text): 0 reads "auto" / "default" in the box itself.
+        self._levels = FloatSpinBox(
+            name="levels", value=0, min=0, max=8, step=1, label="pyramid levels"
         )
         self._level = SpinBox(name="level", value=0, min=0, max=0, label="level (multiscale)")
         self._level.visible = False
-        self._iterations = SpinBox(
-            name="iterations", value=0, min=0, max=10000, label="iterations / level (0: default)"
+        self._iterations = FloatSpinBox(
+            name="iterations", value=0, min=0, max=10000, step=1, label="iterations / level"
         )
         self._gradient = CheckBox(value=True, text="show similarity gradient")
         # Landmarks: point i of one layer matches point i of the other (world coordinates).
@@ -142,8 +153,17 @@ class RegisterWidget(WorkerWidget):
             min=0.0,
             max=1e6,
             step=0.01,
-            label="landmark weight (0: start only)",
+            label="landmark weight",
         )
+        # 0 shown as what it means, in the box (the labels said it: a dock 660 px wide)
+        for box, text in (
+            (self._levels, "auto"),
+            (self._iterations, "default"),
+            (self._landmark_weight, "0 (start only)"),
+        ):
+            box.native.setSpecialValueText(text)
+        for box in (self._levels, self._iterations):
+            box.native.setDecimals(0)
         for chooser in (self._fixed_points, self._moving_points):
             chooser.value = None  # no landmarks unless asked for
         self._run_btn = PushButton(text="Register")
@@ -154,7 +174,10 @@ class RegisterWidget(WorkerWidget):
             name="apply_to", choices=self._resamplable, label="apply to", nullable=True
         )
         self._apply_btn = PushButton(text="Apply transform to layer", enabled=False)
-        self._affine_btn = PushButton(text="Show on moving layer's affine", enabled=False)
+        self._affine_btn = PushButton(text="Show as moving's affine", enabled=False)
+        self._affine_btn.tooltip = (
+            "Align the moving layer on screen through its affine (no resampling)"
+        )
         self.extend(
             [
                 self._mode,
@@ -203,8 +226,15 @@ class RegisterWidget(WorkerWidget):
         self._last_vectors = self._last_progress = -np.inf
         self._display_timer = QTimer()
         self._display_timer.setSingleShot(True)
+        self._display_ms = DISPLAY_MS  # paced by _on_lag_tick, given at each start
         self._display_timer.setInterval(DISPLAY_MS)
         self._display_timer.timeout.connect(self._display_waiting)
+        # How late a ticking timer fires: what the GUI thread spends on each turn of the
+        # event loop (displays, repaints), which spaces the displays (DISPLAY_SHARE).
+        self._lag_timer = QTimer()
+        self._lag_timer.setInterval(LAG_TICK_MS)
+        self._lag_timer.timeout.connect(self._on_lag_tick)
+        self._lag_last, self._lag_peak = 0.0, 0.0
         # display steps to run, by what they update: a newer display's step for a layer
         # replaces one still waiting (its data is older), so the queue stays short
         self._steps: dict = {}
@@ -215,6 +245,7 @@ class RegisterWidget(WorkerWidget):
         # Drift correction shows live the frame the viewer is on: follow the slider.
         napari_viewer.dims.events.current_step.connect(self._on_step)
         self.watch_destroyed(_stop_run)
+        self.compact()
         self._update_visibility()
         self._on_layers()
         self._backend.refresh()
@@ -328,22 +359,36 @@ class RegisterWidget(WorkerWidget):
         self._plot.set_values([])
         # napari's progress bar, advanced by the steps each snapshot covers (snapshots are
         # merged in the worker, so one yield may stand for several steps).
-        self._progress = progress(total=run.expected_steps() + 1, desc="Registering")
+        desc = "Aligning frames" if self.mode == "stack" else "Registering"
+        self._progress = progress(total=run.expected_steps() + 1, desc=desc)
         worker = create_worker(_snapshots, run, _ignore_errors=True)
         worker.yielded.connect(self._receive)
         worker.errored.connect(self._on_error)
         worker.finished.connect(self._on_finished)
         self._set_running(True)
+        self._display_ms = DISPLAY_MS
         self._status.value = f"registering ({run.settings.model}, {run.run_levels} levels)…"
 
+        # The worker starts now, and the result layers a session does not have yet are
+        # added meanwhile, one per turn of the event loop (napari's add_image and
+        # add_vectors are its costliest GUI-thread steps). They were added before the
+        # worker started, to spare them the GIL's contention: in a shown viewer each turn
+        # also repaints the canvas (0.2-0.5 s with software OpenGL), and the first run
+        # waited 1.7 s for them (issue 27). A snapshot that comes before its layer's
+        # placeholder was added replaces that step (same key): one layer, added once.
         def start():
             self._worker = worker
             start_worker(worker, stop=run.abort)
+            # the displays' pacing from now on (not the layers' additions before)
+            self._lag_last, self._lag_peak = time.perf_counter(), 0.0
+            self._lag_timer.start()
 
         # The result layers a session does not have yet are added first, one per turn of
         # the event loop, and the worker started after them: napari's add_image and
         # add_vectors (its Qt controls, vispy visual, layer-list events) are its costliest
-        # GUI-thread steps, and under a running worker they waited on the GIL too.
+        # GUI-thread steps, and under a running worker they waited on the GIL too (issue
+        # 27, a shown viewer under load 8: started together, the first add took 0.9-1.0 s
+        # instead of 0.3-0.4 s and the run's worker 3.1-3.3 s instead of 1.3-1.9 s).
         self._queue([*self._placeholders(run), ("start", start)])
 
     def _pair_planes(self, fixed, moving):
@@ -469,6 +514,15 @@ class RegisterWidget(WorkerWidget):
         with the fixed layer's, the moving layer's contrast limits (none computed on data)."""
         moving, fixed = self._moving_layer, self._fixed_layer
         limits = tuple(moving.contrast_limits) if moving is not None else None
+        if self.mode == "stack" and moving is not None:
+            # A drift-corrected movie replaces the movie on screen: in its own colours (a
+            # grey movie came back magenta, issue 27) and blending.
+            return {
+                **self._geometry,
+                "colormap": moving.colormap.name,
+                "blending": moving.blending,
+                **({"contrast_limits": limits} if limits else {}),
+            }
         return {
             **self._geometry,
             "colormap": _contrasting(fixed),
@@ -520,7 +574,7 @@ class RegisterWidget(WorkerWidget):
         if snap.final:
             self._display_waiting()
         elif not self._display_timer.isActive():
-            self._display_timer.start()
+            self._display_timer.start(self._display_ms)
         # Last: napari's bar processes events as it moves (the worker's "finished" may be
         # handled in there), so this snapshot must be queued before.
         bar, now = self._progress, time.perf_counter()
@@ -573,7 +627,7 @@ class RegisterWidget(WorkerWidget):
             # Not yet: the arrows wait (newer snapshots merge into them) for a later display.
             self._waiting = replace(snap, warped=None).merged_into(self._waiting)
             snap = replace(snap, displacement=None, gradient=None)
-            self._display_timer.start()
+            self._display_timer.start(self._display_ms)
         elif has_vectors:
             self._last_vectors = now
         self.snapshots_shown += 1
@@ -647,17 +701,36 @@ class RegisterWidget(WorkerWidget):
         if bar is not None:
             bar.close()
 
+    def _on_lag_tick(self):
+        """Space the live displays after the GUI thread's recent busy time: the timer's
+        lateness, its peak decaying by a fifth per tick."""
+        now = time.perf_counter()
+        late = max(0.0, now - self._lag_last - LAG_TICK_MS / 1000)
+        self._lag_last = now
+        self._lag_peak = max(late, 0.8 * self._lag_peak)
+        ms = int(min(max(DISPLAY_MS, 1000 * self._lag_peak / DISPLAY_SHARE), MAX_DISPLAY_MS))
+        # given at the timer's next start: setInterval restarts an active timer, and
+        # a tick every 50 ms kept the display from ever firing
+        self._display_ms = ms
+
     def _report_result(self):
+        self._lag_timer.stop()
         self._close_progress()
         self._set_running(False)
         if self._run is not None and self._run.result is not None:
             res = self._run.result
             word = "stopped early" if res.stopped else "done"
-            status = (
-                f"{word} in {res.seconds:.1f} s on {res.device}; similarity "
-                f"({MEASURES[res.similarity_measure].label}) "
-                f"{res.initial_similarity:.3f} → {res.similarity:.3f}"
-            )
+            label = MEASURES[res.similarity_measure].label
+            if self._run.settings.mode == "pair":
+                status = (
+                    f"{word} in {res.seconds:.1f} s on {res.device}; similarity "
+                    f"({label}) {res.initial_similarity:.3f} → {res.similarity:.3f}"
+                )
+            else:
+                status = (
+                    f"{word}: {self._run.frame_total} frames aligned in {res.seconds:.1f} s "
+                    f"on {res.device}; lowest frame similarity ({label}) {res.similarity:.3f}"
+                )
             if res.warnings:
                 status += f"; ⚠ {len(res.warnings)} warning(s)"
                 for message in res.warnings:
@@ -670,17 +743,41 @@ class RegisterWidget(WorkerWidget):
 
     # -- after the run --------------------------------------------------------------------
     def save_transform(self, path) -> list:
-        """Save the transform(s): ``path`` for a pair, ``path_<t>.npz`` per frame."""
+        """Save the transform(s): ``path`` for a pair, ``path_<t>.npz`` per frame and, for
+        a drift run whose transforms are shifts (linear models: their translation), the
+        shift table ``path_shifts.csv`` beside them (frame, shift per axis in pixels and
+        in the layer's units: :mod:`~..widgets_logic.shift_table`)."""
         import pathlib
+
+        from ..widgets_logic.shift_table import write_shift_table
 
         ts = self._run.transforms if self._run is not None else []
         if not ts:
             raise ValueError("run a registration first")
         path = pathlib.Path(path)
-        if len(ts) == 1:
+        if self._run.settings.mode == "pair":
             return [ts[0].save(path)]
         stem = path.with_suffix("")
-        return [t.save(f"{stem}_{i:04d}.npz") for i, t in enumerate(ts)]
+        saved = [t.save(f"{stem}_{i:04d}.npz") for i, t in enumerate(ts)]
+        if all(hasattr(t, "translation") for t in ts):
+            d = len(self._run.shape)
+            spacing = np.asarray(self._geometry.get("scale", np.ones(d + 1)))[-d:]
+            table = write_shift_table(
+                f"{stem}_shifts.csv", self._run.result.shifts, spacing, self._unit(d)
+            )
+            saved.append(table)
+        return saved
+
+    def _unit(self, d: int) -> str:
+        """The physical unit of the moving layer's last ``d`` axes, for the shift table's
+        columns ("world" when napari knows none but pixels, or they differ)."""
+        units = getattr(self._moving_layer, "units", None)
+        try:
+            names = {str(u) for u in tuple(units)[-d:]}
+        except TypeError:
+            return "world"
+        name = names.pop() if len(names) == 1 else "pixel"
+        return "world" if name in ("pixel", "") else name.replace(" ", "_")
 
     def _ask_save(self, *_):
         from qtpy.QtWidgets import QFileDialog
@@ -691,7 +788,10 @@ class RegisterWidget(WorkerWidget):
         if path:
             try:
                 saved = self.save_transform(path)
-                notify_info(f"saved {len(saved)} transform file(s) to {saved[0].parent}")
+                tables = [p for p in saved if str(p).endswith(".csv")]
+                table = f" and the shift table {tables[0].name}" if tables else ""
+                count = len(saved) - len(tables)
+                notify_info(f"saved {count} transform file(s){table} to {saved[0].parent}")
             except (OSError, ValueError) as exc:
                 self._report(exc, "saving the transform")
 
@@ -799,6 +899,7 @@ def _stop_run(widget) -> None:
         widget._viewer.dims.events.current_step.disconnect(widget._on_step)
     with contextlib.suppress(RuntimeError):  # already deleted with the widget
         widget._display_timer.stop()
+        widget._lag_timer.stop()
         widget._step_timer.stop()
     if widget._run is not None:
         widget._run.abort()  # no result wanted: end at the next progress report

@@ -44,6 +44,8 @@ from ._common import (
     plane_geometry,
     put_layer,
     remove_layer,
+    selection_kept,
+    show_colorbar,
     start_worker,
     wait_for,
 )
@@ -52,6 +54,10 @@ if TYPE_CHECKING:
     import napari
 
 DEBOUNCE_MS = 150
+
+
+#: a new map's opacity: the image stays visible through it
+MAP_OPACITY = 0.7
 
 
 class SimilarityMapWidget(WorkerWidget):
@@ -80,9 +86,9 @@ class SimilarityMapWidget(WorkerWidget):
         self._metric = ComboBox(
             name="metric", choices=list(METRICS), value="local std", label="metric"
         )
-        self._window = SpinBox(name="window", value=15, min=1, max=255, step=2, label="window")
+        self._window = SpinBox(name="window", value=15, min=1, max=255, step=2, label="window (px)")
         self._sigma = FloatSpinBox(
-            name="sigma", value=1.5, min=0.1, max=50.0, step=0.1, label="sigma"
+            name="sigma", value=1.5, min=0.1, max=50.0, step=0.1, label="sigma (px)"
         )
         self._kernel = ComboBox(
             name="kernel", choices=["box", "gaussian"], value="box", label="NCC kernel"
@@ -139,6 +145,7 @@ class SimilarityMapWidget(WorkerWidget):
         dims.current_step.connect(self._on_step)
         dims.ndisplay.connect(self._on_ndisplay)
         self.watch_destroyed(_refresh_stopper(self._timer, dims, self._on_step, self._on_ndisplay))
+        self.compact()
         self._update_visibility()
         self._on_layers()
         self._backend.refresh()
@@ -356,16 +363,17 @@ class SimilarityMapWidget(WorkerWidget):
 
             levels = [im.data for im in from_ngff_zarr(str(store)).images]
             data = levels if len(levels) > 1 else levels[0]
-        remove_layer(self._viewer, STACK_LAYER)
-        self._viewer.add_image(
-            data,
-            name=STACK_LAYER,
-            multiscale=isinstance(data, list),
-            colormap=result.colormap,
-            contrast_limits=result.contrast_limits,
-            scale=scale,
-            translate=translate,
-        )
+        with selection_kept(self._viewer):  # napari selects the layer it adds
+            remove_layer(self._viewer, STACK_LAYER)
+            self._viewer.add_image(
+                data,
+                name=STACK_LAYER,
+                multiscale=isinstance(data, list),
+                colormap=result.colormap,
+                contrast_limits=result.contrast_limits,
+                scale=scale,
+                translate=translate,
+            )
         where = f", written to {store}" if store else " (lazy: planes are computed when shown)"
         self._status.value = (
             f"whole-stack {result.params.metric}, window {result.params.window}, shape "
@@ -378,6 +386,7 @@ class SimilarityMapWidget(WorkerWidget):
     def _show(self, result):
         if self._closed or not self._model.is_current(result.request_id):
             return  # stale: a newer request supersedes it
+        new = result.name not in self._viewer.layers
         layer = put_layer(
             self._viewer,
             "image",
@@ -387,6 +396,10 @@ class SimilarityMapWidget(WorkerWidget):
             contrast_limits=result.contrast_limits,
             **plane_geometry(self._image.value, self._planes[0].source),
         )
+        if new:  # once (the user may change them): the values' scale beside the map, and
+            # the image seen through it
+            show_colorbar(layer)
+            layer.opacity = MAP_OPACITY
         keep_on_top(self._viewer, [layer], self._seen_layers)
         self.results_shown += 1
         where = f" at {result.index}" if result.index else ""

@@ -1,20 +1,19 @@
-"""What the Register widget's plot shows: a :class:`Curve` of points by pyramid level.
+"""What the Register widget's plot shows: a :class:`Curve` of points in named series.
 
-A pair run plots its loss against the snapshot (one series per pyramid level).
+A pair run plots how alike the two images are as it goes: the similarity the result
+reports (ZNCC; normalized MI for ``metric="mi"``) of the warped moving image with the
+fixed one, against the iteration counted across the pyramid's levels, one series per
+level (:func:`similarity_curve`). Its loss was plotted before (issue 27): each level's
+loss is on its own scale (a coarse level's is smaller), so the curve climbed level by
+level and ended higher than it began while the images came into line. The similarity is
+on one scale from the first level to the last, and rises as the run converges. Levels
+are named as napari names a multiscale layer's: level 0 is the full resolution.
 
-A drift (time-lapse) run is plotted against the **frame index** instead. Its frames are
-registered in batches, and a snapshot's loss is its batch's mean loss: plotted against
-the snapshot it is a sawtooth (each batch starts high and falls, and batches of other
-content sit at other heights), which says nothing a user can act on. What a user wants
-to know is which frames aligned, so:
-
-- during the run, each frame shows the latest loss of its batch at each pyramid level
-  (:class:`FrameLosses`; a step across the batch's frames, filled left to right);
-- at the end, each frame's ZNCC with the aligned reference
-  (:attr:`~napari_simwarp.registration.stack.StackRegistrationResult.frame_similarity`,
-  :func:`frame_similarity_curve`): bounded and comparable between frames whatever the
-  batch, so a drop marks a frame that failed. Losses normalised per batch were the
-  other choice; they would hide a batch that failed as a whole.
+A drift (time-lapse) run is plotted against the **frame index**: each frame's shift, one
+series per axis (y, x; z first in 3-D), in pixels (:class:`FrameShifts` during the run,
+:func:`shift_curve` at the end) -- the drift trace a drift user wants to see, with the
+lowest frame similarity (ZNCC with the aligned reference) as text, so a frame that failed
+is named.
 
 No Qt, no napari.
 """
@@ -26,12 +25,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+#: the series names of the axes of a drift plot, by the number of spatial axes
+AXIS_NAMES = {2: ("y", "x"), 3: ("z", "y", "x")}
+
 
 @dataclass(frozen=True)
 class Curve:
-    """Points to plot, in series by pyramid level (0: coarsest).
+    """Points to plot, in series.
 
-    x, y, levels : one entry per point (finite values only)
+    x, y, levels : one entry per point (finite values only); ``levels`` is each point's
+        series key (a pyramid level, napari's numbering: 0 the full resolution; or an
+        axis)
+    names : the legend's name of each series key, ``((key, name), ...)``; a key not
+        named is "level <key>"
     x_label, y_label : the axes' titles
     now : the current value as text
     y_range : ``(low, high)`` the y axis spans at least; None: the values' own range
@@ -48,6 +54,11 @@ class Curve:
     y_range: tuple | None = None
     log_allowed: bool = True
     max_markers: int = 12
+    names: tuple = ()
+
+    def name(self, key: int) -> str:
+        """The legend's name of series ``key``."""
+        return dict(self.names).get(key, f"level {key}")
 
     @property
     def log(self) -> bool:
@@ -68,44 +79,90 @@ def snapshot_curve(losses, levels=None) -> Curve:
     return Curve(x, y, lv, now=f"now {y[-1]:.4g}" if y else "")
 
 
-class FrameLosses:
-    """A drift run's live curve: per frame and pyramid level, the latest loss of the batch
-    that frame belongs to.
+def similarity_curve(iterations, values, levels, measure: str = "ZNCC", now="") -> Curve:
+    """A pair run's curve: the similarity ``values`` (``measure``'s, e.g. ZNCC) against
+    the iteration counted across levels, one series per pyramid level (napari's
+    numbering, 0: full resolution, named so in the legend)."""
+    x, y, lv = _finite(iterations, values, levels)
+    # one legend row in a dock ~300 px wide: "level 4", "3", … "0 (full)"
+    keys = sorted(set(lv), reverse=True)
+    names = tuple(
+        (k, ("level " if i == 0 else "") + str(k) + (" (full)" if k == 0 else ""))
+        for i, k in enumerate(keys)
+    )
+    if not now and y:
+        now = f"{measure} {y[-1]:.3f}"
+    return Curve(
+        x,
+        y,
+        lv,
+        "iteration (all levels)",
+        f"similarity ({measure})",
+        now,
+        log_allowed=False,
+        names=names,
+    )
+
+
+class FrameShifts:
+    """A drift run's live curve: each frame's shift (pixels, per axis) so far; frames not
+    reached yet are left out.
 
     total : frames in the stack
-    offset : stack index of moving frame 0 (1 with ``reference="previous"``: moving frame
-        ``i`` is stack frame ``i + 1``)
+    ndim : spatial axes (2 or 3)
     """
 
-    def __init__(self, total: int, offset: int = 0):
-        self.total, self.offset = int(total), int(offset)
-        self._by_level: dict[int, np.ndarray] = {}
-        self._last = ""
+    def __init__(self, total: int, ndim: int):
+        self.shifts = np.full((int(total), int(ndim)), np.nan)
+        self.now = ""
 
-    def update(self, frames: slice, level: int, loss: float) -> None:
-        """Batch ``frames`` (moving-frame indices) reached ``loss`` at ``level``."""
-        row = self._by_level.setdefault(int(level), np.full(self.total, np.nan))
-        start, stop = frames.start + self.offset, frames.stop + self.offset
-        row[max(start, 0) : min(stop, self.total)] = float(loss)
-        span = f"frame {start}" if stop - start == 1 else f"frames {start}–{stop - 1}"
-        self._last = f"{span}: {float(loss):.4g}"
+    def update(self, frames: dict) -> None:
+        """``frames``: stack frame index -> its transform (translation in pixels)."""
+        for t, transform in frames.items():
+            translation = getattr(transform, "translation", None)
+            if translation is not None and 0 <= t < len(self.shifts):
+                self.shifts[t] = np.asarray(translation, np.float64)
 
     def curve(self) -> Curve:
-        xs, ys, lvs = [], [], []
-        for level in sorted(self._by_level):
-            row = self._by_level[level]
-            for t in np.flatnonzero(np.isfinite(row)):
-                xs.append(int(t))
-                ys.append(float(row[t]))
-                lvs.append(level)
-        x, y, lv = _finite(xs, ys, lvs)
-        return Curve(x, y, lv, "frame", "loss (its batch's)", self._last, max_markers=100)
+        return shift_curve(self.shifts, now=self.now)
+
+
+def shift_curve(shifts, similarity=None, now: str = "") -> Curve:
+    """A drift run's curve: ``shifts`` ``(T, D)`` (pixels, array order) against the frame
+    index, one series per axis; with ``similarity`` ``(T,)`` (each aligned frame's ZNCC
+    with the aligned reference) the lowest is the text, naming its frame."""
+    s = np.asarray(shifts, dtype=np.float64)
+    d = s.shape[1]
+    names = AXIS_NAMES.get(d, tuple(f"axis {i}" for i in range(d)))
+    xs, ys, keys = [], [], []
+    for axis in range(d):
+        xs += list(range(len(s)))
+        ys += list(s[:, axis])
+        keys += [axis] * len(s)
+    x, y, k = _finite(xs, ys, keys)
+    if similarity is not None:
+        sim = np.asarray(similarity, dtype=np.float64).reshape(-1)
+        if np.isfinite(sim).any():
+            worst = int(np.nanargmin(sim))
+            now = f"lowest ZNCC {sim[worst]:.3f} (frame {worst})"
+    return Curve(
+        x,
+        y,
+        k,
+        "frame",
+        "shift (px)",
+        now,
+        log_allowed=False,
+        max_markers=100,
+        names=tuple(enumerate(names)),
+    )
 
 
 def frame_similarity_curve(similarity) -> Curve:
-    """A finished drift run's curve: each frame's ZNCC ``(T,)`` with the aligned reference
-    against the frame index; the y axis spans at least 0 to 1, so a well aligned stack is a
-    flat line near the top and a failed frame a visible drop; the lowest as text."""
+    """A finished drift run's curve when its transforms have no single shift (dense
+    models): each frame's ZNCC ``(T,)`` with the aligned reference against the frame
+    index; the y axis spans at least 0 to 1, so a well aligned stack is a flat line near
+    the top and a failed frame a visible drop; the lowest as text."""
     sim = np.asarray(similarity, dtype=np.float64).reshape(-1)
     x, y, lv = _finite(range(len(sim)), sim, [0] * len(sim))
     now = ""
@@ -114,5 +171,14 @@ def frame_similarity_curve(similarity) -> Curve:
         now = f"lowest {y[worst]:.3f} (frame {int(x[worst])})"
     low = min(0.0, min(y)) if y else 0.0
     return Curve(
-        x, y, lv, "frame", "similarity (ZNCC) per frame", now, (low, 1.0), False, max_markers=100
+        x,
+        y,
+        lv,
+        "frame",
+        "similarity (ZNCC) per frame",
+        now,
+        (low, 1.0),
+        False,
+        max_markers=100,
+        names=((0, "ZNCC"),),
     )

@@ -21,7 +21,13 @@ import numpy as np
 from ..registration._driver import relay
 from ..registration._names import default_metric
 from ._arrays import as_float_array
-from .curves import Curve, FrameLosses, frame_similarity_curve, snapshot_curve
+from .curves import (
+    Curve,
+    FrameShifts,
+    frame_similarity_curve,
+    shift_curve,
+    similarity_curve,
+)
 from .vectors import auto_spacing, field_to_vectors, grid_positions, normalized_scale
 
 MODES = ("pair", "stack")
@@ -91,6 +97,16 @@ class Snapshot:
     gradient: np.ndarray | None = None
     final: bool = False
     stopped: bool = False
+    #: drift runs: the last frame of the batch being aligned (1-based) and the frames in
+    #: all; the pass (1-based) and the passes (a "mean" reference aligns twice)
+    frame: int | None = None
+    frames: int | None = None
+    frame_pass: int = 1
+    passes: int = 1
+    #: pair runs: the pyramid level in napari's numbering (0: full resolution)
+    pyramid_level: int | None = None
+    #: the similarity shown (e.g. "ZNCC 0.953"), when this snapshot measured it
+    similarity: str = ""
 
     def merged_into(self, older: Snapshot | None) -> Snapshot:
         """This snapshot, its missing arrays taken from ``older`` (a snapshot not shown):
@@ -107,11 +123,17 @@ class Snapshot:
         )
 
     def describe(self) -> str:
+        """The status line: drift runs count frames; pairs name the pyramid level as
+        napari does (0: full resolution) and give the similarity when measured."""
         state = "stopped" if self.stopped else "done" if self.final else "running"
-        return (
-            f"{state}: level {self.level + 1}/{self.levels}, iteration {self.iteration}, "
-            f"loss {self.loss:.4g}"
-        )
+        if self.frames is not None:
+            done = self.frames if self.final else self.frame
+            passes = f" (pass {self.frame_pass}/{self.passes})" if self.passes > 1 else ""
+            return f"{state}: frame {done}/{self.frames}{passes}"
+        level = self.pyramid_level if self.pyramid_level is not None else self.level
+        where = "full resolution" if level == 0 else f"{level} above full resolution"
+        text = f"{state}: level {level} ({where}), iteration {self.iteration}"
+        return f"{text}, {self.similarity}" if self.similarity else text
 
 
 class RegistrationRun:
@@ -199,8 +221,14 @@ class RegistrationRun:
         self.focus = 0
         self._focus_shown = None  # (frame, its transform, the frame warped) last shown
         self._current: dict = {}
-        self._frame_losses = None  # drift runs: the live curve against the frame index
+        self._frame_shifts = None  # drift runs: the live curve against the frame index
         self._step = 0
+        #: pair runs: the similarity curve (iteration across levels, value, napari level)
+        self.similarities: list[tuple[int, float, int]] = []
+        self._iteration_base, self._last_report = 0, None  # (level, iteration) last seen
+        self._measure = None  # "zncc" or "nmi": what the result reports
+        self._similarity_inputs = None  # the images as the engine measures them
+        self._pass, self._last_start = 0, None  # drift: the pass, the last batch's start
         self._last_heavy = self._last_vectors = -np.inf
 
     # -- sizes ---------------------------------------------------------------------------
@@ -263,10 +291,26 @@ class RegistrationRun:
         """About how many snapshots a full run yields (for the progress bar's total)."""
         s = self.settings
         its = self._iterations()
-        if s.mode == "stack" and s.model == "translation":
-            per = its * (2 if s.reference == "mean" else 1)
-            return max(1, per)
+        if s.mode == "stack":  # counted in frames (times the passes)
+            return max(1, self.frame_total * self.passes)
         return max(1, self.run_levels * -(-its // max(1, s.report_every)))
+
+    @property
+    def frame_total(self) -> int:
+        """Drift runs: the frames aligned (a "previous" reference aligns frames 1…T-1)."""
+        total = int(self.moving.shape[0])
+        return total - 1 if self.settings.reference == "previous" else total
+
+    @property
+    def passes(self) -> int:
+        """Drift runs: how many times the frames are aligned (the translation route aligns
+        them to a first estimate of a "mean" reference, then to the mean of those)."""
+        s = self.settings
+        return 2 if s.reference == "mean" and s.model == "translation" else 1
+
+    def pyramid_level(self, level: int) -> int:
+        """An engine level (0: coarsest) in napari's numbering (0: full resolution)."""
+        return int(self.levels) - 1 - int(level)
 
     @property
     def shows_gradient(self) -> bool:
@@ -342,8 +386,7 @@ class RegistrationRun:
             fill = self._fill_pair_progress
         else:
             self._current = {}
-            offset = 1 if self.settings.reference == "previous" else 0
-            self._frame_losses = FrameLosses(self.moving.shape[0], offset)
+            self._frame_shifts = FrameShifts(self.moving.shape[0], len(self.shape))
             run = register_stack_iter(
                 self.moving, reference=self.settings.reference, **self._engine_kwargs()
             )
@@ -369,10 +412,16 @@ class RegistrationRun:
             final=True,
             stopped=res.stopped,
         )
-        snap.curve = self._curve(snap, getattr(res, "frame_similarity", None))
         if self.settings.mode == "pair":
+            snap.pyramid_level = self.pyramid_level(last_level)
             self._fill_pair(snap, res.transform, warped=res.warped, final=True)
+            self._final_similarity(res, last_level)
         else:
+            snap.frame, snap.frames = self.frame_total, self.frame_total
+            snap.frame_pass = snap.passes = self.passes
+            snap.step = self.expected_steps() + 1
+        snap.curve = self._curve(snap, res)
+        if self.settings.mode != "pair":
             snap.warped = res.warped
             snap.displacement = self._stack_vectors(dict(enumerate(res.transforms)))
         yield snap
@@ -426,23 +475,131 @@ class RegistrationRun:
             list(self.losses),
             list(self.loss_levels),
         )
-        if self._frame_losses is not None:
-            self._frame_losses.update(progress.frames, progress.level, progress.loss)
-        snap.curve = self._curve(snap)
-        if self._heavy_due(False):
+        new_level = False
+        if self._frame_shifts is not None:
+            self._count_frames(snap, progress)
+        else:
+            snap.pyramid_level = self.pyramid_level(progress.level)
+            new_level = self._last_report is None or self._last_report[0] != progress.level
+            self._count_iterations(int(progress.level), int(progress.iteration))
+        # each level's first report measured too: a level shorter than the interval
+        # would have no point on the similarity curve
+        if self._heavy_due(new_level):
             fill(snap, progress)
+        snap.curve = self._curve(snap)
         return snap
 
-    def _curve(self, snap: Snapshot, frame_similarity=None) -> Curve:
-        """The plot of ``snap``: see :mod:`.curves` (why a drift run is plotted per frame)."""
-        if self._frame_losses is None:
-            return snapshot_curve(snap.losses, snap.loss_levels)
-        if frame_similarity is not None:
-            return frame_similarity_curve(frame_similarity)
-        return self._frame_losses.curve()
+    def _count_iterations(self, level: int, iteration: int) -> None:
+        """The iteration counted across levels (the similarity curve's x)."""
+        last = self._last_report
+        if last is not None and level != last[0]:
+            self._iteration_base += last[1] + 1
+        self._last_report = (level, iteration)
+
+    def _count_frames(self, snap: Snapshot, progress) -> None:
+        """A drift snapshot's progress in frames: the batch's last frame, the pass (a
+        batch starting before the last one did starts the next pass), and the progress
+        bar's step (frames of the passes done, plus the frames before this batch and the
+        share of this batch's iterations done)."""
+        start, stop = progress.frames.start, progress.frames.stop  # moving frames
+        if self._last_start is not None and start < self._last_start:
+            self._pass += 1
+        self._last_start = start
+        its = max(1, self._iterations())
+        share = min(1.0, (int(progress.iteration) + 1) / its)
+        n = self.frame_total
+        snap.frame, snap.frames = min(stop, n), n
+        snap.frame_pass, snap.passes = min(self._pass + 1, self.passes), self.passes
+        snap.step = min(self._pass, self.passes - 1) * n + start + int((stop - start) * share)
+
+    def _curve(self, snap: Snapshot, result=None) -> Curve:
+        """The plot of ``snap``: see :mod:`.curves` (what a pair and a drift run plot)."""
+        if self._frame_shifts is None:
+            label = "ZNCC" if self._measure in (None, "zncc") else "normalized MI"
+            x, y, lv = zip(*self.similarities) if self.similarities else ((), (), ())
+            return similarity_curve(x, y, lv, label)
+        if result is None:
+            return self._frame_shifts.curve()
+        sim = getattr(result, "frame_similarity", None)
+        if all(hasattr(t, "translation") for t in result.transforms):
+            return shift_curve(result.shifts, sim)
+        return frame_similarity_curve(sim if sim is not None else [])
+
+    def _similarity(self, transform, warped) -> float | None:
+        """The similarity the result will report (ZNCC, or normalized MI for
+        ``metric="mi"``) of ``warped`` with the fixed image, over the fixed pixels the
+        moving image covers (the moving domain warped alike), for the curve. None where
+        it cannot be measured."""
+        import torch
+
+        from ..registration.quality import masked_nmi, masked_zncc, measure_for
+
+        s = self.settings
+        metric = default_metric(s.model) if s.metric == "auto" else s.metric
+        self._measure = measure = measure_for(metric)
+        if self._similarity_inputs is None:
+            self._similarity_inputs = self._prepared_for_similarity(metric)
+        f, m, ones = self._similarity_inputs
+        shape = self.shape
+        moved = transform.apply(m, order=1, output_shape=shape).astype(np.float32, copy=False)
+        covered = transform.apply(ones, order=1, output_shape=shape) > 0.999
+        if not covered.any():
+            return None
+        w, v = (
+            torch.from_numpy(np.ascontiguousarray(a, np.float32))[None, None]
+            for a in (moved, covered)
+        )
+        score = (masked_zncc if measure == "zncc" else masked_nmi)(f, w, v)
+        return float(score.reshape(-1)[0])
+
+    def _prepared_for_similarity(self, metric: str):
+        """The fixed image ``(1, 1, *S)``, the moving image ``S_m`` and a moving-sized
+        array of ones, as the engine measures the result's similarity: each image scaled
+        to its robust range and lightly blurred (the pre-blur of
+        :func:`~..registration.pair.prepare_pair`, in the fixed image's pixels)."""
+        import torch
+
+        from ..registration._inputs import normalize
+        from ..registration.pair import _pre_blur
+        from ..registration.pyramid import gaussian_blur
+
+        smooth = _pre_blur(self.settings.model, metric)
+        grids = (self.fixed_grid, self.moving_grid)
+        spacings = [
+            np.ones(len(self.shape)) if g is None else np.asarray(g.spacing, np.float64)
+            for g in grids
+        ]
+        unit = float(min(spacings[0]))
+        out = []
+        for image, name, spacing in zip((self.fixed, self.moving), ("fixed", "moving"), spacings):
+            t = normalize(torch.from_numpy(np.ascontiguousarray(image)), name)[None, None]
+            out.append(gaussian_blur(t, [smooth * unit / float(sp) for sp in spacing]))
+        moving = out[1][0, 0].numpy()
+        return out[0], moving, np.ones(moving.shape, np.float32)
+
+    def _final_similarity(self, result, engine_level: int) -> None:
+        """The curve's first point (before the run) and last (the result), the values the
+        result reports, so the curve and the final status agree."""
+        from ..registration.quality import measure_for
+
+        self._measure = measure_for(result.metric)
+        level = self.pyramid_level(engine_level)
+        first_level = self.similarities[0][2] if self.similarities else level
+        end = self._iteration_base + (self._last_report[1] + 1 if self._last_report else 0)
+        self.similarities = [
+            (0, float(result.initial_similarity), first_level),
+            *[p for p in self.similarities if 0 < p[0] < end],
+            (end, float(result.similarity), level),
+        ]
 
     def _fill_pair_progress(self, snap: Snapshot, progress) -> None:
         self._fill_pair(snap, progress.transform, warped=None)
+        value = self._similarity(progress.transform, snap.warped)
+        if value is not None:
+            x = self._iteration_base + int(progress.iteration)
+            self.similarities.append((x, value, self.pyramid_level(progress.level)))
+            label = "ZNCC" if self._measure == "zncc" else "normalized MI"
+            snap.similarity = f"{label} {value:.3f}"
 
     def _fill_stack_progress(self, snap: Snapshot, progress) -> None:
         # With reference="previous", moving frame i is stack frame i + 1.
@@ -450,6 +607,7 @@ class RegistrationRun:
         frames = progress.frames
         for i, t in zip(range(frames.start, frames.stop), progress.transforms):
             self._current[i + offset] = t
+        self._frame_shifts.update(self._current)
         self._fill_stack(snap, self._current)
 
     def _vectors_due(self, final: bool) -> bool:
@@ -537,6 +695,10 @@ class RegistrationRun:
         evaluated at the arrows' positions only (no dense field per frame)."""
         parts = []
         positions = grid_positions(self.shape, self.spacing)
+        if all(getattr(tr, "kind", None) == "translation" for tr in transforms.values()):
+            # A translation moves every pixel alike: one arrow per frame, at its centre,
+            # not a grid of identical ones (thousands over a movie, hiding it).
+            positions = (np.asarray(self.shape, np.float64)[None] - 1) / 2
         for t, tr in sorted(transforms.items()):
             matrix = getattr(tr, "matrix", None)
             if matrix is not None:

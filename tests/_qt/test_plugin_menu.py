@@ -1,0 +1,164 @@
+"""Every widget as users dock it: from the Plugins menu (``add_plugin_dock_widget``), which
+hands it napari's ``PublicOnlyProxy`` viewer and layers, in a shown viewer, on the sample
+data (issue 27).
+
+Each run must reuse its result layers (no layer removed after the first display: a
+removal runs napari's garbage collection and a GL finish, and re-adding selects the new
+layer) and must leave the user's layer selection as it was. The results must equal the
+library's own calls.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import napari_simwarp as sw
+from napari_simwarp import ops
+
+from .conftest import no_workers_running
+
+PLUGIN = "napari-simwarp"
+
+
+@pytest.fixture
+def shown_viewer(make_napari_viewer, qtbot):
+    """A shown viewer (the drawing a user waits for happens); on teardown, waits until
+    every worker has ended."""
+    v = make_napari_viewer(show=True)
+    yield v
+    qtbot.waitUntil(no_workers_running, timeout=60000)
+
+
+def _from_menu(viewer, name):
+    """The widget ``name`` docked as the Plugins menu docks it."""
+    _, widget = viewer.window.add_plugin_dock_widget(PLUGIN, name)
+    # the path under test: napari hands the widget a proxy, not the viewer itself
+    assert type(widget._viewer).__name__ == "PublicOnlyProxy"
+    return widget
+
+
+class _Watch:
+    """Counts the viewer's layer removals and additions from now on."""
+
+    def __init__(self, viewer):
+        self.removed: list[str] = []
+        self.added: list[str] = []
+        viewer.layers.events.removed.connect(lambda e: self.removed.append(e.value.name))
+        viewer.layers.events.inserted.connect(lambda e: self.added.append(e.value.name))
+
+
+def _select(viewer, layer):
+    viewer.layers.selection.active = layer
+    return {layer}
+
+
+def _run_register(qtbot, w, timeout=180000):
+    w.run()
+    qtbot.waitUntil(lambda: w.result is not None and not w.busy, timeout=timeout)
+
+
+def test_register_docked_from_the_menu_reuses_its_layers_and_keeps_the_selection(
+    shown_viewer, qtbot
+):
+    viewer = shown_viewer
+    viewer.open_sample(PLUGIN, "deformed_pair")
+    fixed, moving = viewer.layers["fixed"], viewer.layers["moving"]
+    w = _from_menu(viewer, "Register")
+    w._fixed.value, w._moving.value = fixed, moving
+    w._iterations.value = 30
+    selected = _select(viewer, fixed)  # the user works on the fixed layer
+    _run_register(qtbot, w)
+    assert set(viewer.layers.selection) == selected  # a run never takes the selection
+    assert w.snapshots_shown >= 2
+    watch = _Watch(viewer)
+    w._run = None  # result None until the rerun ends
+    _run_register(qtbot, w)
+    assert watch.removed == [] and watch.added == []  # reused, not removed and re-added
+    assert set(viewer.layers.selection) == selected
+    assert viewer.layers.selection.active is fixed
+
+    # The library's own call with the widget's settings gives the same transform.
+    api = sw.register(fixed.data, moving.data, model="affine", levels=w._run.levels, iterations=30)
+    np.testing.assert_allclose(w.result.transform.matrix, api.transform.matrix, atol=1e-4)
+    np.testing.assert_allclose(viewer.layers["moving registered"].data, api.warped, atol=1e-3)
+
+
+def test_drift_docked_from_the_menu_reuses_its_layers_and_keeps_the_selection(
+    shown_viewer, qtbot, tmp_path
+):
+    viewer = shown_viewer
+    viewer.open_sample(PLUGIN, "drifting_timelapse")
+    stack = viewer.layers["time-lapse"]
+    other = viewer.add_image(np.zeros((8, 8), np.float32), name="notes")
+    w = _from_menu(viewer, "Register")
+    w._mode.value = "time-lapse (drift)"
+    w._moving.value = stack
+    selected = _select(viewer, other)
+    _run_register(qtbot, w)
+    watch = _Watch(viewer)
+    w._run = None
+    _run_register(qtbot, w)
+    assert watch.removed == [] and watch.added == []
+    assert set(viewer.layers.selection) == selected
+
+    api = sw.register_stack(stack.data, model="translation", reference="first")
+    np.testing.assert_allclose(w.result.shifts, api.shifts, atol=1e-4)
+    # the result keeps the movie's colormap (a grey movie stays grey)
+    assert viewer.layers["time-lapse registered"].colormap.name == "gray"
+
+
+def test_similarity_map_docked_from_the_menu_reuses_its_layer_and_keeps_the_selection(
+    shown_viewer, qtbot
+):
+    viewer = shown_viewer
+    viewer.open_sample(PLUGIN, "deformed_pair")
+    fixed = viewer.layers["fixed"]
+    w = _from_menu(viewer, "Similarity map")
+    selected = _select(viewer, viewer.layers["moving"])
+    w._image.value = fixed
+    w._window.value = 9
+    qtbot.waitUntil(lambda: w.results_shown >= 1 and not w.busy, timeout=60000)
+    assert set(viewer.layers.selection) == selected
+    watch = _Watch(viewer)
+    for window in (11, 15):
+        shown = w.results_shown
+        w._window.value = window
+        qtbot.waitUntil(lambda s=shown: w.results_shown > s and not w.busy, timeout=60000)
+    assert watch.removed == [] and watch.added == []
+    assert set(viewer.layers.selection) == selected
+    x = torch.from_numpy(np.ascontiguousarray(fixed.data, np.float32))[None, None]
+    expected = ops.local_std(x, window=15)[0, 0].numpy()
+    np.testing.assert_allclose(viewer.layers["similarity map"].data, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_template_matching_docked_from_the_menu_reuses_its_layers_and_keeps_the_selection(
+    shown_viewer, qtbot
+):
+    viewer = shown_viewer
+    viewer.open_sample(PLUGIN, "deformed_pair")
+    fixed = viewer.layers["fixed"]
+    y0, x0, h, wd = 200, 220, 32, 40
+    box = np.array([[y0, x0], [y0, x0 + wd], [y0 + h, x0 + wd], [y0 + h, x0]], float) - 0.5
+    w = _from_menu(viewer, "Template matching")
+    shapes = viewer.add_shapes([box], shape_type="rectangle", name="template box")
+    # the rectangle combo picks the Shapes layer that exists (no "-----" first)
+    assert w._shapes.value is not None and w._shapes.value.name == "template box"
+    w._image.value = fixed
+    selected = _select(viewer, shapes)
+    for run in range(2):
+        if run == 1:
+            watch = _Watch(viewer)
+        w.result = None
+        w.run()
+        qtbot.waitUntil(lambda: w.result is not None and not w.busy, timeout=60000)
+        assert set(viewer.layers.selection) == selected
+    assert watch.removed == [] and watch.added == []
+
+    from skimage.feature import match_template
+
+    image = np.asarray(fixed.data, np.float64)
+    expected = match_template(image, image[y0 : y0 + h, x0 : x0 + wd], pad_input=True)
+    np.testing.assert_allclose(viewer.layers["ZNCC map"].data, expected, atol=1e-4)
+    assert tuple(viewer.layers["matches"].data[0]) == (y0 + h // 2, x0 + wd // 2)
