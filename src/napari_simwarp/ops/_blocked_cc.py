@@ -52,7 +52,14 @@ def block_grid(out_shape: Sequence[int], tshape: Sequence[int]) -> TileGrid:
     for n, t in zip(out_shape, tshape):
         whole = next_fast_len(n + t - 1)
         length = next_fast_len(max(BLOCK_TEMPLATES * t, MIN_BLOCK))
-        tiles.append(whole - t + 1 if length >= whole else length - t + 1)
+        if length >= whole:
+            tiles.append(whole - t + 1)
+            continue
+        # As many blocks as that length needs, shrunk to share the outputs evenly (the
+        # last block would otherwise run mostly past the image), at a fast length again.
+        count = -(-n // (length - t + 1))
+        tile = next_fast_len(-(-n // count) + t - 1) - t + 1
+        tiles.append(tile if -(-n // tile) == count else length - t + 1)
     return TileGrid(tuple(out_shape), tuple(tshape), tuple(tiles))
 
 
