@@ -185,7 +185,7 @@ def _peer_version(dist: str) -> str | None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per check")
+    parser.add_argument("--rounds", type=int, default=4, help="alternating rounds per check")
     parser.add_argument("--only", default="", help="run the checks whose name contains this")
     args = parser.parse_args(argv)
     import torch
