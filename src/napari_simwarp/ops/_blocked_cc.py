@@ -108,9 +108,12 @@ def _numerator(centered: torch.Tensor, spectrum: torch.Tensor, grid: TileGrid) -
     d = grid.dims
     sample_dims = tuple(range(-d, 0))
     lengths = [t + k - 1 for t, k in zip(grid.tile, grid.window)]
-    full = torch.fft.irfftn(
-        torch.fft.rfftn(centered, dim=sample_dims) * spectrum, s=lengths, dim=sample_dims
-    )
+    product = torch.fft.rfftn(centered, dim=sample_dims)
+    if torch.is_grad_enabled() and (product.requires_grad or spectrum.requires_grad):
+        product = product * spectrum
+    else:
+        product.mul_(spectrum)  # no allocation of a second spectrum
+    full = torch.fft.irfftn(product, s=lengths, dim=sample_dims)
     return full[(..., *[slice(0, t) for t in grid.tile])]
 
 
@@ -190,7 +193,8 @@ def blocked_zncc(
     with torch.no_grad():
         # Windows float32 cannot resolve but float64 can: redo their blocks.
         resolvable = energy > noise * (fft_noise_factor(wide, grid) / factor)
-        if int(resolvable.sum()) == int(valid.sum()):  # a device sync; usually no redo
+        # count_nonzero: a bool sum would first widen the masks to int64
+        if int(resolvable.count_nonzero()) == int(valid.count_nonzero()):  # usually no redo
             return scores
         missing = grid.split(resolvable.logical_and_(~valid).to(work)).flatten(-d).amax(-1)
         redo = missing.flatten().nonzero().squeeze(1)
