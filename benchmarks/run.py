@@ -3,6 +3,8 @@
     python benchmarks/run.py                 # all modules, writes docs/benchmarks.md
     python benchmarks/run.py ops warp        # only bench_ops.py and bench_warp.py
     python benchmarks/run.py --out FILE      # write elsewhere
+    python benchmarks/run.py guard           # the speed guard (guard.py): ratios against
+                                             # targets, exit status 1 below half of one
 
 Each ``benchmarks/bench_<name>.py`` defines ``SECTION`` (a title) and ``run(report)``.
 Times are medians of repeated calls after a warm-up; ratios are peer time / our time in
@@ -79,17 +81,27 @@ def machine_description() -> list[str]:
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "68719476736"}
 
 
+def _malloc_env() -> None:
+    """Run again with :data:`MALLOC_ENV` set unless it is (glibc reads it at start-up)."""
+    if any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):
+        os.environ.update(MALLOC_ENV)
+        os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]])
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["guard"]:
+        _malloc_env()
+        import guard
+
+        return guard.main(argv[1:])
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("modules", nargs="*", help="bench_<name>.py modules to run (default: all)")
     parser.add_argument("--out", default=str(HERE.parent / "docs" / "benchmarks.md"))
     args = parser.parse_args(argv)
-    if any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):
-        # glibc reads these at start-up: run again with them set.
-        os.environ.update(MALLOC_ENV)
-        os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]])
+    _malloc_env()
     names = args.modules or sorted(p.stem[len("bench_") :] for p in HERE.glob("bench_*.py"))
     report = Report()
     sections = []

@@ -293,3 +293,82 @@ def test_mode_checks():
         match_template(image, template, pad_input=True, mode="empty")
     with pytest.raises(TypeError, match="constant_values must be a number"):
         match_template(image, template, pad_input=True, constant_values=(0, 1))
+
+
+# -- float32 transforms, block by block (ops/_blocked_cc.py) --------------------------------
+
+
+def _microscopy_uint16(rng, shape):
+    """uint16-like camera data: offset 1000, a smooth texture of a few tens of counts."""
+    return np.round(1000.0 + 20.0 * images.random_smooth(rng, shape, sigma=3.0))
+
+
+@pytest.mark.parametrize("kind", ["microscopy", "uint16"])
+def test_float32_blocks_agree_with_skimage_float64_on_offset_data(rng, kind):
+    # 300 x 280 with a 16 x 12 template: several blocks per axis, the last ones extended.
+    shape, tshape = (300, 280), (16, 12)
+    img = images.microscopy(rng, shape) if kind == "microscopy" else _microscopy_uint16(rng, shape)
+    img = img.astype(np.float32)
+    tpl = img[100 : 100 + tshape[0], 40 : 40 + tshape[1]].copy()
+    out = match_template(
+        _as_tensor(img, "cpu", torch.float32), _as_tensor(tpl, "cpu", torch.float32)
+    )
+    ref = sk_match_template(img.astype(np.float64), tpl.astype(np.float64))
+    assert out.dtype == torch.float32
+    np.testing.assert_allclose(out[0, 0].numpy(), ref, rtol=0, atol=1e-5)
+
+
+def test_blocks_float32_cannot_resolve_are_redone_in_float64(rng, monkeypatch):
+    from napari_simwarp.ops import _blocked_cc
+
+    redone = []
+    redo = _blocked_cc._redo
+    monkeypatch.setattr(_blocked_cc, "_redo", lambda s, r, *a: redone.append(r) or redo(s, r, *a))
+    image = rng.random((300, 260)).astype(np.float32)
+    image[:150] *= 1e4  # a bright half beside a dark one
+    tpl = image[280:289, 5:16].copy()  # from the dark half
+    image_t = _as_tensor(image, "cpu", torch.float32).requires_grad_()
+    out = match_template(image_t, _as_tensor(tpl, "cpu", torch.float32))
+    ref = sk_match_template(image.astype(np.float64), tpl.astype(np.float64))
+    assert redone and 0 < redone[0].numel() < out.numel()  # some blocks, not all
+    np.testing.assert_allclose(out[0, 0].detach().numpy(), ref, rtol=0, atol=1e-5)
+    # The gradient through the redone blocks against float64 autograd.
+    v = torch.from_numpy(rng.standard_normal(out.shape[2:]).astype(np.float32))[None, None]
+    (grad,) = torch.autograd.grad((out * v).sum(), image_t)
+    image64 = _as_tensor(image, "cpu").requires_grad_()
+    ref_t = _reference_zncc_torch(image64 - image64.detach().mean(), _as_tensor(tpl, "cpu"))
+    (grad64,) = torch.autograd.grad((ref_t * v.double()).sum(), image64)
+    dark = (slice(None), slice(None), slice(160, None))  # the bright half's gradient is tiny
+    assert (grad[dark].double() - grad64[dark]).abs().max() < 1e-3 * grad64[dark].abs().max()
+
+
+@pytest.mark.usefixtures("float32_moments")
+@pytest.mark.parametrize("kind", ["microscopy", "uint16"])
+def test_gpu_policy_float32_within_1e4_of_skimage_float64(rng, kind):
+    # The GPU's rule (float32 throughout, no float64 redo) forced on the CPU.
+    shape, tshape = (300, 280), (16, 12)
+    img = images.microscopy(rng, shape) if kind == "microscopy" else _microscopy_uint16(rng, shape)
+    img = img.astype(np.float32)
+    tpl = img[100 : 100 + tshape[0], 40 : 40 + tshape[1]].copy()
+    out = match_template(
+        _as_tensor(img, "cpu", torch.float32), _as_tensor(tpl, "cpu", torch.float32)
+    )
+    ref = sk_match_template(img.astype(np.float64), tpl.astype(np.float64))
+    np.testing.assert_allclose(out[0, 0].numpy(), ref, rtol=0, atol=1e-4)
+    assert out[0, 0, 100, 40] == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.usefixtures("float32_moments")
+def test_gpu_policy_scores_windows_float32_cannot_resolve_as_flat(rng):
+    image = rng.random((300, 260)).astype(np.float32)
+    image[:150] *= 1e4  # a bright half beside a dark one
+    tpl = image[280:289, 5:16].copy()
+    out = match_template(
+        _as_tensor(image, "cpu", torch.float32), _as_tensor(tpl, "cpu", torch.float32)
+    )
+    ref = sk_match_template(image.astype(np.float64), tpl.astype(np.float64))
+    out = out[0, 0].numpy()
+    scored = out != 0  # the rest is flat by design: noise in float32
+    assert scored.mean() > 0.5
+    np.testing.assert_allclose(out[scored], ref[scored], rtol=0, atol=1e-4)
+    assert out[280, 5] == pytest.approx(1.0, abs=1e-5)
