@@ -249,6 +249,7 @@ def register_stack_iter(
     steps = _options.steps(steps)
     dev = resolve_device(device)
     src = FrameSource(stack, dev)
+    _inputs.check_axes_for_model(model, src.frame_shape, "the stack's frames")
     grid = Grid.make(len(src.frame_shape), spacing, origin)
     ref_index = _reference_index(reference, src.total)
     dense = model not in LINEAR_MODELS
@@ -991,6 +992,7 @@ def _optimizer_route(
     if reference == "mean":
         mean_mask = _mean_reference(runner, src.total, batch, value_range)
     levels_n = auto_levels(shape, spacing=grid.spacing) if levels in ("auto", None) else int(levels)
+    _inputs.check_levels(model, shape, levels_n, grid.spacing)
     optimizer = resolve_optimizer("auto", model, metric)
     its = level_iterations(iterations, model, shape, levels_n, full_resolution, optimizer, metric)
     unit = min(grid.spacing)

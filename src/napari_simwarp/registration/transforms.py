@@ -35,6 +35,7 @@ from ..io.transform_files import grids as grid_files
 from ..io.transform_files._common import write_atomic
 from ..ops import affine_to_displacement, integrate_velocity, warp, warp_affine
 from ..ops._sampling import sample_displaced
+from . import _options
 from .grid import Grid, unit_grid
 
 FORMAT_VERSION = 1
@@ -235,6 +236,13 @@ class Transform:
         path = pathlib.Path(path)
         if path.suffix != ".npz":
             path = path.with_name(path.name + ".npz")
+        return write_atomic(path, self.npz_writer(), overwrite=True)
+
+    def npz_writer(self):
+        """A function that writes this transform's ``.npz`` file (see :meth:`save`) to the
+        path it is given: for :func:`napari_simwarp.io.atomic.write_together`, which
+        writes it together with other outputs (an image and its transform: both or
+        neither)."""
         fixed_grid, moving_grid = self.grids()
         header = {
             "kind": self.kind,
@@ -244,11 +252,13 @@ class Transform:
             "moving_grid": moving_grid.as_dict(),
         }
 
+        arrays = self._arrays()
+
         def write(partial):
             with open(partial, "wb") as f:
-                np.savez(f, header=np.array(json.dumps(header)), **self._arrays())
+                np.savez(f, header=np.array(json.dumps(header)), **arrays)
 
-        return write_atomic(path, write, overwrite=True)
+        return write
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(kind={self.kind!r}, ndim={self.ndim})"
@@ -459,7 +469,7 @@ class VelocityTransform(_FieldTransform):
 
     def __init__(self, velocity, steps: int = 7):
         super().__init__(velocity)
-        self.steps = int(steps)
+        self.steps = _options.steps(steps)
 
     def to_displacement(self, shape=None) -> np.ndarray:
         shape = self.shape if shape is None else tuple(int(n) for n in shape)
