@@ -35,7 +35,7 @@ from ..io.transform_files import grids as grid_files
 from ..io.transform_files._common import write_atomic
 from ..ops import affine_to_displacement, integrate_velocity, warp, warp_affine
 from ..ops._sampling import sample_displaced
-from . import _options
+from ..ops.integrate_velocity import MAX_STEPS
 from .grid import Grid, unit_grid
 
 FORMAT_VERSION = 1
@@ -469,7 +469,10 @@ class VelocityTransform(_FieldTransform):
 
     def __init__(self, velocity, steps: int = 7):
         super().__init__(velocity)
-        self.steps = _options.steps(steps)
+        whole = isinstance(steps, (int, np.integer)) and not isinstance(steps, bool)
+        if not whole or not 0 <= steps <= MAX_STEPS:
+            raise ValueError(f"steps must be an int in [0, {MAX_STEPS}], got {steps!r}")
+        self.steps = int(steps)
 
     def to_displacement(self, shape=None) -> np.ndarray:
         shape = self.shape if shape is None else tuple(int(n) for n in shape)
