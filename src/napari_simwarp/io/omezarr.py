@@ -32,7 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import budget as _budget
-from . import lazy
+from . import lazy, trim
 from .images import ImageFileError
 
 JOURNAL = ".simwarp"
@@ -414,6 +414,7 @@ def _write_level(path, level, source, dtype, group, report):
     for first in range(0, len(pending), group):
         part = pending[first : first + group]
         dask.compute(*[task for _, task in part])
+        trim.release()  # the group's blocks, freed in the scheduler's threads (io/trim.py)
         with open(journal, "a") as f:
             f.write("".join(f"{name}\n" for name, _ in part))
             f.flush()
