@@ -138,3 +138,30 @@ def test_the_budget_bounds_a_lazy_stack_made_on_demand():
     assert run.returncode == 0, run.stderr
     growth = json.loads(run.stdout.strip().splitlines()[-1])["growth"]
     assert growth <= budget + 40 * 2**20, f"grew by {growth / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("kind", ["dask", "zarr"])
+def test_a_chunk_larger_than_the_budget_is_refused_before_reading(tmp_path, kind):
+    """16 frames per chunk (8 MiB) against a 4 MiB budget: any frame read reads 8 MiB."""
+    import dask.array as da
+    import zarr
+
+    reads = []
+
+    def block(block_info=None):
+        reads.append(block_info)
+        return np.zeros((16, 512, 512), np.uint16)
+
+    if kind == "dask":
+        meta = np.empty((0, 0, 0), np.uint16)  # no call of block to infer it
+        data = da.map_blocks(block, chunks=((16, 16), (512,), (512,)), dtype=np.uint16, meta=meta)
+    else:
+        data = zarr.open_array(
+            tmp_path / "s.zarr", mode="w", shape=(32, 512, 512), chunks=(16, 512, 512),
+            dtype=np.uint16,
+        )  # fmt: skip
+    with pytest.raises(MemoryError, match=r"one chunk of stack \(shape \(16, 512, 512\), 16 fr"):
+        register_stack(data, memory_budget="4MiB")
+    with pytest.raises(MemoryError, match=r"rechunk stack to one frame per chunk"):
+        register_stack(data, memory_budget="4MiB")
+    assert reads == []

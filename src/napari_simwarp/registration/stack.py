@@ -415,6 +415,7 @@ def _check_stack_memory(src, batch, metric, dense, model, budgets, batch_given=T
     """
     advice = ("use a smaller batch_size, " if batch_given and batch > 1 else "") + _MEMORY_ADVICE
     ram, device = budgets
+    src.check_chunks(ram)  # a chunk is read whole: it must fit before any batch can
     work = batch * _frame_work(src, None if model == "translation" else metric, dense)
     held = _held_bytes(src, batch)
     what = (
