@@ -90,7 +90,9 @@ MODELS = os.environ.get("SIMWARP_BENCH_MEMORY_MODELS", "translation").split(",")
 
 
 def measure(source, budget, model, T, N, folder) -> float:
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    # glibc's default malloc, as a user's process has it (run.py pins its thresholds)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env.setdefault("OMP_NUM_THREADS", "1")
     run = subprocess.run(
         [sys.executable, "-c", _SCRIPT, source, budget, model, str(T), str(N), folder],
         capture_output=True,
@@ -102,18 +104,37 @@ def measure(source, budget, model, T, N, folder) -> float:
     return json.loads(run.stdout.strip().splitlines()[-1])["growth"] / 2**20
 
 
-def main(T=96, N=512):
+SECTION = "Memory budget and lazy sources (issue 28)"
+
+
+def table(T=96, N=512) -> list[str]:
+    """The Markdown table of every source, model and budget (printed as measured)."""
     stack_mib = T * N * N * 2 / 2**20
-    print(f"(T, N, N) = ({T}, {N}, {N}) uint16: {stack_mib:.0f} MiB\n")
-    print("| source | model | memory_budget | peak RSS growth (MiB) |")
-    print("|---|---|---|---:|")
+    lines = [
+        f"(T, N, N) = ({T}, {N}, {N}) uint16: {stack_mib:.0f} MiB",
+        "",
+        "| source | model | memory_budget | peak RSS growth (MiB) |",
+        "|---|---|---|---:|",
+    ]
+    print("\n".join(lines), flush=True)
     with tempfile.TemporaryDirectory() as folder:
         for source in SOURCES:
             for model in MODELS:
                 for budget in BUDGETS:
                     growth = measure(source, budget, model, T, N, folder)
                     cell = f"{growth:.0f}" if isinstance(growth, float) else growth
-                    print(f"| {source} | {model} | {budget} | {cell} |", flush=True)
+                    lines.append(f"| {source} | {model} | {budget} | {cell} |")
+                    print(lines[-1], flush=True)
+    return lines
+
+
+def run(report) -> None:
+    """For benchmarks/run.py: the table at the issue's size, as a note."""
+    report.note(SECTION, "\n".join(table(160, 1024)))
+
+
+def main(T=96, N=512):
+    table(T, N)
 
 
 if __name__ == "__main__":
