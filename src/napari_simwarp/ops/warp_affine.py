@@ -33,6 +33,11 @@ def _check_output_shape(output_shape, spatial: tuple[int, ...]) -> tuple[int, ..
     return shape
 
 
+#: outputs up to this many bytes (with their grid) are made without asking the device
+#: how much memory is free (a GPU's answer waits on its queue)
+CHECKED_BYTES = 256 * 2**20
+
+
 def _check_fits(image: torch.Tensor, batch: int, out_shape, dtype: torch.dtype) -> None:
     """Refuse, before allocating, an output that cannot fit in the memory free now on the
     image's device: the result ``(batch, C, *out_shape)`` and the sampling grid
@@ -44,6 +49,8 @@ def _check_fits(image: torch.Tensor, batch: int, out_shape, dtype: torch.dtype) 
     need = points * dtype.itemsize * batch * (image.shape[1] + len(out_shape))
     if dtype != image.dtype:  # the result is cast back to the image's dtype
         need += points * image.dtype.itemsize * batch * image.shape[1]
+    if need <= CHECKED_BYTES:  # no query (on a GPU, a host sync) for ordinary outputs
+        return
     free = available_memory(image.device)
     if free is not None and need > free:
         raise MemoryError(
