@@ -205,8 +205,11 @@ def main(argv=None) -> int:
         # Input problems are the user's to fix: one clear line, no traceback.
         print(f"napari-simwarp {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"napari-simwarp {args.command}: interrupted; no output was written", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        # a command that leaves something behind says what (register-stack: a partial
+        # store that a rerun resumes); the others write whole outputs or none
+        note = str(exc) or "interrupted; no output was written"
+        print(f"napari-simwarp {args.command}: {note}", file=sys.stderr)
         return 130
 
 

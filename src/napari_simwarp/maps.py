@@ -28,7 +28,7 @@ import math
 import numpy as np
 
 from .io import budget as _budget
-from .io import lazy
+from .io import lazy, trim
 from .io.tasks import device_slot
 
 SPATIAL = "zyx"
@@ -229,8 +229,12 @@ def _output_chunks(arrays, shape, d: int, chunks, halo, kind: str) -> tuple:
 
 def _tile(kind, boxes, crop, d, device, options) -> np.ndarray:
     """One tile of the map (a task): the map of its ``boxes`` (the tile and its halo,
-    clipped to the image), cropped back to the tile."""
-    return _compute(kind, boxes, d, device, options)[crop]
+    clipped to the image), cropped back to the tile: a copy, so that the box-sized map is
+    freed (a view would keep it alive while dask holds the tile), and the memory freed in
+    this dask thread handed back to the system (:mod:`napari_simwarp.io.trim`)."""
+    out = np.array(_compute(kind, boxes, d, device, options)[crop])
+    trim.release()
+    return out
 
 
 def tiled(kind, *arrays, window, axes, device="cpu", options, chunks=None, memory_budget=None):

@@ -35,3 +35,10 @@ def test_refuse_gives_the_figures():
     with pytest.raises(MemoryError, match=r"needs about 2.00 GiB.*budget is 1.00 GiB"):
         budget.refuse(2 * 2**30, budget.Budget(2**30, "test"), what="x", advice="less")
     budget.refuse(10, budget.Budget(2**30, "test"), what="x", advice="less")
+
+
+@pytest.mark.parametrize("bad", [float("inf"), "1e400", float("nan"), "inf", "1e400GiB"])
+def test_non_finite_sizes_are_refused_by_name(bad):
+    """``int(inf)`` raised a bare OverflowError, ``int(nan)`` a ValueError about NaN."""
+    with pytest.raises(ValueError, match="memory_budget must be a (finite )?size"):
+        budget.parse_bytes(bad)

@@ -95,3 +95,30 @@ def test_exception():
         fft_cc(x, torch.ones(9, 3), mode="valid")
     with pytest.raises(ValueError, match="kernel's C"):
         fft_cc(x, torch.ones(1, 2, 3, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_values_near_the_types_maximum_do_not_overflow_the_transform(dtype):
+    """A smoothing of an image near 3.4e38 is near 3.4e38 too: it came back all NaN (the
+    float32 FFT summed the image to inf); now it matches direct summation in float64."""
+    rng = np.random.default_rng(4)
+    top = torch.finfo(dtype).max
+    x = torch.as_tensor(rng.uniform(0.5, 0.9, (1, 1, 24, 20)) * top).to(dtype)
+    kernel = torch.full((3, 3), 1 / 9)
+    out = fft_cc(x, kernel).double().numpy()[0, 0]
+    ref = ndi.correlate(x.double().numpy()[0, 0], kernel.double().numpy(), mode="constant")
+    assert np.isfinite(out).all()
+    # bfloat16: the output's own rounding (one eps); float32: the FFT's round-off
+    rtol = {torch.bfloat16: torch.finfo(torch.bfloat16).eps, torch.float32: 1e-5}[dtype]
+    np.testing.assert_allclose(out, ref, rtol=rtol, atol=0)
+
+
+def test_scaling_keeps_ordinary_results_and_gradients():
+    """The power-of-two scaling is exact: the same bits as the unscaled transform in
+    float64, and gradients that gradcheck accepts."""
+    x = torch.rand(1, 1, 9, 8, dtype=torch.float64, requires_grad=True) * 1e-3
+    kernel = torch.rand(3, 4, dtype=torch.float64, requires_grad=True)
+    ref = ndi.correlate(x.detach().numpy()[0, 0], kernel.detach().numpy(), mode="constant")
+    np.testing.assert_allclose(fft_cc(x, kernel).detach().numpy()[0, 0], ref, rtol=1e-12)
+    leaf = x.detach().requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, k: fft_cc(a, k), (leaf, kernel))

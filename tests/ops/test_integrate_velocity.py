@@ -45,5 +45,9 @@ class TestIntegrateVelocity:
             integrate_velocity(v, steps=-1)
         with pytest.raises(ValueError, match="steps"):
             integrate_velocity(v, steps=2.5)
+        # 2**64 overflowed the division (OverflowError: int too big to convert)
+        for steps in (31, 64, 1100):
+            with pytest.raises(ValueError, match=r"steps must be an int in \[0, 30\]"):
+                integrate_velocity(v, steps=steps)
         with pytest.raises(ValueError, match="v"):
             integrate_velocity(torch.zeros(1, 3, 8, 9, device=device))

@@ -267,6 +267,25 @@ class TestWarpAffine:
         assert out.shape == (2, 3, 5, 6) and out.dtype == image.dtype
         torch.testing.assert_close(out, image[..., :5, :6])
 
+    def test_an_output_that_cannot_fit_is_refused_before_allocating(self, monkeypatch):
+        """(60000, 60000) reached the allocator; refused now with the output_shape named,
+        by the free memory (set here to 2 GiB), whatever the machine has."""
+        from napari_simwarp import _devices
+
+        calls = []
+
+        def free(device):
+            calls.append(device)
+            return 2 * 2**30
+
+        monkeypatch.setattr(_devices, "available_memory", free)
+        image = torch.rand(1, 1, 8, 8)
+        with pytest.raises(MemoryError, match=r"output_shape \(60000, 60000\) needs about 40"):
+            warp_affine(image, torch.eye(3), output_shape=(60000, 60000))
+        assert calls == [image.device]
+        # a large output that fits is made (1000 x 1000 float32: 4 MB and its grid)
+        assert warp_affine(image, torch.eye(3), output_shape=(1000, 1000)).shape[-1] == 1000
+
     @pytest.mark.parametrize("padding", PADDINGS)
     @pytest.mark.parametrize(
         "shape,output_shape", [((40, 50), (33, 61)), ((12, 14, 16), (10, 17, 13))], ids=["2d", "3d"]

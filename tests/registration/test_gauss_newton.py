@@ -411,3 +411,14 @@ def test_mutual_information_recovers_known_transforms(
     result = register(fixed, moving, model=model, metric="mi", device="cpu")
     assert start > 3.0  # pixels: the run has a way to go
     assert corner_error(result.transform.matrix, matrix, shape) < tolerance
+
+
+@pytest.mark.parametrize("shape", [(1, 7), (7, 1), (1, 5, 6), (4, 1, 1), (2, 3)])
+def test_axis_gradients_are_numpys_and_zero_across_one_pixel(shape):
+    """torch.gradient refused an axis of one pixel (thin images, deep pyramids)."""
+    x = torch.rand(1, 1, *shape, dtype=torch.float64)
+    got = gn.axis_gradients(x, range(2, 2 + len(shape)))
+    for axis, g in enumerate(got):
+        n = shape[axis]
+        expected = np.gradient(x.numpy(), axis=2 + axis) if n > 1 else np.zeros(x.shape)
+        np.testing.assert_allclose(g.numpy(), expected, atol=1e-15)

@@ -4,6 +4,8 @@ reader for OME-Zarr scenes; round trips back through load_transform."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
@@ -270,3 +272,97 @@ def test_unknown_formats_and_options_are_named(tmp_path):
     field = DisplacementTransform(np.zeros((2, 8, 8)))
     with pytest.raises(ValueError, match="written as ITK HDF5"):
         field.save(tmp_path / "f.tfm")
+
+
+# -- grids beside the files that cannot hold them --------------------------------------
+
+
+def _saved(tmp_path, d, kind):
+    """A transform with both grids set, saved as ``kind``; ``(transform, path)``."""
+    fixed_shape = SHAPES[d][0]
+    transform = _physical_transform(d)
+    if kind == "field":
+        field = transform.to_displacement(fixed_shape)
+        transform = DisplacementTransform(field).with_grids(*GRIDS[d])
+        return transform, transform.save(tmp_path / "field.h5")
+    if kind == "elastix":
+        return transform, transform.save(
+            tmp_path / "TransformParameters.0.txt", fixed_shape=fixed_shape
+        )
+    return transform, transform.save(tmp_path / f"t{kind}")
+
+
+@pytest.mark.parametrize("d", [2, 3])
+@pytest.mark.parametrize("kind", [".tfm", ".h5", "field", "elastix"])
+def test_grids_travel_beside_itk_and_elastix_files(tmp_path, d, kind):
+    """Saved and loaded with no grid passed, the pixel form is the original (it was off by
+    0.6-15 px when the grids were dropped), with no warning; SimpleITK still reads the
+    file itself."""
+    transform, path = _saved(tmp_path, d, kind)
+    sidecar = path.with_name(path.name + ".grids.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, sidecar.name])
+    if kind != "elastix":
+        sitk.ReadTransform(str(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        back = load_transform(path)
+    assert (back.fixed_grid, back.moving_grid) == GRIDS[d]
+    fixed_shape = SHAPES[d][0]
+    np.testing.assert_allclose(
+        back.to_displacement(fixed_shape), transform.to_displacement(fixed_shape), atol=1e-5
+    )
+
+
+def test_without_grids_a_warning_says_the_pixel_form_depends_on_them(tmp_path):
+    transform = _physical_transform(2)
+    path = tmp_path / "theirs.tfm"
+    sitk.WriteTransform(sitk.AffineTransform(2), str(path))  # no grids beside
+    with pytest.warns(UserWarning, match="holds no fixed_grid and moving_grid .*unit grid"):
+        load_transform(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_transform(path, fixed_grid=GRIDS[2][0], moving_grid=GRIDS[2][1])
+    # an elastix file holds the fixed grid: only the moving one is missing
+    elastix_path = transform.save(tmp_path / "TransformParameters.0.txt", fixed_shape=(40, 52))
+    elastix_path.with_name(elastix_path.name + ".grids.json").unlink()
+    with pytest.warns(UserWarning, match="holds no moving_grid \\("):
+        back = load_transform(elastix_path)
+    assert back.fixed_grid == GRIDS[2][0]
+
+
+def test_grids_left_beside_a_rewritten_file_are_not_applied(tmp_path):
+    _, path = _saved(tmp_path, 2, ".tfm")
+    sitk.WriteTransform(sitk.TranslationTransform(2, (1.0, 2.0)), str(path))  # another tool
+    with pytest.warns(UserWarning, match="written with another version"):
+        back = load_transform(path, fixed_grid=GRIDS[2][1], moving_grid=GRIDS[2][1])
+    np.testing.assert_allclose(back.physical_matrix[:2, 2], [2.0, 1.0])
+    assert back.fixed_grid == GRIDS[2][1]
+
+
+def test_a_transform_and_its_grids_are_written_together_or_not_at_all(tmp_path):
+    transform = _physical_transform(2)
+    (tmp_path / "t.tfm.grids.json").mkdir()  # the sidecar cannot be written
+    with pytest.raises(OSError, match="t.tfm.grids.json"):
+        transform.save(tmp_path / "t.tfm")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.tfm.grids.json"]
+
+
+@pytest.mark.parametrize("shape", [(40.7, 50.2), (40, "x"), "40", (40,), (40, 0), (True, 3)])
+def test_a_fixed_shape_that_is_not_whole_numbers_is_refused(tmp_path, shape):
+    with pytest.raises(ValueError, match="fixed_shape must be .* positive ints") as info:
+        _physical_transform(2).save(tmp_path / "TransformParameters.0.txt", fixed_shape=shape)
+    assert repr(shape) in str(info.value)
+    assert not list(tmp_path.iterdir())
+
+
+def test_save_errors_name_the_users_path_and_long_names_fit(tmp_path):
+    transform = _physical_transform(2)
+    with pytest.raises(FileNotFoundError) as info:
+        transform.save("/no/such/dir/t.npz")
+    assert "'/no/such/dir/t.npz'" in str(info.value) and "partial" not in str(info.value)
+    # a name of 255 bytes fits the file system: its temporary name must too
+    longest = tmp_path / ("a" * 251 + ".npz")
+    assert transform.save(longest) == longest
+    assert sorted(p.name for p in tmp_path.iterdir()) == [longest.name]
+    with pytest.raises(OSError, match="256 bytes, longer than the 255"):
+        transform.save(tmp_path / ("a" * 252 + ".npz"))

@@ -97,3 +97,10 @@ def test_bad_transform_inputs(tmp_path):
         DisplacementTransform(np.zeros((3, 8, 8)))
     with pytest.raises(FileNotFoundError):
         load_transform(tmp_path / "missing.npz")
+
+
+@pytest.mark.parametrize("steps", [64, -1, 2.5, True])
+def test_velocity_steps_are_checked_when_made(steps):
+    """steps=64 overflowed only when the field was integrated (2**64 in the division)."""
+    with pytest.raises(ValueError, match=r"steps must be an int in \[0, 30\]"):
+        VelocityTransform(np.zeros((2, 8, 8)), steps=steps)

@@ -121,3 +121,168 @@ def test_transform_save_is_atomic(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         AffineTransform(2 * np.eye(3) - np.diag([1, 1, 1.0])).save(path)
     assert path.read_bytes() == good and sorted(p.name for p in tmp_path.iterdir()) == ["t.npz"]
+
+
+# -- outputs whole or absent (issue 28) -------------------------------------------------
+
+
+def test_the_image_and_its_transform_appear_together_or_not_at_all(pair, monkeypatch, capsys):
+    """The disk filled while writing the transform: out.tif was left without its
+    transform, and a rerun was refused ("exists; pass --overwrite")."""
+
+    def broken(self):
+        def write(partial):
+            pathlib.Path(partial).write_bytes(b"half")
+            raise OSError(28, "No space left on device")
+
+        return write
+
+    monkeypatch.setattr(AffineTransform, "npz_writer", broken)
+    before = set(_snapshot(pair))
+    assert _run(pair, "-o", "out.tif") == 2
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and "out.tif.transform.npz" in err
+    assert "partial" not in err
+    assert set(_snapshot(pair)) == before  # no image, no transform, no temporary file
+    monkeypatch.undo()
+    assert _run(pair, "-o", "out.tif") == 0  # a rerun is not refused
+    assert {"out.tif", "out.tif.transform.npz"} <= set(_snapshot(pair))
+
+
+def test_long_output_names_that_fit_are_written_and_longer_ones_refused_first(pair, capsys):
+    """A 236-character name: the outputs fit (240 and 254 bytes) but the temporary name
+    did not, and the error named a file the user never gave."""
+    name = "a" * 232 + ".tif"
+    assert _run(pair, "-o", name) == 0, capsys.readouterr().err
+    assert {name, name + ".transform.npz"} <= set(_snapshot(pair))
+    assert not [p for p in pair.iterdir() if "partial" in p.name]
+    longer = "b" * 240 + ".tif"  # the transform's name would be 254 + 14 bytes
+    assert _run(pair, "-o", longer) == 2
+    err = capsys.readouterr().err
+    assert "the transform file" in err and "longer than the 255 bytes" in err
+    assert not [p for p in pair.iterdir() if p.name.startswith("bbb")]
+
+
+def test_a_full_disk_leaves_neither_output(pair, capsys):
+    """The issue's run, on a 64 KiB tmpfs (skipped where one cannot be mounted): the
+    image fits, the image and its deformable transform do not."""
+    import subprocess
+
+    tiny = pair / "tiny"
+    tiny.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(tiny)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        old = os.getcwd()
+        os.chdir(pair)
+        try:
+            argv = ["register", "a.tif", "b.tif", "-o", "tiny/out.tif", "--dtype", "float64"]
+            code = _cli.main([*argv, "--model", "deformable", "--quiet"])
+        finally:
+            os.chdir(old)
+        err = capsys.readouterr().err
+        assert code == 2 and "No space left on device" in err, err
+        assert "tiny/out.tif" in err and "partial" not in err
+        assert list(tiny.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(tiny)], check=False)
+
+
+def test_save_into_a_missing_folder_names_the_users_path(tmp_path):
+    target = tmp_path / "no" / "such" / "t.npz"
+    with pytest.raises(FileNotFoundError) as info:
+        AffineTransform(np.eye(3)).save(target)
+    assert str(target) in str(info.value) and "partial" not in str(info.value)
+
+
+# -- register-stack: interrupts and resumes (issue 28) -----------------------------------
+
+
+def _stack(seed: int) -> np.ndarray:
+    from scipy import ndimage as ndi
+
+    rng = np.random.default_rng(seed)
+    base = ndi.gaussian_filter(rng.random((40, 40)), 2)
+    frames = [ndi.shift(base, (0.5 * t, -0.3 * t), order=1, mode="nearest") for t in range(6)]
+    return (np.stack(frames) * 1000).astype(np.uint16)
+
+
+def _stack_run(folder, *extra):
+    argv = ["register-stack", str(folder / "stack.tif"), "-o", str(folder / "out.zarr")]
+    return _cli.main([*argv, "--quiet", *extra])
+
+
+def _interrupt_the_write(monkeypatch):
+    """Two blocks of the output stored, then Ctrl-C (a partial store, transforms saved)."""
+    from napari_simwarp.io import omezarr
+
+    original = omezarr._write_level
+
+    def write_level(path, level, source, dtype, group, report):
+        def interrupt(n):
+            raise KeyboardInterrupt
+
+        return original(path, level, source, dtype, 2, interrupt)
+
+    monkeypatch.setattr(omezarr, "_write_level", write_level)
+
+
+def test_an_interrupted_stack_says_what_is_left_and_a_rerun_resumes(tmp_path, monkeypatch, capsys):
+    from napari_simwarp.io.omezarr import read_ome_zarr
+
+    tifffile.imwrite(tmp_path / "stack.tif", _stack(0))
+    _interrupt_the_write(monkeypatch)
+    assert _stack_run(tmp_path) == 130
+    err = capsys.readouterr().err
+    assert "no output was written" not in err
+    assert "out.zarr' holds a partial store" in err and "rerun the same command to resume" in err
+    # the partial store's missing levels read as zeros: refused, unless asked for
+    with pytest.raises(ValueError, match="is a partial store"):
+        read_ome_zarr(tmp_path / "out.zarr")
+    assert read_ome_zarr(tmp_path / "out.zarr", partial=True).data.shape == (6, 40, 40)
+    monkeypatch.undo()
+    assert _stack_run(tmp_path) == 0, capsys.readouterr().err
+    resumed = np.asarray(read_ome_zarr(tmp_path / "out.zarr").data)
+    (tmp_path / "fresh").mkdir()
+    tifffile.imwrite(tmp_path / "fresh" / "stack.tif", _stack(0))
+    assert _stack_run(tmp_path / "fresh") == 0
+    np.testing.assert_array_equal(
+        resumed, np.asarray(read_ome_zarr(tmp_path / "fresh" / "out.zarr").data)
+    )
+
+
+def test_a_resume_from_a_replaced_input_is_refused(tmp_path, monkeypatch, capsys):
+    """Other frames of the same shape under the same name: the rerun said "resuming" and
+    wrote the old transforms with a mix of old and new blocks."""
+    tifffile.imwrite(tmp_path / "stack.tif", _stack(0))
+    _interrupt_the_write(monkeypatch)
+    assert _stack_run(tmp_path) == 130
+    monkeypatch.undo()
+    capsys.readouterr()
+    tifffile.imwrite(tmp_path / "stack.tif", _stack(1))  # same shape and size
+    assert _stack_run(tmp_path) == 2
+    err = capsys.readouterr().err
+    assert "stack.tif' changed since the interrupted run" in err
+    assert "the content of the sampled frames" in err and "--overwrite" in err
+    assert _stack_run(tmp_path, "--overwrite") == 0, capsys.readouterr().err
+
+
+def test_a_resume_checks_the_transforms_folder_too(tmp_path, monkeypatch, capsys):
+    """Interrupted after the transforms, before any block: the rerun reuses them only for
+    the same input."""
+    from napari_simwarp.io import omezarr
+
+    def write(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    tifffile.imwrite(tmp_path / "stack.tif", _stack(0))
+    monkeypatch.setattr(omezarr, "write_ome_zarr", write)
+    assert _stack_run(tmp_path) == 130
+    assert "out.zarr.transforms' holds the transforms" in capsys.readouterr().err
+    monkeypatch.undo()
+    tifffile.imwrite(tmp_path / "stack.tif", _stack(1))
+    assert _stack_run(tmp_path) == 2
+    assert "changed since the interrupted run" in capsys.readouterr().err

@@ -199,3 +199,58 @@ def test_cli_errors_are_one_line_with_status_2(files, argv, words):
     assert sorted(p.name for p in files.iterdir()) == sorted(
         ["good.png", "empty.npy", "corrupt.png", "notes.xyz", "adir", "objects.npy", "text.npy"]
     )
+
+
+# -- thin images and deep pyramids (issue 28): torch.gradient refused an axis of 1 pixel --
+
+
+def _smooth_line(shape, shift, seed=1):
+    """A smooth random image of ``shape`` and a copy shifted by ``shift`` pixels (SciPy's
+    cubic spline shift: the reference)."""
+    from scipy import ndimage as ndi
+
+    rng = np.random.default_rng(seed)
+    image = ndi.gaussian_filter(rng.random(shape), 3.0, mode="wrap").astype(np.float32)
+    image = (image - image.min()) / np.ptp(image)
+    return image, ndi.shift(image, shift, order=3, mode="nearest")
+
+
+@pytest.mark.parametrize(
+    "shape, shift",
+    [((1, 96), (0, 2.4)), ((96, 1), (-1.8, 0)), ((1, 40, 40), (0, 1.5, -2.0))],
+)
+def test_thin_images_register_by_translation(shape, shift):
+    fixed, moving = _smooth_line(shape, shift)
+    found = register(fixed, moving, model="translation").transform.translation
+    np.testing.assert_allclose(found, shift, atol=0.05)
+
+
+def test_a_stack_of_thin_frames_is_drift_corrected():
+    fixed, moving = _smooth_line((1, 96), (0, 2.4))
+    _, back = _smooth_line((1, 96), (0, -1.5))
+    result = register_stack(np.stack([fixed, moving, back]))
+    np.testing.assert_allclose(result.shifts, [[0, 0], [0, 2.4], [0, -1.5]], atol=0.05)
+
+
+def test_a_deep_pyramid_finds_the_shift_or_says_how_many_levels_fit():
+    """levels=12 on 64² raised torch.gradient's error; a translation copes, a rigid fit on
+    the 2 x 2 coarsest level rotated the image by 0.48 rad and never came back."""
+    fixed, moving = _smooth_line((64, 64), (1.7, -2.2))
+    found = register(fixed, moving, model="translation", levels=12).transform.translation
+    np.testing.assert_allclose(found, (1.7, -2.2), atol=0.05)
+    with pytest.raises(ValueError, match=r"levels=12 shrinks .*\(1, 1\).* use levels <= 5"):
+        register(fixed, moving, model="rigid", levels=12)
+    found = register(fixed, moving, model="rigid", levels=5).transform.translation
+    np.testing.assert_allclose(found, (1.7, -2.2), atol=0.05)
+    with pytest.raises(ValueError, match="levels=12 shrinks"):
+        register_stack(np.stack([fixed, moving]), model="affine", levels=12)
+
+
+@pytest.mark.parametrize("model", ["rigid", "similarity", "affine"])
+def test_rotations_across_an_axis_of_one_pixel_are_refused(model):
+    """A 1 x 96 line registered rigidly came back shifted 4.4 px off its own row."""
+    fixed, moving = _smooth_line((1, 96), (0, 2.4))
+    with pytest.raises(ValueError, match=f"model='{model}' needs at least 2 pixels .*fixed"):
+        register(fixed, moving, model=model)
+    with pytest.raises(ValueError, match=f"model='{model}' needs at least 2 pixels .*frames"):
+        register_stack(np.stack([fixed, moving]), model=model)

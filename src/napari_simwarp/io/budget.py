@@ -9,6 +9,7 @@ smallest unit cannot fit is refused before anything is read, with the figures.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from typing import NamedTuple
@@ -74,6 +75,10 @@ def parse_bytes(value, name: str = "memory_budget") -> int:
                 f"{name} must be a size such as '2GiB', '500MB' or a number of bytes, got {value!r}"
             )
         number, unit = float(match.group(1)), match.group(2).lower()
+    if not math.isfinite(number * _UNITS[unit]):  # inf, nan, "1e400"
+        raise ValueError(
+            f"{name} must be a finite size such as '2GiB' or a number of bytes, got {value!r}"
+        )
     size = int(number * _UNITS[unit])
     if size <= 0:
         raise ValueError(f"{name} must be a positive size, got {value!r}")

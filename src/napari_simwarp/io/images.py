@@ -21,6 +21,8 @@ import tempfile
 
 import numpy as np
 
+from . import atomic
+
 READ_SUFFIXES = (".tif", ".tiff", ".png", ".jpg", ".jpeg", ".npy")
 WRITE_SUFFIXES = (".tif", ".tiff", ".png", ".npy")
 #: luminance weights of R, G, B (ITU-R BT.709, scikit-image's rgb2gray)
@@ -174,9 +176,17 @@ def check_target(path, *, what: str, inputs: dict, overwrite: bool = False) -> p
     inputs : ``{name: path}`` of the input files: the target may be none of them, through
         whatever spelling of the path (links, relative paths), even with ``overwrite``.
     overwrite : whether an existing file (never an input) may be replaced.
+
+    Also refuses a name longer than the file system takes (255 bytes on most).
     """
     path = pathlib.Path(path)
     where = _describe(what, path)
+    size, limit = len(os.fsencode(path.name)), atomic.name_max(path.parent)
+    if size > limit:
+        raise ImageFileError(
+            f"{where}: the file name is {size} bytes, longer than the {limit} bytes its file "
+            "system takes; choose a shorter name"
+        )
     for name, source in inputs.items():
         if source is not None and (
             _same_file(path, pathlib.Path(source))
@@ -230,13 +240,14 @@ def check_output_path(
     return check_target(path, what=what, inputs=inputs, overwrite=overwrite)
 
 
-def write_image(path, image: np.ndarray, *, dtype=None) -> pathlib.Path:
-    """Write ``image`` to ``path`` atomically, as ``dtype`` (default: its own).
+def image_writer(path, image: np.ndarray, *, dtype=None):
+    """A function that writes ``image`` as ``dtype`` (default: its own) to the path it is
+    given, in the format of ``path``'s suffix (for
+    :func:`napari_simwarp.io.atomic.write_together`, which writes it beside ``path``).
 
     Integer dtypes are reached by rounding and clipping to the type's range; nothing is
-    rescaled. Call :func:`check_output_path` first: this function does not re-check.
+    rescaled.
     """
-    path = pathlib.Path(path)
     out = np.asarray(image)
     if dtype is not None and np.dtype(dtype) != out.dtype:
         target = np.dtype(dtype)
@@ -244,12 +255,12 @@ def write_image(path, image: np.ndarray, *, dtype=None) -> pathlib.Path:
             info = np.iinfo(target)
             out = np.clip(np.rint(out), info.min, info.max)
         out = out.astype(target)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    suffix = path.suffix.lower()
-    partial = path.with_name(f".{path.stem}.partial-{os.getpid()}{suffix}")
-    try:
+    suffix = pathlib.Path(path).suffix.lower()
+
+    def write(partial: pathlib.Path) -> None:
         if suffix == ".npy":
-            np.save(partial, out)
+            with open(partial, "wb") as f:  # np.save(name) would add ".npy" to a name
+                np.save(f, out)
         elif suffix in (".tif", ".tiff"):
             import tifffile
 
@@ -258,8 +269,15 @@ def write_image(path, image: np.ndarray, *, dtype=None) -> pathlib.Path:
             from skimage import io
 
             io.imsave(partial, out, check_contrast=False)
-        os.replace(partial, path)
-    finally:
-        if partial.exists():
-            partial.unlink()
-    return path
+
+    return write
+
+
+def write_image(path, image: np.ndarray, *, dtype=None) -> pathlib.Path:
+    """Write ``image`` to ``path`` atomically (whole or not at all), as ``dtype`` (default:
+    its own); see :func:`image_writer`. Call :func:`check_output_path` first: this
+    function does not re-check.
+    """
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic.write_atomic(path, image_writer(path, image, dtype=dtype))

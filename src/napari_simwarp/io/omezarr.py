@@ -32,7 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import budget as _budget
-from . import lazy
+from . import lazy, trim
 from .images import ImageFileError
 
 JOURNAL = ".simwarp"
@@ -144,14 +144,16 @@ def _store_state(path: pathlib.Path):
     return None
 
 
-def check_store(path, *, key: str, what: str = "-o", inputs=None, overwrite=False):
+def check_store(path, *, key: str, what: str = "-o", inputs=None, overwrite=False, identity=None):
     """Check, before any work, that an OME-Zarr store may be written at ``path``.
 
     Returns ``"new"``, ``"resume"`` (an interrupted write with the same ``key``) or
     ``"replace"`` (an existing store, with ``overwrite``). Raises an
     :class:`~.images.ImageFileError` naming ``what`` for an input path, a folder or file
     that is not a store written here (never deleted), an existing store without
-    ``overwrite``, and a folder that cannot be written.
+    ``overwrite``, an interrupted write from another version of the input (``identity``:
+    ``{"name": ..., "identity": io.identity.input_identity(...)}``, recorded with the
+    write), and a folder that cannot be written.
     """
     path = pathlib.Path(path)
     where = f"{what}: {str(path)!r}"
@@ -174,6 +176,21 @@ def check_store(path, *, key: str, what: str = "-o", inputs=None, overwrite=Fals
                 "choose another output"
             )
         return "new"
+    recorded = state.get("input")
+    if (
+        identity is not None
+        and isinstance(recorded, dict)
+        and not state.get("complete", False)
+        and not overwrite
+        and recorded != identity["identity"]
+    ):
+        from .identity import describe
+
+        raise ImageFileError(
+            f"{where} holds an interrupted write, but "
+            f"{describe(recorded, identity['identity'], identity['name'])}; pass "
+            "--overwrite (overwrite=True) to start the write again from the new input"
+        )
     if state.get("key") == key and not state.get("complete", False) and not overwrite:
         return "resume"
     if overwrite:
@@ -213,6 +230,7 @@ def write_ome_zarr(
     key_extra="",
     progress=None,
     memory_budget=None,
+    identity=None,
 ) -> pathlib.Path:
     """Write ``data`` (NumPy, dask or zarr, never read whole) to an OME-Zarr store.
 
@@ -235,6 +253,10 @@ def write_ome_zarr(
     key_extra : anything else that identifies the write (for resuming)
     progress : ``callable(done, total)`` called as blocks are stored
     memory_budget : a group of blocks in flight must fit
+    identity : ``{"name": ..., "identity": ...}`` of the input ``data`` comes from
+        (:func:`~.identity.input_identity`), recorded with the write: a resume from an
+        input that changed since is refused, saying what changed (put it in ``key_extra``
+        too)
 
     Returns the store's path. An interrupted write rerun with the same arguments resumes.
     """
@@ -265,7 +287,7 @@ def write_ome_zarr(
         key_extra,
         origin,
     )
-    state = check_store(path, key=key, inputs=inputs, overwrite=overwrite)
+    state = check_store(path, key=key, inputs=inputs, overwrite=overwrite, identity=identity)
     budget = _budget.memory_budget(memory_budget)
     block_bytes = int(np.prod(block_shape)) * max(out_dtype.itemsize, 4) * 3
     _budget.refuse(
@@ -274,7 +296,8 @@ def write_ome_zarr(
     if state == "replace":
         shutil.rmtree(path)
     shapes = _level_shapes(shape, ax, levels)
-    root = _open_root(path, state, shapes, block_shape, out_dtype, key)
+    record = {"key": key} if identity is None else {"key": key, "input": identity["identity"]}
+    root = _open_root(path, state, shapes, block_shape, out_dtype, record)
     if state != "resume":
         root.attrs["multiscales"] = [_metadata(ax, shapes, pixel_size, unit, name, origin)]
     group = max(1, min(64, budget.bytes // (2 * block_bytes)))
@@ -291,7 +314,7 @@ def write_ome_zarr(
             source = _downsample(path, level, ax, labels, block_shape, out_dtype)
         _write_level(path, level, source, out_dtype, group, report)
     attrs = dict(root.attrs)
-    attrs[MARK] = {"key": key, "complete": True}
+    attrs[MARK] = {**record, "complete": True}
     root.attrs.update(attrs)
     shutil.rmtree(path / JOURNAL, ignore_errors=True)
     return path
@@ -324,14 +347,14 @@ def _as_blocks(data, chunks, axes):
     return lazy.as_dask(np.asarray(data), plane)
 
 
-def _open_root(path, state, shapes, block_shape, dtype, key):
+def _open_root(path, state, shapes, block_shape, dtype, record):
     import numcodecs
     import zarr
 
     if state == "resume":
         return zarr.open_group(str(path), mode="r+", zarr_format=2)
     root = zarr.open_group(str(path), mode="w", zarr_format=2)
-    root.attrs[MARK] = {"key": key, "complete": False}
+    root.attrs[MARK] = {**record, "complete": False}
     compressor = numcodecs.Blosc(cname="zstd", clevel=3, shuffle=numcodecs.Blosc.BITSHUFFLE)
     for level, shape in enumerate(shapes):
         root.create_array(
@@ -391,6 +414,7 @@ def _write_level(path, level, source, dtype, group, report):
     for first in range(0, len(pending), group):
         part = pending[first : first + group]
         dask.compute(*[task for _, task in part])
+        trim.release()  # the group's blocks, freed in the scheduler's threads (io/trim.py)
         with open(journal, "a") as f:
             f.write("".join(f"{name}\n" for name, _ in part))
             f.flush()
@@ -435,14 +459,25 @@ class OmeZarrImage(NamedTuple):
     origin: list[float]
 
 
-def read_ome_zarr(path, level=0) -> OmeZarrImage:
+def read_ome_zarr(path, level=0, *, partial: bool = False) -> OmeZarrImage:
     """Level ``level`` of an OME-Zarr image (read by ngff-zarr), as an
     :class:`OmeZarrImage` ``(data, axes, pixel_size, origin)``.
 
     A coarser level's origin is its own (half its span further in than level 0's), so its
-    pixels sit where the store says they do.
+    pixels sit where the store says they do. A store whose write by napari-simwarp was
+    interrupted (marked ``complete: false``) holds zeros where blocks are missing: it is
+    refused (a ValueError saying so) unless ``partial=True``.
     """
     from ngff_zarr import from_ngff_zarr
+
+    state = _store_state(pathlib.Path(path))
+    if state and state.get("complete") is False and not partial:
+        raise ValueError(
+            f"{str(path)!r} is a partial store: the napari-simwarp write that made it was "
+            "interrupted (complete: false), and its missing blocks read as zeros. Rerun "
+            "the command that wrote it to finish it (it resumes), or pass partial=True to "
+            "read what is there"
+        )
 
     multiscales = from_ngff_zarr(str(path))
     images = multiscales.images

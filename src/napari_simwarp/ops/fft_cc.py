@@ -45,7 +45,9 @@ def fft_cc(x: torch.Tensor, kernel: torch.Tensor, mode: str = "same") -> torch.T
     Returns
     -------
     Tensor, shape ``(N, C, *S)`` ("same") or ``(N, C, *(S - K + 1))`` ("valid"),
-    in ``x``'s dtype. Differentiable with respect to ``x`` and ``kernel``.
+    in ``x``'s dtype. Differentiable with respect to ``x`` and ``kernel``. Inputs are
+    scaled by powers of two before the transforms, so values near the type's maximum do
+    not overflow them (an output beyond the type's range is ±inf).
     """
     check_image(x, "x")
     check_choice(mode, "mode", FFT_MODES)
@@ -65,7 +67,12 @@ def fft_cc(x: torch.Tensor, kernel: torch.Tensor, mode: str = "same") -> torch.T
         )
 
     dtype = torch.promote_types(compute_dtype(x.dtype), compute_dtype(kernel.dtype))
-    xc, kc = x.to(dtype), kernel.to(dtype)
+    # The FFT sums every value of its input: an image near its type's largest value (a
+    # bfloat16 or float32 one near 3.4e38) overflows the transform to inf and the output
+    # to NaN. Scaled below 2 by a power of two (exact: no value is rounded), the
+    # transforms stay in range; the correlation, bilinear, is scaled back at the end.
+    x_scale, k_scale = _power_of_two_scale(x, dtype), _power_of_two_scale(kernel, dtype)
+    xc, kc = x.to(dtype) / x_scale, kernel.to(dtype) / k_scale
     if mode == "valid":
         # Circular correlation of length L >= S equals the linear one at i in [0, S - K].
         sizes = [next_fast_len(n) for n in spatial]
@@ -86,5 +93,15 @@ def fft_cc(x: torch.Tensor, kernel: torch.Tensor, mode: str = "same") -> torch.T
         kbuf = torch.roll(kbuf, shifts=shifts, dims=dims)
     spectrum = torch.fft.rfftn(xc, s=sizes, dim=dims) * torch.fft.rfftn(kbuf, dim=dims).conj()
     full = torch.fft.irfftn(spectrum, s=sizes, dim=dims)
-    out = full[(..., *[slice(0, n) for n in out_shape])]
+    out = full[(..., *[slice(0, n) for n in out_shape])] * (x_scale * k_scale)
     return out.to(x.dtype)
+
+
+def _power_of_two_scale(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A power of two in ``(max |t| / 2, max |t|]`` (a 0-d tensor of ``dtype``; 1 for a
+    zero or non-finite ``t``), held constant for autograd: dividing by it is exact."""
+    with torch.no_grad():
+        peak = t.detach().abs().amax().to(dtype)
+        scale = torch.exp2(torch.floor(torch.log2(peak)))  # ceil could pass the max
+        usable = torch.isfinite(scale) & (scale > 0)
+        return torch.where(usable, scale, torch.ones_like(scale))

@@ -8,6 +8,11 @@ from ._numerics import compute_dtype
 from ._validation import check_field
 from .compose import resample_field
 
+#: most squarings: 2**30 sub-steps already make the first one ~1e-9 of ``v``, below
+#: float32's resolution of a pixel position; more change nothing but the risk of
+#: underflow (and ``2**steps`` overflows a float beyond 1023)
+MAX_STEPS = 30
+
 
 def integrate_velocity(v: torch.Tensor, steps: int = 7) -> torch.Tensor:
     """The displacement of the flow of a stationary velocity field, by scaling and squaring.
@@ -21,7 +26,7 @@ def integrate_velocity(v: torch.Tensor, steps: int = 7) -> torch.Tensor:
     ----------
     v : Tensor, shape ``(N, D, *S)``
         Velocity in pixels per unit time, array-axis order.
-    steps : int
+    steps : int in ``[0, MAX_STEPS]``
         Squarings (0 returns ``v``); 7 is the usual choice (``2**7 = 128`` sub-steps).
 
     Returns
@@ -29,8 +34,8 @@ def integrate_velocity(v: torch.Tensor, steps: int = 7) -> torch.Tensor:
     Tensor, shape ``(N, D, *S)``, ``v``'s dtype. Differentiable with respect to ``v``.
     """
     check_field(v, "v")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps must be a non-negative int, got {steps!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= MAX_STEPS:
+        raise ValueError(f"steps must be an int in [0, {MAX_STEPS}], got {steps!r}")
     u = v.to(compute_dtype(v.dtype)) / (2**steps)
     for _ in range(steps):
         u = u + resample_field(u, u)

@@ -7,6 +7,7 @@ input (moving) coordinates: the matrix ``scipy.ndimage.affine_transform`` takes
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -30,6 +31,34 @@ def _check_output_shape(output_shape, spatial: tuple[int, ...]) -> tuple[int, ..
             f"got {output_shape!r}"
         )
     return shape
+
+
+#: outputs up to this many bytes (with their grid) are made without asking the device
+#: how much memory is free (a GPU's answer waits on its queue)
+CHECKED_BYTES = 256 * 2**20
+
+
+def _check_fits(image: torch.Tensor, batch: int, out_shape, dtype: torch.dtype) -> None:
+    """Refuse, before allocating, an output that cannot fit in the memory free now on the
+    image's device: the result ``(batch, C, *out_shape)`` and the sampling grid
+    ``(batch, *out_shape, D)``, in the compute ``dtype`` (a typo in ``output_shape`` would
+    otherwise reach the allocator, or swap the machine to a halt)."""
+    from .._devices import available_memory
+
+    points = math.prod(out_shape)
+    need = points * dtype.itemsize * batch * (image.shape[1] + len(out_shape))
+    if dtype != image.dtype:  # the result is cast back to the image's dtype
+        need += points * image.dtype.itemsize * batch * image.shape[1]
+    if need <= CHECKED_BYTES:  # no query (on a GPU, a host sync) for ordinary outputs
+        return
+    free = available_memory(image.device)
+    if free is not None and need > free:
+        raise MemoryError(
+            f"output_shape {tuple(out_shape)} needs about {need / 2**30:.1f} GiB (the "
+            f"{batch} × {image.shape[1]} warped images and their sampling grid), more than "
+            f"the {free / 2**30:.1f} GiB free on {image.device}; check output_shape, or warp "
+            "in tiles (Transform.apply(..., chunks=...))"
+        )
 
 
 def warp_affine(
@@ -63,7 +92,9 @@ def warp_affine(
 
     Returns
     -------
-    Tensor, shape ``(max(N, M), C, *S_out)``, ``image``'s dtype, on its device.
+    Tensor, shape ``(max(N, M), C, *S_out)``, ``image``'s dtype, on its device. An output
+    that cannot fit in the memory free on the device is refused (MemoryError naming
+    ``output_shape``) before anything is allocated.
     """
     check_image(image, "image")
     d = image.dim() - 2
@@ -75,6 +106,7 @@ def warp_affine(
 
     dtype = compute_dtype(image.dtype)
     theta_dtype = torch.promote_types(dtype, compute_dtype(batched.dtype))
+    _check_fits(image, max(image.shape[0], batched.shape[0]), out_shape, dtype)
     out = sample_affine(
         image.to(dtype), homogeneous(batched.to(theta_dtype)), out_shape, interpolation, padding
     )

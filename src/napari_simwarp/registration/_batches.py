@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from .._devices import resolve_device
+from ..io import trim
 from ..io.tasks import active_client, device_slot
 from ._driver import drive
 
@@ -62,6 +63,7 @@ class LocalBatches:
         out = [None] * math.ceil(total / size)
         for i, sl in enumerate(batches(total, size)):
             out[i], stopped = yield from job(self.src, sl, history, *shared)
+            trim.release()  # the batch's frames, freed: back to the system (io/trim.py)
             if stopped:
                 state["stopped"] = True
                 break
@@ -71,7 +73,9 @@ class LocalBatches:
         """``fn(src, sl, *shared)`` for each batch, in batch order (an iterator); with
         ``sliced`` (a sequence over ``range(total)``), ``fn(src, sl, sliced[sl], *shared)``."""
         for sl in batches(total, size):
-            yield fn(self.src, sl, *_args(sl, shared, sliced))
+            value = fn(self.src, sl, *_args(sl, shared, sliced))
+            trim.release()
+            yield value
 
     def reduce(self, part, combine, total, size, *shared, sliced=None):
         """``combine`` of the ``part(src, sl, *shared)`` of every batch, in batch order
@@ -80,6 +84,7 @@ class LocalBatches:
         for sl in batches(total, size):
             value = part(self.src, sl, *_args(sl, shared, sliced))
             acc = value if acc is None else combine(acc, value)
+            trim.release()
         return acc
 
     def value(self, fn, *args):

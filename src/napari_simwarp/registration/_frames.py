@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..io import budget as _budget
 from ..io import lazy
 from . import _inputs
 
@@ -78,6 +79,35 @@ class FrameSource:
         return np.dtype(getattr(self.data, "dtype", np.float32)) == np.float64 or (
             isinstance(self.data, torch.Tensor) and self.data.dtype == torch.float64
         )
+
+    @property
+    def chunk_shape(self) -> tuple[int, ...] | None:
+        """The largest chunk of a lazy stack (dask or zarr), as read whole to get any of
+        its frames; None for a stack in memory."""
+        if not self.lazy:
+            return None
+        chunks = self.data.chunks
+        if chunks and isinstance(chunks[0], tuple):  # dask: the sizes along each axis
+            return tuple(max(c) for c in chunks)
+        return tuple(int(c) for c in chunks)
+
+    def check_chunks(self, budget) -> None:
+        """Refuse, before reading, a lazy stack whose one chunk does not fit in ``budget``
+        (a :class:`~napari_simwarp.io.budget.Budget`): reading any frame reads its whole
+        chunk, so no batch could be read within the budget."""
+        shape = self.chunk_shape
+        if shape is None:
+            return
+        size = int(np.prod(shape)) * np.dtype(self.data.dtype).itemsize
+        if size > budget.bytes:
+            _budget.refuse(
+                size,
+                budget,
+                what=f"one chunk of {self.name} (shape {shape}, {shape[0]} frame(s)), read "
+                "whole to get any of its frames,",
+                advice=f"rechunk {self.name} to one frame per chunk (dask: "
+                f"{self.name}.rechunk((1, ...)); Zarr: chunks (1, *frame shape))",
+            )
 
     def raw(self, frames: slice) -> torch.Tensor:
         """Frames ``frames`` as given (float32, or float64 for float64 stacks), on the device,

@@ -65,6 +65,49 @@ def to_tensor(x, name: str, *, ndim=(2, 3), leading: int = 0) -> torch.Tensor:
     return t
 
 
+def check_axes_for_model(model: str, shape, name: str) -> None:
+    """Refuse a rigid, similarity or affine model on an image with an axis of one pixel
+    (``shape``: its spatial shape): nothing measures a rotation, a scaling or a shear
+    across that axis, nor a shift along it, so those parameters would be left to chance
+    (a 1 × 96 line registered rigidly came back shifted 4.4 px off its own row). A
+    translation (the axis' shift stays 0) and the dense models handle such images."""
+    if model in ("rigid", "similarity", "affine") and 1 in tuple(shape):
+        raise ValueError(
+            f"model={model!r} needs at least 2 pixels along every axis of {name}, got shape "
+            f"{tuple(shape)}: nothing measures a rotation or a shift across an axis of one "
+            "pixel. Use model='translation', or drop the axis (a 2-D image for one plane)"
+        )
+
+
+#: the fewest pixels a rigid, similarity or affine fit may see along an axis of a pyramid
+#: level (a 64² pair with levels=6 has a 2 × 2 coarsest level, where a rotation of 0.48
+#: rad fitted as well as none and the finer levels never came back)
+MIN_LEVEL_PIXELS = 4
+
+
+def check_levels(model: str, shape, levels: int, spacing=None) -> None:
+    """Refuse, for a rigid, similarity or affine model, ``levels`` that shrink an axis of
+    the image ``shape`` (spatial) below :data:`MIN_LEVEL_PIXELS` at the coarsest level
+    (axes already thinner than that are left out), saying how many levels fit."""
+    from .pyramid import level_shapes
+
+    if model not in ("rigid", "similarity", "affine"):
+        return
+
+    def too_small(n):
+        coarsest = level_shapes(shape, n, spacing)[0]
+        return any(c < MIN_LEVEL_PIXELS <= s for c, s in zip(coarsest, shape))
+
+    if too_small(levels):
+        fitting = max([n for n in range(1, levels) if not too_small(n)], default=1)
+        raise ValueError(
+            f"levels={levels} shrinks the image of shape {tuple(shape)} to "
+            f"{level_shapes(shape, levels, spacing)[0]} pixels at the coarsest level, too few "
+            f"to fit model={model!r} (at least {MIN_LEVEL_PIXELS} per axis); use levels <= "
+            f"{fitting}, or levels='auto'"
+        )
+
+
 def _materialize(x, name: str) -> np.ndarray:
     """A dask or zarr array read into memory, after checks of its dtype, chunking and
     size against the memory budget (before anything is read)."""

@@ -13,8 +13,7 @@ import numbers
 import numpy as np
 import torch
 
-#: most scaling-and-squaring steps (2**steps sub-steps; beyond this nothing changes)
-MAX_STEPS = 30
+from ..ops.integrate_velocity import MAX_STEPS  # one limit: the op's
 
 
 def _real(value, name: str) -> float:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..io import budget as _budget
-from ..io import lazy
+from ..io import lazy, trim
 from ..ops import warp_affine
 from ..ops._sampling import _pad_singleton_axes, displacement_to_grid, grid_sample
 
@@ -175,7 +175,16 @@ def _positions(region, matrix, field_part) -> np.ndarray:
 
 
 def resample_block(block, region, box, spatial, order, matrix=None, field_part=None):
-    """One output chunk from its input box (a task).
+    """One output chunk from its input box (a task): :func:`_resample_block`, then the
+    memory its work copies held handed back to the system (they were freed in a dask
+    thread's malloc arena, which would keep them: :mod:`napari_simwarp.io.trim`)."""
+    out = _resample_block(block, region, box, spatial, order, matrix, field_part)
+    trim.release()
+    return out
+
+
+def _resample_block(block, region, box, spatial, order, matrix=None, field_part=None):
+    """One output chunk from its input box.
 
     Parameters
     ----------

@@ -70,7 +70,9 @@ class ProgressReport:
     """Progress of a run on ``stream``: one redrawn line on a terminal, else one printed
     line every ``every`` seconds (so a long run in a log or a pipe still shows it moves)."""
 
-    def __init__(self, stream=sys.stderr, every: float = 5.0):
+    def __init__(self, stream=None, every: float = 5.0):
+        # sys.stderr when called (a default bound at import would keep a replaced stream)
+        stream = sys.stderr if stream is None else stream
         self.stream = stream
         self.terminal = stream.isatty()
         self.every = every
@@ -223,7 +225,9 @@ def run(args) -> int:
     Every file check (inputs readable, outputs writable and not inputs) happens before
     the registration starts, so a mistake costs no computation and writes nothing.
     """
-    from ..io import check_output_path, check_target, read_image, write_image
+    from ..io import check_output_path, check_target, read_image
+    from ..io.atomic import write_together
+    from ..io.images import image_writer
     from .pair import register
 
     notes: list[str] = []
@@ -272,8 +276,15 @@ def run(args) -> int:
     finally:
         if progress is not None:
             progress.close()
-    write_image(out, result.warped, dtype=dtype)
-    result.transform.save(transform_out)
+    # Both outputs or neither: written beside their targets, then renamed together (a
+    # full disk or a Ctrl-C while writing the transform removes the image again).
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_together(
+        [
+            (out, image_writer(out, result.warped, dtype=dtype)),
+            (transform_out, result.transform.npz_writer()),
+        ]
+    )
     if not args.quiet:
         print(
             f"{args.model}/{result.metric}: final loss {result.loss_history[-1]:.5f} after "
@@ -286,6 +297,59 @@ def run(args) -> int:
 
 
 # -- napari-simwarp register-stack ----------------------------------------------------------
+
+
+def _transforms_record(complete: pathlib.Path) -> dict:
+    """What the ``complete`` mark of a transforms folder records (``key``, ``input``):
+    {} when there is none, or one from an older version (a count of transforms)."""
+    import json
+
+    try:
+        record = json.loads(complete.read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _write_transforms(folder: pathlib.Path, transforms, record: dict) -> None:
+    """The per-frame transforms in ``folder``, whole or not at all: written in a temporary
+    folder beside it with the ``complete`` mark (``record``: the write's key and the
+    input's identity), then renamed into place (an existing folder is replaced)."""
+    import json
+    import shutil
+
+    from ..io.atomic import partial_path
+
+    partial = partial_path(folder)
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    try:
+        for t, transform in enumerate(transforms):
+            transform.save(partial / f"frame_{t:05d}.transform.npz")
+        (partial / "complete").write_text(json.dumps({**record, "count": len(transforms)}))
+        if folder.exists():
+            shutil.rmtree(folder)
+        partial.rename(folder)
+    finally:
+        if partial.exists():
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+def _what_is_left(out: pathlib.Path, folder: pathlib.Path) -> str:
+    """After an interrupt: what a ``register-stack`` run leaves, and that a rerun resumes."""
+    if out.exists():
+        return (
+            f"interrupted; {str(out)!r} holds a partial store (marked complete: false; its "
+            f"missing blocks read as zeros) and {str(folder)!r} the transforms: rerun the "
+            "same command to resume the write (or pass --overwrite to start over)"
+        )
+    if folder.exists():
+        return (
+            f"interrupted; {str(folder)!r} holds the transforms (no image was written): "
+            "rerun the same command to write the aligned stack from them"
+        )
+    return "interrupted; no output was written"
 
 
 def stack_transforms_path(out) -> pathlib.Path:
@@ -524,9 +588,11 @@ def open_stack(path, *, lazy=None, memory_budget=None):
     return data, "tyx" if len(data.shape) == 3 else "tzyx", pixel_size, None
 
 
-def _stack_progress(stream=sys.stderr, every: float = 5.0):
+def _stack_progress(stream=None, every: float = 5.0):
     """``(on_frames(StackProgress), on_blocks(done, total))``: a progress bar of the
-    registration (frames reached) and of the write (blocks stored)."""
+    registration (frames reached) and of the write (blocks stored) on ``stream`` (default:
+    ``sys.stderr`` when called, not when this module was imported)."""
+    stream = sys.stderr if stream is None else stream
     terminal = stream.isatty()
     last = [0.0]
 
@@ -564,6 +630,7 @@ def run_stack(args) -> int:
 
     from ..io import budget as _budget
     from ..io import check_target, lazy
+    from ..io.identity import describe, input_identity
     from ..io.omezarr import check_store, write_key, write_ome_zarr
     from ..io.stack_files import check_stack_output, is_stack_file, write_stack
     from ._names import default_metric
@@ -593,6 +660,10 @@ def run_stack(args) -> int:
     inputs = {"input": args.input}
     shape = tuple(data.shape)
     block = (1, *shape[1:])
+    # The input's identity (size, time, a sample of its frames), not only its path: a
+    # rerun after the input was replaced must not resume from the old one's transforms
+    # and blocks.
+    identity = input_identity(args.input, data)
     options = dict(
         reference=reference,
         model=args.model,
@@ -600,6 +671,7 @@ def run_stack(args) -> int:
         input=str(pathlib.Path(args.input).resolve()),
         spacing=spacing,
         origin=origin,
+        identity=identity,
     )
     key = write_key(
         shape,
@@ -614,19 +686,33 @@ def run_stack(args) -> int:
         json.dumps(options),
         list(grid.origin),
     )
+    named = {"name": f"input {str(args.input)!r}", "identity": identity}
     if to_file:
         check_stack_output(out, what="-o", inputs=inputs, overwrite=args.overwrite)
         state = "new"
     else:
-        state = check_store(out, key=key, inputs=inputs, overwrite=args.overwrite)
+        state = check_store(out, key=key, inputs=inputs, overwrite=args.overwrite, identity=named)
     folder = stack_transforms_path(out)
     complete = folder / "complete"
-    resume = state == "resume" and complete.exists()
+    held = _transforms_record(complete)
+    # the transforms of an interrupted run, from this input with these options: reused
+    resume = state in ("new", "resume") and held.get("key") == key
     if not resume:
-        check_target(folder, what="the transforms folder", inputs=inputs, overwrite=True)
-        if folder.exists() and not (args.overwrite or state == "resume"):
-            from ..io import ImageFileError
+        from ..io import ImageFileError
 
+        if not folder.exists():
+            check_target(folder, what="the transforms folder", inputs=inputs, overwrite=True)
+        elif not folder.is_dir():
+            raise ImageFileError(
+                f"the transforms folder: {str(folder)!r} is a file; move it or choose another -o"
+            )
+        elif not (args.overwrite or state == "resume"):
+            if isinstance(held.get("input"), dict) and held["input"] != identity:
+                raise ImageFileError(
+                    f"the transforms folder: {str(folder)!r} holds the transforms of an "
+                    f"interrupted run, but {describe(held['input'], identity, named['name'])}; "
+                    "pass --overwrite to start again from the new input"
+                )
             raise ImageFileError(
                 f"the transforms folder: {str(folder)!r} exists; pass --overwrite to replace it"
             )
@@ -665,14 +751,7 @@ def run_stack(args) -> int:
                 callback=None if args.quiet else on_frames,
             )
             transforms, warped = result.transforms, result.warped
-            if folder.exists():
-                import shutil
-
-                shutil.rmtree(folder)
-            folder.mkdir(parents=True)
-            for t, transform in enumerate(transforms):
-                transform.save(folder / f"frame_{t:05d}.transform.npz")
-            complete.write_text(f"{len(transforms)}\n")
+            _write_transforms(folder, transforms, {"key": key, "input": identity})
         if to_file:
             write_stack(out, warped, dtype=dtype, progress=None if args.quiet else on_blocks)
         else:
@@ -689,6 +768,7 @@ def run_stack(args) -> int:
                 key_extra=json.dumps(options),
                 progress=None if args.quiet else on_blocks,
                 memory_budget=args.memory_budget,
+                identity=named,
             )
     except MemoryError as exc:
         if lazy.is_lazy(data):
@@ -698,6 +778,8 @@ def run_stack(args) -> int:
             f"{exc}; {install_line(STACK_EXTRA)} lets the command read TIFF and .npy "
             "stacks frame by frame and hold no aligned stack in memory"
         ) from None
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(_what_is_left(out, folder)) from None
     finally:
         if client is not None:
             client.close()

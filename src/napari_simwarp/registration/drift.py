@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ._driver import drive
+from .gauss_newton import axis_gradients
 from .pyramid import gaussian_blur
 
 #: the smallest overlap (fraction of the frame) a shift may leave
@@ -415,7 +416,7 @@ def refine_translation_iter(
     rs = gaussian_blur(references, sigma)
     if alternatives:
         shifts = _rescue(fs, rs, _select(fs, rs, [shifts, *alternatives]))
-    gradient = torch.stack(torch.gradient(rs, dim=list(dims)), dim=1)[:, :, 0]  # (N_r, D, *S)
+    gradient = torch.stack(axis_gradients(rs, dims), dim=1)[:, :, 0]  # (N_r, D, *S)
     sizes = torch.tensor(shape, dtype=shifts.dtype, device=shifts.device)
     # Per axis, the largest shift that keeps MIN_OVERLAP of the frame along that axis alone.
     reach = sizes * (1 - MIN_OVERLAP ** (1.0 / d))

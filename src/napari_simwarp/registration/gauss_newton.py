@@ -69,11 +69,24 @@ COUPLING_PIXELS = 32 * 32
 DAMPING = dict(start=1e-3, shrink=0.1, grow=10.0, most=1e6)
 
 
+def axis_gradients(x: torch.Tensor, dims) -> list[torch.Tensor]:
+    """The derivative of ``x`` along each axis of ``dims`` (each of ``x``'s shape):
+    central differences, one-sided at the edges, in pixels. An axis of one pixel (a
+    1 × 40 image, a 1 × 24 × 24 volume, the coarsest level of a deep pyramid) has no
+    difference to take: its derivative is 0, so nothing moves the image along it
+    (``torch.gradient`` refuses such an axis)."""
+    dims = list(dims)
+    long = [dim for dim in dims if x.shape[dim] > 1]
+    found = dict(zip(long, torch.gradient(x, dim=long))) if long else {}
+    return [found[dim] if dim in found else torch.zeros_like(x) for dim in dims]
+
+
 def gradient_channels(moving: torch.Tensor) -> torch.Tensor:
     """``moving`` ``(N, 1, *S)`` followed by its derivative along each array axis, central
-    differences (one-sided at the edges), in level pixels: ``(N, 1 + D, *S)``."""
+    differences (one-sided at the edges; 0 along an axis of one pixel), in level pixels:
+    ``(N, 1 + D, *S)``."""
     d = moving.dim() - 2
-    grads = torch.gradient(moving, dim=tuple(range(2, 2 + d)))
+    grads = axis_gradients(moving, range(2, 2 + d))
     return torch.cat([moving, *grads], dim=1)
 
 

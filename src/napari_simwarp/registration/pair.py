@@ -122,6 +122,8 @@ def prepare_pair(fixed, moving, model, metric, mask, levels, device, grids, smoo
             f"fixed and moving must have the same dimensionality, got "
             f"{f.dim()}-D {tuple(f.shape)} and {m.dim()}-D {tuple(m.shape)}"
         )
+    _inputs.check_axes_for_model(model, f.shape, "fixed")
+    _inputs.check_axes_for_model(model, m.shape, "moving")
     fixed_spacing, fixed_origin, moving_spacing, moving_origin = grids
     fixed_grid = Grid.make(f.dim(), fixed_spacing, fixed_origin, name="fixed")
     moving_grid = Grid.make(m.dim(), moving_spacing, moving_origin, name="moving")
@@ -141,6 +143,7 @@ def prepare_pair(fixed, moving, model, metric, mask, levels, device, grids, smoo
         smooth = _pre_blur(model, metric)
     if levels == "auto":
         levels = auto_levels(shape, spacing=fixed_grid.spacing)
+    _inputs.check_levels(model, shape, levels, fixed_grid.spacing)
     wmask = _prepare_mask(mask, shape, dev)
     # A light blur of both images (σ: `smooth` fixed-image pixels) takes pixel
     # noise off the gradient and makes bilinear interpolation (exact only for

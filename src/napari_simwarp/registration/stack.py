@@ -249,6 +249,7 @@ def register_stack_iter(
     steps = _options.steps(steps)
     dev = resolve_device(device)
     src = FrameSource(stack, dev)
+    _inputs.check_axes_for_model(model, src.frame_shape, "the stack's frames")
     grid = Grid.make(len(src.frame_shape), spacing, origin)
     ref_index = _reference_index(reference, src.total)
     dense = model not in LINEAR_MODELS
@@ -414,6 +415,7 @@ def _check_stack_memory(src, batch, metric, dense, model, budgets, batch_given=T
     """
     advice = ("use a smaller batch_size, " if batch_given and batch > 1 else "") + _MEMORY_ADVICE
     ram, device = budgets
+    src.check_chunks(ram)  # a chunk is read whole: it must fit before any batch can
     work = batch * _frame_work(src, None if model == "translation" else metric, dense)
     held = _held_bytes(src, batch)
     what = (
@@ -991,6 +993,7 @@ def _optimizer_route(
     if reference == "mean":
         mean_mask = _mean_reference(runner, src.total, batch, value_range)
     levels_n = auto_levels(shape, spacing=grid.spacing) if levels in ("auto", None) else int(levels)
+    _inputs.check_levels(model, shape, levels_n, grid.spacing)
     optimizer = resolve_optimizer("auto", model, metric)
     its = level_iterations(iterations, model, shape, levels_n, full_resolution, optimizer, metric)
     unit = min(grid.spacing)

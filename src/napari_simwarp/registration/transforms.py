@@ -23,15 +23,19 @@ from __future__ import annotations
 
 import json
 import pathlib
+import warnings
 
 import numpy as np
 import torch
 
+from ..io.atomic import check_name_length, write_together
 from ..io.lazy import is_lazy
 from ..io.transform_files import elastix, format_of, itk, ngff
+from ..io.transform_files import grids as grid_files
 from ..io.transform_files._common import write_atomic
 from ..ops import affine_to_displacement, integrate_velocity, warp, warp_affine
 from ..ops._sampling import sample_displaced
+from ..ops.integrate_velocity import MAX_STEPS
 from .grid import Grid, unit_grid
 
 FORMAT_VERSION = 1
@@ -208,8 +212,11 @@ class Transform:
 
         Every file holds the transform in physical coordinates through the grids
         (``fixed_grid``, ``moving_grid``); ITK and elastix files in their own x, y, z
-        order. Written whole or not at all (a ``.zarr`` is built beside and renamed into
-        place); an existing file is replaced, an existing ``.zarr`` directory only when it
+        order. ITK and elastix files cannot hold both grids: they are written beside, in
+        ``NAME.grids.json`` (:mod:`napari_simwarp.io.transform_files.grids`), which
+        :func:`load_transform` reads back. Written whole or not at all (the file and its
+        grids together; a ``.zarr`` is built beside and renamed into place); an OSError
+        names ``path``; an existing file is replaced, an existing ``.zarr`` directory only when it
         is a scene napari-simwarp wrote (a FileExistsError otherwise: it may hold someone's
         images).
         """
@@ -229,6 +236,13 @@ class Transform:
         path = pathlib.Path(path)
         if path.suffix != ".npz":
             path = path.with_name(path.name + ".npz")
+        return write_atomic(path, self.npz_writer(), overwrite=True)
+
+    def npz_writer(self):
+        """A function that writes this transform's ``.npz`` file (see :meth:`save`) to the
+        path it is given: for :func:`napari_simwarp.io.atomic.write_together`, which
+        writes it together with other outputs (an image and its transform: both or
+        neither)."""
         fixed_grid, moving_grid = self.grids()
         header = {
             "kind": self.kind,
@@ -238,11 +252,13 @@ class Transform:
             "moving_grid": moving_grid.as_dict(),
         }
 
+        arrays = self._arrays()
+
         def write(partial):
             with open(partial, "wb") as f:
-                np.savez(f, header=np.array(json.dumps(header)), **self._arrays())
+                np.savez(f, header=np.array(json.dumps(header)), **arrays)
 
-        return write_atomic(path, write, overwrite=True)
+        return write
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(kind={self.kind!r}, ndim={self.ndim})"
@@ -453,6 +469,9 @@ class VelocityTransform(_FieldTransform):
 
     def __init__(self, velocity, steps: int = 7):
         super().__init__(velocity)
+        whole = isinstance(steps, (int, np.integer)) and not isinstance(steps, bool)
+        if not whole or not 0 <= steps <= MAX_STEPS:
+            raise ValueError(f"steps must be an int in [0, {MAX_STEPS}], got {steps!r}")
         self.steps = int(steps)
 
     def to_displacement(self, shape=None) -> np.ndarray:
@@ -479,9 +498,10 @@ def load_transform(
 
     ``format`` as in :meth:`Transform.save` (default: from the extension; a ``.txt`` by its
     first line). Files that do not hold a grid (ITK linear files: neither; ITK fields and
-    elastix files: the moving one) take it from ``fixed_grid`` / ``moving_grid``, or else
-    the unit grid, which places the physical transform in pixels; a grid passed for a
-    file that holds a different one is an error.
+    elastix files: the moving one) take it from the ``NAME.grids.json`` that ``save``
+    wrote beside them, else from ``fixed_grid`` / ``moving_grid``, or else the unit grid
+    (with a warning: the pixel form of a physical transform depends on the grids); a grid
+    passed for a file that holds a different one is an error.
 
     Raises FileNotFoundError for a missing file and a ValueError that names the path for
     anything else that is not a complete transform of the format: an empty or truncated
@@ -595,34 +615,49 @@ def _grid_pair(grid: Grid) -> tuple[tuple, tuple]:
     return tuple(grid.spacing), tuple(grid.origin)
 
 
+def _shape_option(shape, ndim: int) -> tuple[int, ...]:
+    """``fixed_shape`` checked: ``ndim`` positive whole numbers (never rounded)."""
+    message = (
+        f"fixed_shape must be the fixed image's spatial shape ({ndim} positive ints: the "
+        f"grid transformix resamples onto), got {shape!r}"
+    )
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__") or len(shape) != ndim:
+        raise ValueError(message)
+    out = []
+    for n in shape:
+        whole = isinstance(n, (int, np.integer)) or (
+            isinstance(n, (float, np.floating)) and float(n).is_integer()
+        )
+        if isinstance(n, bool) or not whole or n < 1:
+            raise ValueError(message)
+        out.append(int(n))
+    return tuple(out)
+
+
 def _save_interop(transform: Transform, path: pathlib.Path, fmt: str, options) -> pathlib.Path:
     linear = isinstance(transform, AffineTransform)
     fixed, moving = transform.grids()
     if fmt == "itk":
         if linear:
-            return itk.write_itk_linear(path, transform.physical_matrix, overwrite=True)
-        if path.suffix.lower() not in itk.HDF5_SUFFIXES:
+            write = itk.linear_writer(path, transform.physical_matrix)
+        elif path.suffix.lower() not in itk.HDF5_SUFFIXES:
             raise ValueError(
                 f"{str(path)!r}: a {transform.kind} field is written as ITK HDF5 (.h5); "
                 "ITK text files (.tfm, .txt) hold linear transforms"
             )
-        field = _physical_field(transform)
-        return itk.write_itk_displacement(path, field, *_grid_pair(fixed), overwrite=True)
+        else:
+            field = _physical_field(transform)
+            write = itk.displacement_writer(field, *_grid_pair(fixed))
+        return _write_with_grids(path, write, fixed, moving)
     if fmt == "elastix":
         if not linear:
             raise ValueError(
                 f"{str(path)!r}: elastix parameter files are written for linear transforms; "
                 "save a field as ITK HDF5 (.h5) or OME-Zarr (.zarr)"
             )
-        shape = options.get("fixed_shape")
-        if shape is None or len(shape) != transform.ndim or any(int(n) < 1 for n in shape):
-            raise ValueError(
-                f"fixed_shape must be the fixed image's spatial shape ({transform.ndim} "
-                f"positive ints: the grid transformix resamples onto), got {shape!r}"
-            )
-        return elastix.write_elastix(
-            path, transform.physical_matrix, tuple(shape), *_grid_pair(fixed), overwrite=True
-        )
+        shape = _shape_option(options.get("fixed_shape"), transform.ndim)
+        write = elastix.elastix_writer(transform.physical_matrix, shape, *_grid_pair(fixed))
+        return _write_with_grids(path, write, fixed, moving)
     images = {}
     for name in ("fixed_image", "moving_image"):
         if options.get(name) is not None:
@@ -641,6 +676,16 @@ def _save_interop(transform: Transform, path: pathlib.Path, fmt: str, options) -
         overwrite=ngff.written_here(path),  # never a directory that may hold user data
         **images,
     )
+
+
+def _write_with_grids(path: pathlib.Path, write, fixed: Grid, moving: Grid) -> pathlib.Path:
+    """Write an ITK or elastix file (which cannot hold both grids) and its grids sidecar
+    ``NAME.grids.json`` together: both or neither."""
+    check_name_length(grid_files.sidecar_path(path), "transform file (with .grids.json)")
+    if path.is_dir():
+        raise IsADirectoryError(f"{str(path)!r} is a directory, expected a file path")
+    items = grid_files.writers(path, write, _grid_pair(fixed), _grid_pair(moving))
+    return write_together(items)[0]
 
 
 def _check_given(path, held, given) -> None:
@@ -673,9 +718,38 @@ def _load_interop(path: pathlib.Path, fmt: str, fixed_grid, moving_grid) -> Tran
     ndim = (matrix.shape[0] - 1) if matrix is not None else field.shape[0]
     try:
         fixed_held, moving_held = (_grid_from(pair, ndim) for pair in held)
+        beside = grid_files.read_grids(path) if fmt != "ngff" else None
+        if beside is not None:
+            fixed_beside, moving_beside = (_grid_from(pair, ndim) for pair in beside)
+            if fixed_held is not None and fixed_held != fixed_beside:
+                raise ValueError(
+                    f"the file's fixed grid {fixed_held} differs from the one in "
+                    f"{grid_files.sidecar_path(path).name!r} ({fixed_beside})"
+                )
+            fixed_held, moving_held = fixed_beside, moving_beside
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{str(path)!r}: its grids are not valid ({exc})") from None
     _check_given(path, (fixed_held, moving_held), (fixed_grid, moving_grid))
+    missing = [
+        name
+        for name, held_grid, given in (
+            ("fixed_grid", fixed_held, fixed_grid),
+            ("moving_grid", moving_held, moving_grid),
+        )
+        if held_grid is None and given is None
+    ]
+    if missing:
+        names = " and ".join(missing)
+        warnings.warn(
+            f"{str(path)!r} holds no {names} (pixel size and origin) and none was passed: "
+            "the unit grid (spacing 1, origin 0) is assumed, and the transform's pixel form "
+            "(matrix, to_displacement, apply) depends on it. Pass "
+            f"{', '.join(f'{n}=Grid.make(...)' for n in missing)} to load_transform "
+            f"(napari-simwarp's save writes the grids beside the file, in "
+            f"{grid_files.sidecar_path(path).name!r})",
+            UserWarning,
+            stacklevel=3,
+        )
     fixed = fixed_held or fixed_grid or unit_grid(ndim)
     moving = moving_held or moving_grid or unit_grid(ndim)
     if matrix is not None:

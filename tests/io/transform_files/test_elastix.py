@@ -104,3 +104,37 @@ def test_loops_missing_initial_files_and_added_chains_are_refused(tmp_path):
     )
     with pytest.raises(TransformFileError, match="composed chains only"):
         read_elastix(added)
+
+
+@pytest.mark.parametrize(
+    "name, parameters, d, extra, message",
+    [
+        # a short list was broadcast: (TransformParameters 1 0 0 1 7) gave translation [7, 7]
+        ("AffineTransform", [1, 0, 0, 1, 7], 2, "", "'AffineTransform' has 6 parameters, found 5"),
+        ("EulerTransform", [0.1, 4], 2, "", "'EulerTransform' has 3 parameters, found 2"),
+        ("AffineTransform", [1, 0, 0, 1, 2, 3, 4, 5], 2, "", "has 6 parameters, found 8"),
+        ("SimilarityTransform", [0, 0, 0, 1, 2, 3], 3, "", "has 7 parameters, found 6"),
+        (
+            "AffineTransform",
+            [1, 0, 0, 1, 2, 3],
+            2,
+            "(NumberOfParameters 5)\n",
+            r"\(NumberOfParameters 5\) but \(TransformParameters ...\) has 6 values",
+        ),
+        # a 2-D file's direction needs 4 values (a raw reshape error before)
+        ("AffineTransform", [1, 0, 0, 1, 2, 3], 2, "(Direction 1 0 0)\n", "3 values, expected 4"),
+    ],
+)
+def test_counts_that_do_not_fit_the_transform_are_refused(
+    tmp_path, name, parameters, d, extra, message
+):
+    path = _file(tmp_path / "p.txt", name, parameters, [0] * d, d=d, extra=extra)
+    with pytest.raises(TransformFileError, match=message) as info:
+        read_elastix(path)
+    assert str(path) in str(info.value)
+
+
+def test_a_center_of_the_wrong_length_is_refused(tmp_path):
+    path = _file(tmp_path / "p.txt", "EulerTransform", [0.1, 1, 2], [1, 2, 3])
+    with pytest.raises(TransformFileError, match=r"CenterOfRotationPoint .*3 values, expected 2"):
+        read_elastix(path)

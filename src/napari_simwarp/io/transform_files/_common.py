@@ -18,11 +18,12 @@ converts a homogeneous matrix between the two orders (it is its own inverse).
 
 from __future__ import annotations
 
-import os
 import pathlib
 from collections.abc import Callable
 
 import numpy as np
+
+from .. import atomic
 
 
 class TransformFileError(ValueError):
@@ -43,21 +44,15 @@ def reverse_axes(matrix: np.ndarray) -> np.ndarray:
 
 def write_atomic(path, write: Callable[[pathlib.Path], None], *, overwrite: bool) -> pathlib.Path:
     """Run ``write(partial)`` on a temporary path beside ``path``, then rename it to
-    ``path``: the file is written whole or not at all. Refuses an existing ``path`` unless
-    ``overwrite``."""
+    ``path``: the file is written whole or not at all (:mod:`napari_simwarp.io.atomic`).
+    Refuses an existing ``path`` unless ``overwrite``."""
     path = pathlib.Path(path)
+    atomic.check_name_length(path, "transform file")
     if path.exists() and not overwrite:
         raise FileExistsError(f"{where(path)} exists; pass overwrite=True to replace it")
     if path.is_dir():
         raise IsADirectoryError(f"{where(path)} is a directory, expected a file path")
-    partial = path.with_name(f".{path.name}.partial-{os.getpid()}{path.suffix}")
-    try:
-        write(partial)
-        os.replace(partial, path)
-    finally:
-        if partial.exists():
-            partial.unlink()
-    return path
+    return atomic.write_atomic(path, write)
 
 
 def check_file(path, expected: str) -> pathlib.Path:

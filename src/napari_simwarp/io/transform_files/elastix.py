@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+from collections.abc import Callable
 
 import numpy as np
 
@@ -68,7 +69,7 @@ def _numbers(path, entries, key, count=None) -> np.ndarray:
         raise TransformFileError(f"{where(path)}: ({key} ...) is missing or not numbers")
     if count is not None and len(values) != count:
         raise TransformFileError(
-            f"{where(path)}: ({key} ...) has {len(values)} values, not {count}"
+            f"{where(path)}: ({key} ...) has {len(values)} values, expected {count}"
         )
     return np.asarray(values, dtype=np.float64)
 
@@ -102,16 +103,28 @@ def read_elastix(path, _seen=()):
             f"3-D linear transforms {', '.join(_ITK_NAMES)}"
         )
     params = _numbers(path, entries, "TransformParameters")
-    center = entries.get("CenterOfRotationPoint", [0.0] * d)
-    fixed = [*center, 1.0 if entries.get("ComputeZYX", ["false"])[0] == "true" else 0.0]
-    itk_type = f"{_ITK_NAMES[name][d - 2]}_double_{d}_{d}"
-    xyz = linear_xyz(path, itk_type, params, fixed)
-    direction = entries.get("Direction")
-    if direction is not None and not np.allclose(
-        np.asarray(direction, float).reshape(d, d), np.eye(d)
-    ):
+    if "NumberOfParameters" in entries:
+        declared = _numbers(path, entries, "NumberOfParameters", 1)[0]
+        if declared != len(params):
+            raise TransformFileError(
+                f"{where(path)}: (NumberOfParameters {declared:g}) but "
+                f"(TransformParameters ...) has {len(params)} values"
+            )
+    center = (
+        _numbers(path, entries, "CenterOfRotationPoint", d)
+        if "CenterOfRotationPoint" in entries
+        else np.zeros(d)
+    )
+    itk_name = _ITK_NAMES[name][d - 2]
+    # a translation has no center (elastix may still write one)
+    fixed = [] if itk_name == "TranslationTransform" else [*center]
+    if itk_name == "Euler3DTransform":
+        fixed.append(1.0 if entries.get("ComputeZYX", ["false"])[0] == "true" else 0.0)
+    xyz = linear_xyz(path, f"{itk_name}_double_{d}_{d}", params, fixed, label=f"elastix {name!r}")
+    direction = _numbers(path, entries, "Direction", d * d) if "Direction" in entries else None
+    if direction is not None and not np.allclose(direction.reshape(d, d), np.eye(d)):
         raise TransformFileError(
-            f"{where(path)}: the fixed image has direction cosines {direction}; "
+            f"{where(path)}: the fixed image has direction cosines {direction.tolist()}; "
             "napari-simwarp reads axis-aligned grids only (identity direction)"
         )
     initial = entries.get("InitialTransformParameterFileName", ["NoInitialTransform"])[0]
@@ -148,6 +161,13 @@ def write_elastix(path, matrix, shape, spacing, origin, *, overwrite: bool = Fal
     """Write a homogeneous array-order fixed → moving physical matrix as an elastix
     ``AffineTransform`` that transformix applies onto the fixed grid ``shape``,
     ``spacing``, ``origin`` (array order); return the path."""
+    write = elastix_writer(matrix, shape, spacing, origin)
+    return write_atomic(path, write, overwrite=overwrite)
+
+
+def elastix_writer(matrix, shape, spacing, origin) -> Callable[[pathlib.Path], None]:
+    """A function writing the file of :func:`write_elastix` to the path it is given (for
+    :func:`napari_simwarp.io.atomic.write_together`)."""
     _, params, center = linear_parameters(np.asarray(matrix, float))
     d = len(shape)
     lines = [
@@ -176,4 +196,4 @@ def write_elastix(path, matrix, shape, spacing, origin, *, overwrite: bool = Fal
         '(CompressResultImage "false")',
     ]
     text = "\n".join(lines) + "\n"
-    return write_atomic(path, lambda p: p.write_text(text, encoding="utf-8"), overwrite=overwrite)
+    return lambda p: p.write_text(text, encoding="utf-8")

@@ -21,6 +21,8 @@ composites of them, and displacement fields; anything else is refused by name.
 from __future__ import annotations
 
 import math
+import pathlib
+from collections.abc import Callable
 
 import numpy as np
 
@@ -136,24 +138,62 @@ def _split_type(path, type_name: str) -> tuple[str, int]:
     return "_".join(parts[:-3]), d
 
 
-def linear_xyz(path, type_name: str, params, fixed) -> np.ndarray:
-    """The homogeneous x, y, z matrix of one linear ITK transform."""
+def parameter_count(name: str, d: int) -> int | None:
+    """How many parameters ITK's ``name`` (without ``_double_D_D``) has in ``d``-D; None
+    for a type (or a type in a dimension) this module does not read."""
+    counts = {
+        "AffineTransform": d * d + d,
+        "MatrixOffsetTransformBase": d * d + d,
+        "TranslationTransform": d,
+        "IdentityTransform": 0,
+        "ScaleTransform": d,
+    }
+    counts.update(
+        {"Euler2DTransform": 3, "Rigid2DTransform": 3, "Similarity2DTransform": 4}
+        if d == 2
+        else {"Euler3DTransform": 6, "VersorRigid3DTransform": 6, "Similarity3DTransform": 7}
+    )
+    return counts.get(name)
+
+
+def _fixed_counts(name: str, d: int) -> tuple[int, ...]:
+    """The fixed-parameter counts ITK writes for ``name``: none for translation and
+    identity, the center (``d``, or none: center 0) for the others, plus Euler3D's
+    ComputeZYX flag."""
+    if name in ("TranslationTransform", "IdentityTransform"):
+        return (0,)
+    return (0, d, d + 1) if name == "Euler3DTransform" else (0, d)
+
+
+def linear_xyz(path, type_name: str, params, fixed, *, label: str | None = None) -> np.ndarray:
+    """The homogeneous x, y, z matrix of one linear ITK transform.
+
+    The number of ``params`` (and of ``fixed`` parameters) must be the one ITK's type has:
+    a short list is never broadcast nor a long one cut (a :class:`TransformFileError`
+    gives the expected and found counts). ``label`` names the transform in those messages
+    (default: the ITK type; elastix's reader passes its own name).
+    """
     name, d = _split_type(path, type_name)
-    try:
-        a, t, c = _matrix_and_translation(
-            name, d, np.asarray(params, float), np.asarray(fixed, float)
-        )
-    except KeyError:
+    label = label or f"ITK {type_name!r}"
+    expected = parameter_count(name, d)
+    if expected is None:
         raise TransformFileError(
             f"{where(path)} holds an ITK {type_name!r}, which napari-simwarp does not "
             f"read; supported: {', '.join(READABLE)}, their composites, and displacement "
             "fields (.h5)"
-        ) from None
-    except (IndexError, ValueError):
+        )
+    params, fixed = np.asarray(params, float).ravel(), np.asarray(fixed, float).ravel()
+    if len(params) != expected:
         raise TransformFileError(
-            f"{where(path)}: the parameters of {type_name!r} are incomplete "
-            f"({len(params)} parameters, {len(fixed)} fixed parameters)"
-        ) from None
+            f"{where(path)}: a {d}-D {label} has {expected} parameters, found {len(params)}"
+        )
+    allowed = _fixed_counts(name, d)
+    if len(fixed) not in allowed:
+        raise TransformFileError(
+            f"{where(path)}: a {d}-D {label} has "
+            f"{' or '.join(map(str, allowed))} fixed parameters, found {len(fixed)}"
+        )
+    a, t, c = _matrix_and_translation(name, d, params, fixed)
     out = np.eye(d + 1)
     out[:d, :d] = a
     out[:d, d] = t + c - a @ c
@@ -315,34 +355,47 @@ def linear_parameters(matrix: np.ndarray) -> tuple[str, list[float], list[float]
     return f"AffineTransform_double_{d}_{d}", params, [0.0] * d
 
 
-def write_itk_linear(path, matrix, *, overwrite: bool = False):
-    """Write a homogeneous array-order fixed → moving physical matrix as an ITK
-    ``AffineTransform``: text for ``.tfm``/``.txt``, HDF5 for ``.h5``; return the path."""
+def linear_writer(path, matrix) -> Callable[[pathlib.Path], None]:
+    """A function writing a homogeneous array-order fixed → moving physical matrix as an
+    ITK ``AffineTransform`` to the path it is given (text, or HDF5 when ``path`` is
+    ``.h5``): for :func:`napari_simwarp.io.atomic.write_together`."""
     kind, params, fixed = linear_parameters(np.asarray(matrix, float))
     if str(path).lower().endswith(HDF5_SUFFIXES):
-        return _write_hdf5(path, kind, params, fixed, overwrite)
+        return _hdf5_writer(kind, params, fixed)
     text = (
         f"{_MAGIC_TEXT}\n#Transform 0\nTransform: {kind}\n"
         f"Parameters: {_format_numbers(params)}\nFixedParameters: {_format_numbers(fixed)}\n"
     )
-    return write_atomic(path, lambda p: p.write_text(text, encoding="utf-8"), overwrite=overwrite)
+    return lambda p: p.write_text(text, encoding="utf-8")
 
 
-def write_itk_displacement(path, field, spacing, origin, *, overwrite: bool = False):
-    """Write a physical displacement ``(D, *S)`` (array order, the vectors moving − fixed
-    physical point) on the fixed grid ``spacing``, ``origin`` (array order) as an ITK
-    HDF5 ``DisplacementFieldTransform``; return the path."""
+def write_itk_linear(path, matrix, *, overwrite: bool = False):
+    """Write a homogeneous array-order fixed → moving physical matrix as an ITK
+    ``AffineTransform``: text for ``.tfm``/``.txt``, HDF5 for ``.h5``; return the path."""
+    return write_atomic(path, linear_writer(path, matrix), overwrite=overwrite)
+
+
+def displacement_writer(field, spacing, origin) -> Callable[[pathlib.Path], None]:
+    """A function writing a physical displacement ``(D, *S)`` (array order, the vectors
+    moving − fixed physical point) on the fixed grid ``spacing``, ``origin`` (array
+    order) as an ITK HDF5 ``DisplacementFieldTransform`` to the path it is given."""
     field = np.asarray(field, dtype=np.float64)
     d = field.shape[0]
     size = field.shape[1:]
     # array order (component, z, y, x) → ITK's x-fastest pixels with x, y, z components
     params = np.moveaxis(field[::-1], 0, -1).ravel()
     fixed = [*size[::-1], *origin[::-1], *spacing[::-1], *np.eye(d).ravel()]
-    kind = f"DisplacementFieldTransform_double_{d}_{d}"
-    return _write_hdf5(path, kind, params, fixed, overwrite)
+    return _hdf5_writer(f"DisplacementFieldTransform_double_{d}_{d}", params, fixed)
 
 
-def _write_hdf5(path, kind: str, params, fixed, overwrite: bool):
+def write_itk_displacement(path, field, spacing, origin, *, overwrite: bool = False):
+    """Write a physical displacement ``(D, *S)`` (array order, the vectors moving − fixed
+    physical point) on the fixed grid ``spacing``, ``origin`` (array order) as an ITK
+    HDF5 ``DisplacementFieldTransform``; return the path."""
+    return write_atomic(path, displacement_writer(field, spacing, origin), overwrite=overwrite)
+
+
+def _hdf5_writer(kind: str, params, fixed) -> Callable[[pathlib.Path], None]:
     h5py = _h5py()
 
     def write(partial):
@@ -354,4 +407,4 @@ def _write_hdf5(path, kind: str, params, fixed, overwrite: bool):
             node.create_dataset("TransformParameters", data=np.asarray(params, np.float64))
             node.create_dataset("TransformFixedParameters", data=np.asarray(fixed, np.float64))
 
-    return write_atomic(path, write, overwrite=overwrite)
+    return write
