@@ -15,7 +15,14 @@ import numpy as np
 import torch
 
 from ..ops import integrate_velocity, warp
-from ..ops._sampling import affine_grid, grid_inside, grid_sample, identity_grid, level_matrix
+from ..ops._sampling import (
+    affine_grid,
+    displacement_to_grid,
+    grid_inside,
+    grid_sample,
+    identity_grid,
+    level_matrix,
+)
 from .grid import Grid, unit_grid
 from .pyramid import level_anisotropy, resize
 from .transforms import AffineTransform, DisplacementTransform, VelocityTransform
@@ -377,6 +384,7 @@ class DenseModel:
         self.field = None
         self.level_pixel = 1.0  # set by set_level
         self.dtype, self.device, self.batch = dtype, device, batch
+        self._constants = {}  # see _constant
         self.init = None
         if init is not None:
             self.init = torch.as_tensor(init, dtype=dtype, device=device).reshape(
@@ -403,8 +411,20 @@ class DenseModel:
         """Control values ``(N, D, *c)`` → the field at a grid of ``shape``, same units."""
         if self.control == "linear":
             return resize(f, shape)
-        weights = [bspline_weights(c, n, f.dtype, f.device) for c, n in zip(f.shape[2:], shape)]
+        key = (tuple(f.shape[2:]), tuple(shape), f.dtype, f.device)
+        weights = self._constants.get(key)
+        if weights is None:  # the same few matrices every iteration: made once
+            weights = [bspline_weights(c, n, f.dtype, f.device) for c, n in zip(f.shape[2:], shape)]
+            self._constants[key] = weights
         return apply_per_axis(f, weights)
+
+    def _constant(self, key, make) -> torch.Tensor:
+        """A small constant tensor of the model's, made once (no host → device copy and no
+        launch per iteration)."""
+        value = self._constants.get(key)
+        if value is None:
+            value = self._constants[key] = make()
+        return value
 
     def set_level(self, level_shape) -> None:
         # The level's pixel, in full-resolution pixels: the bending energy's unit.
@@ -427,10 +447,16 @@ class DenseModel:
 
     def _rescale(self, d: torch.Tensor, from_shape, to_shape) -> torch.Tensor:
         """A displacement in pixels of a grid ``from_shape`` to pixels of ``to_shape``."""
-        scale = torch.tensor(
-            [t / f for t, f in zip(to_shape, from_shape)], dtype=d.dtype, device=d.device
+        ratios = tuple(t / f for t, f in zip(to_shape, from_shape))
+        if all(r == 1.0 for r in ratios):
+            return d
+        scale = self._constant(
+            ("rescale", ratios, d.dtype, d.device),
+            lambda: torch.tensor(ratios, dtype=d.dtype, device=d.device).view(
+                1, -1, *([1] * self.ndim)
+            ),
         )
-        return d * scale.view(1, -1, *([1] * self.ndim))
+        return d * scale
 
     def displacement(self, shape, field=None) -> torch.Tensor:
         """The displacement at a level of ``shape``, in that level's pixels ``(N, D, *shape)``."""
@@ -459,9 +485,17 @@ class DenseModel:
         return (moved - identity_grid(shape, dtype=torch.float64, device=d.device)).to(d.dtype)
 
     def warp(self, moving: torch.Tensor, shape) -> tuple[torch.Tensor, torch.Tensor]:
+        """Warp a moving level ``(N or 1, C, *shape)`` onto the fixed level's grid; return
+        (warped, in-bounds), in-bounds 1 where a sample fell within half a pixel of the
+        moving level. What :func:`~napari_simwarp.ops.warp` computes, without its input
+        checks: they read values back to the host, and the model makes its own field."""
         d = self.displacement(shape)
         n = d.shape[0]
         src = moving if moving.shape[0] == n else moving.expand(n, *moving.shape[1:])
+        if tuple(moving.shape[2:]) == tuple(shape) and min(shape) > 1:
+            grid = displacement_to_grid(d.to(src.dtype), shape)
+            warped = grid_sample(src, grid, "linear", "nearest")
+            return warped, grid_inside(grid.detach(), shape)
         warped = warp(src, d, padding="nearest")
         with torch.no_grad():
             pos = [torch.arange(s, dtype=d.dtype, device=d.device) for s in shape]
@@ -476,8 +510,14 @@ class DenseModel:
     def regularizer(self) -> torch.Tensor:
         f = self.field
         # Component a in physical units (× s_a), differences along b per physical length.
-        spacing = torch.tensor(self.spacing, dtype=f.dtype, device=f.device)
-        f = f * spacing.view(1, -1, *([1] * self.ndim))
+        if any(s != 1.0 for s in self.spacing):
+            spacing = self._constant(
+                ("spacing", f.dtype, f.device),
+                lambda: torch.tensor(self.spacing, dtype=f.dtype, device=f.device).view(
+                    1, -1, *([1] * self.ndim)
+                ),
+            )
+            f = f * spacing
         cells = [c * s for c, s in zip(self._cells(f.shape[2:]), self.spacing)]  # physical
         total = f.new_zeros(f.shape[0])
         if self.regularizer_kind == "bending":
