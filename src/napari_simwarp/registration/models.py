@@ -43,6 +43,18 @@ def rotation_generators(ndim: int, dtype=torch.float64, device=None) -> torch.Te
     return torch.tensor(gens, dtype=dtype, device=device)
 
 
+#: device types on which the linear models' matrices and the Gauss–Newton bookkeeping run
+#: in float64: the CPU only. GPUs run float64 at 1/32 to 1/64 of the float32 rate (and
+#: MPS has none), so the small matrices stay in float32 there. Tests add "cpu"'s removal
+#: to run the GPU's dtypes on the CPU.
+WIDE_DEVICE_TYPES = frozenset({"cpu"})
+
+
+def wide_dtype(device) -> torch.dtype:
+    """float64 on :data:`WIDE_DEVICE_TYPES`, else float32."""
+    return torch.float64 if torch.device(device).type in WIDE_DEVICE_TYPES else torch.float32
+
+
 class LinearModel:
     """Translation, rigid, similarity or affine, in physical space about the fixed image's
     center (docs/maths.md §6.1).
@@ -93,9 +105,9 @@ class LinearModel:
         }[kind]
         self.shift = torch.zeros(batch, d, dtype=dtype, device=device, requires_grad=True)
         self.linear = torch.zeros(batch, n_lin, dtype=dtype, device=device, requires_grad=True)
-        # The fixed parts of M are kept in float64 (MPS has no float64: float32 there), so
-        # that origins far from zero cost no precision.
-        wide = self.wide = torch.float32 if torch.device(device).type == "mps" else torch.float64
+        # The fixed parts of M are kept in float64 on the CPU, so that origins far from zero
+        # cost no precision; in float32 on accelerators (:data:`WIDE_DEVICE_TYPES`).
+        wide = self.wide = wide_dtype(device)
         origin = self.fixed_grid.origin
         center = [o + s * (n - 1) / 2 for o, s, n in zip(origin, spacing, fixed_shape)]
         to_center, from_center = np.eye(d + 1), np.eye(d + 1)
@@ -109,6 +121,9 @@ class LinearModel:
             p0 = self.moving_grid.to_physical() @ m0 @ self.fixed_grid.to_pixels()
         left = self.moving_grid.to_pixels() @ p0 @ to_center
         right = from_center @ self.fixed_grid.to_physical()
+        # float64 copies on the host, for the solvers' constants (gauss_newton.py)
+        self.left_host = np.broadcast_to(left, (batch, d + 1, d + 1))
+        self.right_host = right
         self.left = torch.as_tensor(left, dtype=wide, device=device).expand(batch, -1, -1)
         self.right = torch.as_tensor(right, dtype=wide, device=device)
 
