@@ -157,10 +157,11 @@ def gpu_policy() -> None:
 
     _numerics.FLOAT32_MOMENT_DEVICE_TYPES = _numerics.FLOAT32_MOMENT_DEVICE_TYPES | {"cpu"}
     if hasattr(optimize, "READ_EVERY"):  # (not before issue 24)
-        from napari_simwarp.registration import models
+        from napari_simwarp.registration import drift, models
 
         optimize.READ_EVERY["cpu"] = optimize.READ_EVERY_DEFAULT
         models.WIDE_DEVICE_TYPES = frozenset()
+        drift.SLICE_DEVICE_TYPES = frozenset()
 
 
 def main(argv=None) -> int:
