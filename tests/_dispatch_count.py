@@ -66,7 +66,6 @@ FREE_OPS = frozenset(
         "view_as_real",
         "view_as_complex",
         "_reshape_alias",
-        "lift_fresh",
         "_to_copy_noop",
         "sym_size",
         "sym_stride",
@@ -76,6 +75,8 @@ FREE_OPS = frozenset(
         "_has_compatible_shallow_copy_type",
         "_record_function_enter_new",  # profiler markers (torch.optim)
         "_record_function_exit",
+        "promote_types",  # a dtype, worked out on the host
+        "result_type",
     }
 )
 
@@ -118,8 +119,10 @@ class DispatchCounter(TorchDispatchMode):
         what is computed from them alone): neither launches nor syncs, not in ``ops``
 
     On the CPU every tensor lives on the host, so the counter plays the GPU: a tensor is
-    "on the device" unless it came from a read (``.cpu()``, ``.to("cpu")``); tensors made
-    from nothing (``torch.zeros``, ``torch.tensor``) count as made on the device.
+    "on the device" unless it came from a read (``.cpu()``, ``.to("cpu")``) or from Python
+    or NumPy data (``torch.tensor``, ``torch.as_tensor``: ``lift_fresh``, counted as one
+    launch for its transfer); tensors made by factories (``torch.zeros``, ``torch.eye``)
+    count as made on the device.
     """
 
     def __init__(self, watch_device: str | None = None):
@@ -138,6 +141,13 @@ class DispatchCounter(TorchDispatchMode):
         name = func.overloadpacket.__name__
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         out = func(*args, **kwargs)
+        if name == "lift_fresh":
+            # A tensor from Python or NumPy data: it lives on the host (on a GPU it is
+            # copied over, a transfer counted here as a launch; its dtype is the host's).
+            self.ops[name] += 1
+            self.launches += 1
+            _mark_host(out)
+            return out
         if tensors and all(_is_host(t) for t in tensors):
             # Arithmetic on values already read back (bookkeeping on the host): no launch.
             self.host_ops[name] += 1

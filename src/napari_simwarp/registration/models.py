@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ..ops import integrate_velocity, warp
 from ..ops._sampling import (
@@ -508,7 +509,13 @@ class DenseModel:
         n = d.shape[0]
         src = moving if moving.shape[0] == n else moving.expand(n, *moving.shape[1:])
         if tuple(moving.shape[2:]) == tuple(shape) and min(shape) > 1:
-            grid = displacement_to_grid(d.to(src.dtype), shape)
+            # displacement_to_grid's positions, with the identity part made once: in
+            # grid_sample's normalized (x, y[, z]) order, base + scale · d (one launch)
+            base, scale = self._constant(
+                ("grid", tuple(shape), src.dtype, src.device),
+                lambda: self._grid_constants(shape, src.dtype, src.device),
+            )
+            grid = torch.addcmul(base, d.to(src.dtype).flip(1).movedim(1, -1), scale)
             warped = grid_sample(src, grid, "linear", "nearest")
             return warped, grid_inside(grid.detach(), shape)
         warped = warp(src, d, padding="nearest")
@@ -522,7 +529,103 @@ class DenseModel:
                 inside = inside * ((p >= -0.5) & (p <= s - 0.5)).unsqueeze(1).to(d.dtype)
         return warped, inside
 
+    def _grid_constants(self, shape, dtype, device):
+        """``(base (1, *S, D), scale (D,))``: the identity grid of ``shape`` and the pixel
+        → normalized factor per component, (x, y[, z]) order (``align_corners=True``)."""
+        zero = torch.zeros(1, len(shape), *shape, dtype=dtype, device=device)
+        base = displacement_to_grid(zero, shape)
+        scale = torch.tensor([2.0 / (n - 1) for n in reversed(shape)], dtype=dtype)
+        return base.contiguous(), scale.to(device)
+
     def regularizer(self) -> torch.Tensor:
+        """The regularizer ``(N,)`` of the field (see the class docstring): one convolution
+        of every component with the difference stencils of all the terms at once, their
+        squares weighted by a constant that carries each term's weight, its valid
+        positions, the spacing and the level's pixel (a few launches where the
+        differences take tens); equal to :meth:`regularizer_by_differences`."""
+        f = self.field
+        n, d = f.shape[:2]
+        cshape = tuple(f.shape[2:])
+        stencils, weights = self._constant(
+            ("regularizer", cshape, self.level_pixel, f.dtype, f.device),
+            lambda: self._regularizer_plan(cshape, f.dtype, f.device),
+        )
+        if stencils is None:
+            return f.new_zeros(n)
+        conv = F.conv2d if d == 2 else F.conv3d
+        g = conv(f.reshape(n * d, 1, *cshape), stencils, padding=1)
+        g = g.view(n, d, *g.shape[1:])  # (N, D, T, *c)
+        return (g * g * weights).reshape(n, -1).sum(1)
+
+    def _regularizer_plan(self, cshape, dtype, device):
+        """``(stencils (T, 1, 3, …), weights (D, T, *c))`` of :meth:`regularizer` on a
+        control grid of ``cshape`` (``(None, None)`` when no term fits the grid).
+
+        Each term is a difference stencil in a 3-wide box (one pixel of zero padding), valid
+        where all its taps are on the grid: the weight there carries the term's weight over
+        its number of valid positions, the components and the squared cell sizes; 0
+        elsewhere."""
+        d = self.ndim
+        cells = [c * s for c, s in zip(self._cells(cshape), self.spacing)]  # physical
+        stencils, masks = [], []
+
+        def term(taps, lo, hi, scale):
+            """A stencil from ``{offset per axis: coefficient}`` (offsets -1, 0, 1: the tap
+            reads ``f[i + offset]``), valid at ``lo[a] <= i_a < c_a - hi[a]``."""
+            k = np.zeros((3,) * d)
+            for offset, c in taps.items():
+                k[tuple(1 + o for o in offset)] = c
+            m = np.zeros(cshape)
+            m[tuple(slice(lo[a], cshape[a] - hi[a]) for a in range(d))] = 1.0
+            stencils.append(k * scale)
+            masks.append(m / m.sum())
+
+        def unit(axis, step):
+            return tuple(step if a == axis else 0 for a in range(d))
+
+        def plus(x, y):
+            return tuple(p + q for p, q in zip(x, y))
+
+        zero, none = (0,) * d, [0] * d
+        if self.regularizer_kind == "bending":
+            for a in range(d):
+                for b in range(a, d):
+                    if min(cshape[a], cshape[b]) < (3 if a == b else 2):
+                        continue
+                    if a == b:  # torch.diff twice puts f[i-1] - 2 f[i] + f[i+1] at i - 1
+                        taps = {unit(a, -1): 1.0, zero: -2.0, unit(a, 1): 1.0}
+                        lo, hi = list(none), list(none)
+                        lo[a] = hi[a] = 1
+                        term(taps, lo, hi, 1.0 / (cells[a] * cells[a]))
+                    else:  # ∂²/∂a∂b and ∂²/∂b∂a: weight 2 on the square
+                        ua, ub = unit(a, 1), unit(b, 1)
+                        taps = {zero: 1.0, ua: -1.0, ub: -1.0, plus(ua, ub): 1.0}
+                        hi = list(none)
+                        hi[a] = hi[b] = 1
+                        term(taps, none, hi, 2.0**0.5 / (cells[a] * cells[b]))
+            level = self.level_pixel**2
+        else:
+            for a in range(d):
+                if cshape[a] < 2:
+                    continue
+                hi = list(none)
+                hi[a] = 1
+                term({zero: -1.0, unit(a, 1): 1.0}, none, hi, 1.0 / cells[a])
+            level = 1.0
+        if not stencils:
+            return None, None
+        # Component c in physical units: × s_c², and the mean over the D components.
+        per_component = np.array([s * s for s in self.spacing]) / d * level
+        weights = per_component.reshape(d, 1, *[1] * d) * np.stack(masks)[None]
+        kernel = np.stack(stencils)[:, None]
+        return (
+            torch.as_tensor(kernel, dtype=dtype, device=device),
+            torch.as_tensor(weights, dtype=dtype, device=device),
+        )
+
+    def regularizer_by_differences(self) -> torch.Tensor:
+        """:meth:`regularizer` written with :func:`torch.diff` term by term (the
+        definition; the reference of the tests)."""
         f = self.field
         # Component a in physical units (× s_a), differences along b per physical length.
         if any(s != 1.0 for s in self.spacing):
