@@ -547,7 +547,7 @@ class DenseModel:
         n, d = f.shape[:2]
         cshape = tuple(f.shape[2:])
         stencils, weights = self._constant(
-            ("regularizer", cshape, self.level_pixel, f.dtype, f.device),
+            ("regularizer", self.regularizer_kind, cshape, self.level_pixel, f.dtype, f.device),
             lambda: self._regularizer_plan(cshape, f.dtype, f.device),
         )
         if stencils is None:
