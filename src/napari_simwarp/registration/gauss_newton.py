@@ -795,7 +795,10 @@ def _run_on_device(problem: SquaresProblem, iterations, history, report_every, p
     step was refused gets its own system again). The host reads the mean loss and whether
     every pair is done, once per iteration: one sync.
     """
+    from .optimize import read_every  # (optimize imports this module)
+
     model, p, n = problem.model, problem.params, problem.pairs
+    host_reads = read_every(problem.fixed.device) == 1
     theta = problem.start()
     samples = problem.sample(theta)
     loss = problem.loss(samples)
@@ -825,7 +828,10 @@ def _run_on_device(problem: SquaresProblem, iterations, history, report_every, p
             torch.where(keep, trial[1], samples[1]),
         )
         loss = torch.where(better, own, loss)
-        hessian, gradient = problem.normal_equations(samples, theta)
+        # Where the host is the device a read costs nothing: skip the system when no step
+        # was kept (it is the one already held); elsewhere rebuild it without asking.
+        if not host_reads or bool(better.any()):
+            hessian, gradient = problem.normal_equations(samples, theta)
         read = torch.cat([loss, done.to(loss.dtype)]).tolist()  # the one sync
         total, finished = sum(read[:n]) / n, all(read[n:])
         history.append(total)
