@@ -234,3 +234,29 @@ def test_dense_adam_reading_every_10_iterations_is_as_accurate(monkeypatch):
     tenth = epe()
     assert every < 0.2
     assert tenth <= 1.05 * every
+
+
+@pytest.mark.usefixtures("gpu_policy")
+def test_gauss_newton_on_the_device_takes_one_fixed_image_per_pair():
+    """A batch of pairs with a fixed image each (register_stack's "previous" reference):
+    each pair converges to its own transform, as the same pairs one by one."""
+    shape = (48, 56)
+    rng = np.random.default_rng(12)
+    fixed = [random_smooth(rng, shape, 2.5) for _ in range(3)]
+    shifts = [(1.2, -0.7), (-0.4, 0.9), (0.3, 0.2)]
+    moving = [ndi.shift(f, s, order=3, mode="nearest") for f, s in zip(fixed, shifts)]
+    f = torch.from_numpy(np.stack(fixed)).float()[:, None]
+    m = torch.from_numpy(np.stack(moving)).float()[:, None]
+
+    def run(f, m):
+        model = LinearModel("translation", shape, shape, f.shape[0], dtype=torch.float32)
+        schedule = Schedule(metric="ncc", optimizer="gauss-newton", iterations=30)
+        for _ in optimize.optimize(model, [f], [m], [None], schedule, []):
+            pass
+        return model.shift.detach().numpy()
+
+    together = run(f, m)
+    one_by_one = np.concatenate([run(f[i : i + 1], m[i : i + 1]) for i in range(3)])
+    # moving(x) = fixed(x - s), so fixed(x) = moving(x + s): the shift found is s
+    np.testing.assert_allclose(together, np.array(shifts), atol=0.02)
+    np.testing.assert_allclose(together, one_by_one, atol=1e-3)

@@ -611,7 +611,10 @@ class SquaresProblem:
             shape = (n, *own.shape[1:])
             weights = torch.cat([own.expand(shape), other_weight.expand(shape)]).flatten(1)
             warped = sampled[:, 0].reshape(n, -1).repeat(2, 1)
-            return _ncc_as_squares(self.fixed_rows, warped, weights).view(2, n)
+            fixed = (
+                self.fixed_rows if self.fixed_rows.shape[0] == 1 else self.fixed_rows.repeat(2, 1)
+            )
+            return _ncc_as_squares(fixed, warped, weights).view(2, n)
         warped = sampled[:, :1].to(self.small).repeat(2, *([1] * (sampled.dim() - 1)))
         weights = torch.cat(
             [own.expand(n, *own.shape[1:]), other_weight.expand(n, *own.shape[1:])]
