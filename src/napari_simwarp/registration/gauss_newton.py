@@ -48,6 +48,7 @@ from ..ops.mutual_information import (
     score_curvature,
     score_of_joint,
 )
+from .models import read_every, wide_dtype
 
 #: metrics whose loss is a sum of squares over the pixels (after the intensity fit for NCC),
 #: and the mutual information (a Fisher-information matrix in place of ``JᵀWJ``)
@@ -476,8 +477,6 @@ class SquaresProblem:
     tolerance = TOLERANCE
 
     def __init__(self, model, fixed, moving, weight, loss_fn, metric: str):
-        from .models import wide_dtype
-
         self.model, self.metric, self.loss_fn = model, metric, loss_fn
         self.shape = tuple(fixed.shape[2:])
         self.moving_level = tuple(moving.shape[2:])
@@ -798,8 +797,6 @@ def _run_on_device(problem: SquaresProblem, iterations, history, report_every, p
     step was refused gets its own system again). The host reads the mean loss and whether
     every pair is done, once per iteration: one sync.
     """
-    from .optimize import read_every  # (optimize imports this module)
-
     model, p, n = problem.model, problem.params, problem.pairs
     host_reads = read_every(problem.fixed.device) == 1
     theta = problem.start()

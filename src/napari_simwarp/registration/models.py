@@ -51,6 +51,23 @@ def rotation_generators(ndim: int, dtype=torch.float64, device=None) -> torch.Te
 WIDE_DEVICE_TYPES = frozenset({"cpu"})
 
 
+#: how often (in iterations) the Adam loop reads its losses back to the host, per device
+#: type: the read is where the plateau schedule and the convergence test run. A read
+#: waits for the device to finish what it was given (tens of µs and an empty launch queue
+#: on a GPU), so accelerators read every 10 iterations; on the CPU the host is the device
+#: and a read costs nothing, so it reads every iteration and the schedule reacts at once.
+#: Tests set "cpu" to the GPU's value to run the GPU's loop on the CPU. (Used by
+#: optimize.py's Adam and gauss_newton.py; kept here, beside :data:`WIDE_DEVICE_TYPES`.)
+READ_EVERY = {"cpu": 1}
+#: :data:`READ_EVERY` of the device types it does not name
+READ_EVERY_DEFAULT = 10
+
+
+def read_every(device) -> int:
+    """Iterations between two reads of the loss buffer on ``device``."""
+    return READ_EVERY.get(torch.device(device).type, READ_EVERY_DEFAULT)
+
+
 def wide_dtype(device) -> torch.dtype:
     """float64 on :data:`WIDE_DEVICE_TYPES`, else float32."""
     return torch.float64 if torch.device(device).type in WIDE_DEVICE_TYPES else torch.float32

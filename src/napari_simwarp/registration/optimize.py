@@ -19,6 +19,7 @@ from ..ops._validation import check_choice
 from ..ops.losses import loss_for
 from . import _options, gauss_newton
 from ._names import LINEAR_MODELS
+from .models import READ_EVERY, READ_EVERY_DEFAULT, read_every  # noqa: F401 (the policy's home)
 from .pyramid import level_anisotropy
 
 
@@ -194,22 +195,6 @@ def optimize(
         if stopped:
             break
     return stopped, best
-
-
-#: how often (in iterations) the Adam loop reads its losses back to the host, per device
-#: type: the read is where the plateau schedule and the convergence test run. A read
-#: waits for the device to finish what it was given (tens of µs and an empty launch queue
-#: on a GPU), so accelerators read every 10 iterations; on the CPU the host is the device
-#: and a read costs nothing, so it reads every iteration and the schedule reacts at once.
-#: Tests set "cpu" to the GPU's value to run the GPU's loop on the CPU.
-READ_EVERY = {"cpu": 1}
-#: :data:`READ_EVERY` of the device types it does not name
-READ_EVERY_DEFAULT = 10
-
-
-def read_every(device) -> int:
-    """Iterations between two reads of the loss buffer on ``device``."""
-    return READ_EVERY.get(torch.device(device).type, READ_EVERY_DEFAULT)
 
 
 def _level_loss_fn(model, fixed, moving, weight, shape, loss_fn, schedule, penalty):
