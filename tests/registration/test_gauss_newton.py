@@ -103,22 +103,35 @@ def _inside_model(rng, kind, fixed_shape, pairs, dtype, linear):
     return model
 
 
+@pytest.mark.parametrize("problem_kind", ["LevelProblem", "SquaresProblem"])
 @pytest.mark.parametrize("metric", ["mse", "ncc"])
 @pytest.mark.parametrize(
-    "kind,fixed_shape", [("rigid", (14, 18)), ("affine", (14, 18)), ("similarity", (8, 9, 10))]
+    "kind,fixed_shape",
+    [
+        ("rigid", (14, 18)),
+        ("affine", (14, 18)),
+        ("similarity", (8, 9, 10)),
+        ("translation", (14, 18)),
+    ],
 )
-def test_normal_equations_match_autograd(kind, fixed_shape, metric):
+def test_normal_equations_match_autograd(kind, fixed_shape, metric, problem_kind):
     rng = np.random.default_rng(2)
     d = len(fixed_shape)
     moving_shape = tuple(2 * n for n in fixed_shape)
     model = _inside_model(rng, kind, fixed_shape, 2, torch.float32, 0.5)
     fixed = torch.from_numpy(rng.uniform(0, 1, (1, 1, *fixed_shape))).float()
     moving = torch.from_numpy(_ramp(moving_shape))[None, None].float()
-    problem = gn.LevelProblem(
+    problem = getattr(gn, problem_kind)(
         model, fixed, moving, None, loss_for(metric, reduction="none"), metric
     )
-    samples = problem.sample()
-    hessian, gradient = problem.normal_equations(samples)
+    if problem_kind == "SquaresProblem":  # on the device: θ in, the system out, float64 on CPU
+        theta = problem.start()
+        samples = problem.sample(theta)
+        hessian, gradient = problem.normal_equations(samples, theta)
+        assert hessian.dtype == gradient.dtype == torch.float64
+    else:
+        samples = problem.sample()
+        hessian, gradient = problem.normal_equations(samples)
     weight = samples[1].double().flatten(1)
 
     theta = model.flat_parameters().requires_grad_(True)
@@ -422,3 +435,42 @@ def test_axis_gradients_are_numpys_and_zero_across_one_pixel(shape):
         n = shape[axis]
         expected = np.gradient(x.numpy(), axis=2 + axis) if n > 1 else np.zeros(x.shape)
         np.testing.assert_allclose(g.numpy(), expected, atol=1e-15)
+
+
+@pytest.mark.parametrize("kind", ["rigid", "affine", "translation"])
+def test_the_device_problem_samples_as_the_host_problem(kind):
+    """SquaresProblem's one-product maps of θ against LevelProblem's matrices: the same
+    samples, weights and corner motion."""
+    rng = np.random.default_rng(3)
+    fixed_shape = (14, 18)
+    model = _inside_model(rng, kind, fixed_shape, 2, torch.float32, 0.3)
+    fixed = torch.from_numpy(rng.uniform(0, 1, (1, 1, *fixed_shape))).float()
+    moving = torch.from_numpy(rng.uniform(0, 1, (1, 1, 28, 36))).float()
+    weight = (torch.from_numpy(rng.uniform(0, 1, (1, 1, *fixed_shape))) > 0.2).float()
+    loss_fn = loss_for("ncc", reduction="none")
+    host = gn.LevelProblem(model, fixed, moving, weight, loss_fn, "ncc")
+    device = gn.SquaresProblem(model, fixed, moving, weight, loss_fn, "ncc")
+    theta = device.start()
+    for a, b in zip(host.sample(), device.sample(theta)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    before = model.matrix().detach().double()
+    after_theta = theta + torch.from_numpy(rng.uniform(-0.2, 0.2, theta.shape))
+    gn._set_parameters(model, after_theta)
+    after = model.matrix().detach().double()
+    # (the model's parameters are float32: the matrices round to about 1e-7 px)
+    torch.testing.assert_close(
+        device.corner_motion(theta, after_theta),
+        host.corner_motion(before, after),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+
+
+def test_ncc_as_squares_is_one_minus_the_weighted_zncc():
+    rng = np.random.default_rng(4)
+    f = torch.from_numpy(rng.uniform(0, 1, (1, 1, 30, 20)))
+    m = 0.5 * f + 0.2 * torch.from_numpy(rng.uniform(0, 1, (3, 1, 30, 20)))
+    w = torch.from_numpy(rng.uniform(0, 1, (3, 1, 30, 20)))
+    reference = loss_for("ncc", reduction="none")(f, m, w)  # float64
+    value = gn._ncc_as_squares(f.flatten(1).float(), m.flatten(1).float(), w.flatten(1).float())
+    np.testing.assert_allclose(value.double().numpy(), reference.numpy(), rtol=2e-5)

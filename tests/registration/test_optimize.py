@@ -196,3 +196,16 @@ def test_optimize_raises_on_a_nan_loss(rng):
     fixed[0][..., 10, 10] = float("nan")
     with pytest.raises(FloatingPointError, match="NaN or Inf"):
         drive(optimize(model, fixed, moving, weights, schedule, []))
+
+
+def test_a_progress_reads_a_device_loss_only_when_asked():
+    from tests._dispatch_count import DispatchCounter
+
+    loss = torch.tensor(0.25)
+    with DispatchCounter() as counter:
+        progress = Progress(0, 2, 5, loss, list)
+    assert counter.syncs == 0  # handing a snapshot out waits for nothing
+    with DispatchCounter() as counter:
+        assert progress.loss == 0.25 and progress.loss == 0.25
+    assert counter.syncs == 1  # read once, on first access
+    assert "loss=0.25" in repr(progress)

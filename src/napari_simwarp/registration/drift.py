@@ -30,8 +30,13 @@ import torch.nn.functional as F
 
 from ._driver import drive
 from .gauss_newton import axis_gradients
+from .models import wide_dtype
 from .pyramid import gaussian_blur
 
+#: device types on which :func:`shifted` samples by integer slices and lerps (it reads
+#: the shifts back to the host: free on the CPU, a sync elsewhere); other devices use one
+#: batched ``grid_sample``. Tests empty it to run the GPU's path on the CPU.
+SLICE_DEVICE_TYPES = frozenset({"cpu"})
 #: the smallest overlap (fraction of the frame) a shift may leave
 MIN_OVERLAP = 0.2
 #: below this ZNCC over the overlap, a phase-correlation guess is searched for again
@@ -136,7 +141,7 @@ def shifted(
     shape = tuple(frames.shape[2:])
     src = frames if frames.shape[0] == n else frames.expand(n, *frames.shape[1:])
     if use_grid_sample is None:
-        use_grid_sample = frames.device.type != "cpu"
+        use_grid_sample = frames.device.type not in SLICE_DEVICE_TYPES
     if use_grid_sample:
         axes = [torch.arange(k, dtype=frames.dtype, device=frames.device) for k in shape]
         mesh = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1)  # (*S, D)
@@ -345,7 +350,7 @@ class TranslationStep(NamedTuple):
     """One Gauss–Newton iteration of :func:`refine_translation_iter`."""
 
     iteration: int
-    loss: torch.Tensor  # (N,)
+    loss: torch.Tensor  # (N,), read back: on the CPU
     shifts: torch.Tensor  # (N, D), after the step
 
 
@@ -422,6 +427,9 @@ def refine_translation_iter(
     reach = sizes * (1 - MIN_OVERLAP ** (1.0 / d))
     loss = None
     stopped = False
+    # the 2 × 2 (3 × 3) systems: float64 on the CPU, float32 on GPUs (models.wide_dtype)
+    wide = wide_dtype(shifts.device)
+    eye = torch.eye(d, dtype=wide, device=shifts.device)
     for iteration in range(iterations):
         warped, valid = shifted(fs, shifts)
         if reference_mask is not None:
@@ -432,18 +440,19 @@ def refine_translation_iter(
         g = (gradient * (valid / scale)).flatten(2)  # (N, D, P): ∇R̃ on the overlap
         count = valid.flatten(2)[:, 0].sum(dim=1).clamp_min(1)
         loss = (err * err).sum(dim=1) / count
-        b = torch.einsum("np,nip->ni", err, g)
-        hessian = torch.einsum("nip,njp->nij", g, g).double()
+        b = torch.einsum("np,nip->ni", err, g).to(wide)
+        hessian = torch.einsum("nip,njp->nij", g, g).to(wide)
         # A whisper of ridge keeps a frame without texture on the overlap solvable (step 0).
         ridge = 1e-9 * hessian.diagonal(dim1=1, dim2=2).sum(-1).clamp_min(1e-30)
-        hessian = hessian + ridge[:, None, None] * torch.eye(
-            d, dtype=hessian.dtype, device=hessian.device
-        )
-        step = torch.linalg.solve(hessian, b.double().unsqueeze(-1))[..., 0]
+        hessian = hessian + ridge[:, None, None] * eye
+        step = torch.linalg.solve(hessian, b.unsqueeze(-1))[..., 0]
         shifts = torch.maximum(torch.minimum(shifts - step.to(shifts.dtype), reach), -reach)
-        if (yield TranslationStep(iteration, loss, shifts)):
+        # The one host read of the iteration: the losses (for the progress) and the
+        # largest step (for the stop) together.
+        read = torch.cat([loss, step.abs().amax().view(1).to(loss.dtype)]).cpu()
+        if (yield TranslationStep(iteration, read[:-1], shifts)):
             stopped = True
             break
-        if float(step.abs().max()) < tol:
+        if float(read[-1]) < tol:
             break
     return shifts, loss, stopped

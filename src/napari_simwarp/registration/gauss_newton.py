@@ -27,7 +27,11 @@ derivatives of the Parzen joint histogram (docs/maths.md §6.4, §10.3).
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ..ops._sampling import affine_grid, grid_sample, level_matrix
 from ..ops.mutual_information import (
@@ -44,6 +48,7 @@ from ..ops.mutual_information import (
     score_curvature,
     score_of_joint,
 )
+from .models import read_every, wide_dtype
 
 #: metrics whose loss is a sum of squares over the pixels (after the intensity fit for NCC),
 #: and the mutual information (a Fisher-information matrix in place of ``JᵀWJ``)
@@ -435,10 +440,285 @@ def _partial_histogram(frames, weight, bins: int) -> torch.Tensor:
     return bspline_histograms(part, xi_b[:, changed], [weight[:, changed]], bins)[0]
 
 
-def level_problem(model, fixed, moving, weight, loss_fn, metric: str) -> LevelProblem:
-    """The :class:`LevelProblem` of ``metric`` (one of :data:`METRICS`)."""
-    kind = MutualInformationProblem if metric == "mi" else LevelProblem
-    return kind(model, fixed, moving, weight, loss_fn, metric)
+def _level_to_full(full_shape, level_shape) -> np.ndarray:
+    """:func:`~..ops._sampling.level_to_full` in NumPy float64 (host constants)."""
+    d = len(full_shape)
+    out = np.eye(d + 1)
+    for axis, (big, small) in enumerate(zip(full_shape, level_shape)):
+        factor = big / small
+        out[axis, axis] = factor
+        out[axis, d] = 0.5 * factor - 0.5
+    return out
+
+
+def _theta_maps(in_shape, out_shape) -> tuple[np.ndarray, np.ndarray]:
+    """``(A, B)`` with ``theta = A · matrix · B`` the ``F.affine_grid`` theta of a pixel
+    matrix (:func:`~..ops._sampling.affine_to_theta`, ``align_corners=True``)."""
+    d = len(in_shape)
+    normalize = np.eye(d + 1)
+    for axis, n in enumerate(in_shape):
+        if n > 1:
+            normalize[axis, axis], normalize[axis, d] = 2.0 / (n - 1), -1.0
+        else:
+            normalize[axis, axis] = normalize[axis, d] = 0.0
+    denormalize = np.eye(d + 1)
+    for axis, n in enumerate(out_shape):
+        denormalize[axis, axis] = denormalize[axis, d] = (n - 1) / 2.0
+    reverse = np.eye(d + 1)
+    reverse[:d, :d] = np.eye(d)[::-1]
+    return reverse @ normalize, denormalize @ reverse
+
+
+class SquaresProblem:
+    """The least-squares problem of one level ("ncc", "mse") with everything on the device.
+
+    The same problem as :class:`LevelProblem`, set up for a loop that does not wait on the
+    host: the parameters ``θ`` ``(N, P)`` stay on the device, in the model's
+    :func:`~.models.wide_dtype` (float64 on the CPU, float32 on GPUs), and every map from
+    ``θ`` to the level's pixels is one product with constants worked out once per level in
+    float64 on the host: the level's pixel matrix ``A(θ) = P · C(θ) · Q`` (``C``: the
+    model's :meth:`~.models.LinearModel.physical_core`; ``P``, ``Q``: the grids, the
+    initial transform and the levels), the ``F.affine_grid`` theta
+    ``P' · C(θ) · Q'`` and the chain rule ``∂A/∂θ = P · ∂C/∂θ · Q`` (constant for the
+    translation and affine models). The normal equations are summed over the pixels in
+    the pixels' dtype (float32), as :class:`LevelProblem` sums them.
+
+    fixed : ``(N or 1, 1, *S)``; moving : ``(N or 1, 1, *S_m)``; weight : ``(N or 1, 1,
+    *S)`` or None; loss_fn : the run's loss at this level (``(N,)`` per pair).
+    """
+
+    tolerance = TOLERANCE
+
+    def __init__(self, model, fixed, moving, weight, loss_fn, metric: str):
+        self.model, self.metric, self.loss_fn = model, metric, loss_fn
+        self.shape = tuple(fixed.shape[2:])
+        self.moving_level = tuple(moving.shape[2:])
+        device = moving.device
+        small = self.small = wide_dtype(device)
+        d = self.ndim = len(self.shape)
+        n = model.shift.shape[0]
+        self.pairs, self.params = n, d + model.linear.shape[1]
+        self.fixed = fixed.to(small)
+        # the fixed level twice over (losses() evaluates 2N rows), and as pixel rows
+        twice = (2, *[1] * (fixed.dim() - 1))
+        self.fixed_twice = self.fixed if fixed.shape[0] == 1 else self.fixed.repeat(twice)
+        self.fixed_rows = fixed.reshape(fixed.shape[0], -1)
+        self.channels = gradient_channels(moving)
+        self.coords = pixel_coordinates(self.shape, moving.dtype, device)
+        # this level's own taper (fixed edges), as LevelProblem.__init__ makes it
+        center = torch.tensor([(k - 1) / 2 for k in self.shape], dtype=moving.dtype)
+        own = edge_taper(self.coords[:d].T + center.to(self.coords), self.shape)
+        own = own.reshape(1, 1, *self.shape)
+        self.weight = own if weight is None else weight * own
+
+        def const(x):
+            return torch.as_tensor(np.ascontiguousarray(x), dtype=small, device=device)
+
+        to_level = np.linalg.inv(_level_to_full(model.moving_shape, self.moving_level))
+        p_full = to_level @ np.asarray(model.left_host)  # (N, D+1, D+1)
+        q_full = np.asarray(model.right_host) @ _level_to_full(model.fixed_shape, self.shape)
+        before, after = _theta_maps(self.moving_level, self.shape)
+        self.p, self.q = const(p_full), const(q_full)
+        self.p_theta, self.q_theta = const(before @ p_full), const(q_full @ after)
+        uncenter = np.eye(d + 1)
+        uncenter[:d, d] = [(k - 1) / 2 for k in self.shape]
+        self.p_rows, self.q_rows = const(p_full[:, :d]), const(q_full @ uncenter)
+        corners = np.array(np.meshgrid(*[[0.0, k - 1.0] for k in self.shape], indexing="ij"))
+        corners = corners.reshape(d, -1).T
+        corners = np.hstack([corners, np.ones((len(corners), 1))])  # (K, D+1)
+        self.corners = const(corners)
+        # ∂C/∂θ: the shift's part is constant, and so is an affine or translation model's
+        # whole chain rule
+        k = model.linear.shape[1]
+        shift_part = np.zeros((n, d, d + 1, d + 1))
+        for axis in range(d):
+            shift_part[:, axis, axis, d] = model.unit
+        self.shift_part = const(shift_part)
+        self.chain_const = self.theta_map = self.motion_map = None
+        if model.kind in ("translation", "affine"):
+            # C(θ) = I + Σ θ_i ∂C/∂θ_i: every map of θ is one batched product with constants
+            core = shift_part
+            if k:
+                basis = np.zeros((n, k, d + 1, d + 1))
+                basis[:, :, :d, :d] = np.eye(d * d).reshape(k, d, d) / model.radius
+                core = np.concatenate([shift_part, basis], axis=1)
+            self.chain_const = self._chain(const(core))
+            p_theta, q_theta = before @ p_full, q_full @ after
+            self.theta_map = (
+                const((p_theta @ q_theta)[:, None, :d].reshape(n, 1, -1)),
+                const((p_theta[:, None] @ core @ q_theta)[:, :, :d].reshape(n, self.params, -1)),
+            )
+            corner_rows = (p_full[:, None] @ core @ q_full)[:, :, :d]  # (N, P, D, D+1)
+            self.motion_map = const(corner_rows @ corners.T).reshape(n, self.params, -1)
+        extra = 2 if metric == "ncc" else 0
+        # (α, β) pass through the chain rule unchanged: the identity in the last rows
+        tail = np.zeros((n, extra, self.params + extra))
+        tail[:, :, self.params :] = np.eye(extra)
+        self.chain_tail = const(tail)
+        half = [(k - 1) / 2 for k in self.moving_level[::-1]]  # (x, y[, z]), as the grid
+
+        def pixels(values):
+            return torch.tensor(values, dtype=moving.dtype, device=device)
+
+        self.taper_offset = pixels([(h + 0.5) / TAPER for h in half])
+        self.taper_slope = pixels([-h / TAPER for h in half])
+        self.taper_off = pixels([float(h <= 0) for h in half])  # axes of 1 pixel: no taper
+
+    def start(self) -> torch.Tensor:
+        """The model's parameters ``θ`` ``(N, P)``, detached, in the problem's dtype."""
+        m = self.model
+        return torch.cat([m.shift.detach(), m.linear.detach()], dim=1).to(self.small)
+
+    def _core(self, theta):
+        d = self.ndim
+        return self.model.physical_core(theta[:, :d], theta[:, d:])
+
+    def _chain(self, core_jacobian):
+        """``∂A/∂θ`` as ``(N, D(D+1), P)`` on centered coordinates, from ``∂C/∂θ``
+        ``(N, P, D+1, D+1)``."""
+        chain = self.p_rows[:, None] @ core_jacobian @ self.q_rows  # (N, P, D, D+1)
+        return chain.flatten(2).transpose(1, 2)
+
+    def chain(self, theta) -> torch.Tensor:
+        """``∂A/∂θ`` at ``θ`` (see :meth:`_chain`)."""
+        if self.chain_const is not None:
+            return self.chain_const
+        d = self.ndim
+        lin = self.model._linear_jacobian(theta[:, d:])  # (N, K, D, D)
+        lin = F.pad(lin, (0, 1, 0, 1))
+        return self._chain(torch.cat([self.shift_part, lin], dim=1))
+
+    def level_matrix(self, theta) -> torch.Tensor:
+        """The level's pixel matrices ``A(θ)`` ``(N, D+1, D+1)``."""
+        return self.p @ self._core(theta) @ self.q
+
+    def _affine_theta(self, theta) -> torch.Tensor:
+        """The ``F.affine_grid`` theta ``(N, D, D+1)`` at ``θ``."""
+        n, d = theta.shape[0], self.ndim
+        if self.theta_map is not None:
+            flat = torch.baddbmm(self.theta_map[0], theta[:, None], self.theta_map[1])
+            return flat.view(n, d, d + 1)
+        return (self.p_theta @ self._core(theta) @ self.q_theta)[:, :d]
+
+    def sample(self, theta):
+        """At ``θ``: the warped level and its gradient ``(N, 1 + D, *S)`` and the pixel
+        weight ``(N or 1, 1, *S)`` (see :meth:`LevelProblem.sample`)."""
+        n = theta.shape[0]
+        affine = self._affine_theta(theta)
+        dtype = self.channels.dtype
+        grid = F.affine_grid(affine.to(dtype), (n, 1, *self.shape), align_corners=True)
+        sampled = grid_sample(self.channels, grid, "linear", "nearest")
+        # edge_taper of where the pixels land: at normalized u along an axis of n pixels,
+        # the distance to the nearer edge pixel is h (1 − |u|), h = (n − 1) / 2
+        ramp = torch.addcmul(self.taper_offset, grid.abs(), self.taper_slope).clamp(0.0, 1.0)
+        taper = torch.maximum(ramp, self.taper_off).prod(dim=-1)
+        return sampled, taper.unsqueeze(1) * self.weight
+
+    def losses(self, samples, other_weight) -> torch.Tensor:
+        """The run's loss of ``samples`` over their own weight and over ``other_weight``:
+        ``(2, N)``, in the problem's dtype, in one batched call."""
+        sampled, own = samples
+        n = sampled.shape[0]
+        if self.metric == "ncc" and self.small != torch.float64:
+            shape = (n, *own.shape[1:])
+            weights = torch.cat([own.expand(shape), other_weight.expand(shape)]).flatten(1)
+            warped = sampled[:, 0].reshape(n, -1).repeat(2, 1)
+            fixed = (
+                self.fixed_rows if self.fixed_rows.shape[0] == 1 else self.fixed_rows.repeat(2, 1)
+            )
+            return _ncc_as_squares(fixed, warped, weights).view(2, n)
+        warped = sampled[:, :1].to(self.small).repeat(2, *([1] * (sampled.dim() - 1)))
+        weights = torch.cat(
+            [own.expand(n, *own.shape[1:]), other_weight.expand(n, *own.shape[1:])]
+        ).to(self.small)
+        return self.loss_fn(self.fixed_twice, warped, weights).view(2, n)
+
+    def loss(self, samples) -> torch.Tensor:
+        """The run's loss ``(N,)`` of ``samples`` over their own weight."""
+        sampled, own = samples
+        if self.metric == "ncc" and self.small != torch.float64:
+            n = sampled.shape[0]
+            weights = own.expand(n, *own.shape[1:]).flatten(1)
+            return _ncc_as_squares(self.fixed_rows, sampled[:, 0].reshape(n, -1), weights)
+        return self.loss_fn(self.fixed, sampled[:, :1].to(self.small), own.to(self.small))
+
+    def normal_equations(self, samples, theta):
+        """``(H (N, Q, Q), b (N, Q))`` at ``θ``, in the problem's dtype (see
+        :meth:`LevelProblem.normal_equations`)."""
+        sampled, w = samples
+        n, d = sampled.shape[0], self.ndim
+        warped = sampled[:, 0].reshape(n, -1)
+        grad = sampled[:, 1:].reshape(n, d, -1)
+        f = self.fixed_rows.expand(n, -1)
+        weight = w.reshape(w.shape[0], -1).expand(n, -1)
+        rows = (grad[:, :, None] * self.coords).reshape(n, d * (d + 1), -1)
+        chain = self.chain(theta)
+        if self.metric == "ncc":
+            alpha, beta = _fit(warped, f, weight)
+            residual = torch.addcmul(beta[:, None] - f, alpha[:, None], warped)
+            ones = torch.ones_like(rows[:, :1])
+            rows = torch.cat([alpha[:, None, None] * rows, warped[:, None], ones], dim=1)
+            chain = torch.cat([F.pad(chain, (0, 2)), self.chain_tail], dim=1)
+        else:
+            residual = warped - f
+        weighted = rows * weight[:, None]
+        hessian = (weighted @ rows.transpose(1, 2)).to(self.small)
+        gradient = (weighted @ residual[..., None]).to(self.small)
+        chain_t = chain.transpose(1, 2)
+        return chain_t @ hessian @ chain, (chain_t @ gradient)[..., 0]
+
+    def corner_motion(self, before, after) -> torch.Tensor:
+        """Largest motion ``(N,)`` of a fixed-level corner between ``θ`` ``before`` and
+        ``after``, in moving level pixels."""
+        n, d = before.shape[0], self.ndim
+        if self.motion_map is not None:
+            moves = torch.bmm((after - before)[:, None], self.motion_map).view(n, d, -1)
+            return torch.linalg.vector_norm(moves, dim=1).amax(1)
+        delta = (self.level_matrix(after) - self.level_matrix(before))[:, :d]
+        return torch.linalg.vector_norm(self.corners @ delta.transpose(1, 2), dim=-1).amax(1)
+
+
+def _ncc_as_squares(fixed, moving, weight) -> torch.Tensor:
+    """``1 −`` the weighted ZNCC of each row of ``moving`` ``(M, P)`` with ``fixed`` ``(1 or
+    M, P)`` over ``weight`` ``(M, P)``, as half the weighted sum of squared differences of
+    the two standardized images: ``½ Σ W (f̂ − ŵ)² = 1 − ZNCC``.
+
+    The run's "ncc" loss, for float32: there ``1 − ZNCC`` computed from the correlation
+    (as :class:`~..ops.losses.NCCLoss` does) rounds to about 1e-7 of 1, more than a
+    step near the optimum changes it, so the steps that would reach the optimum are
+    refused; the sum of squares rounds to about 1e-7 *of the loss*. (On the drift case of
+    benchmarks/bench_dispatch.py the comparison in float32 from the correlation left a
+    median corner error 6 % above float64's; this form, the same as float64's.)
+    """
+    total = weight.sum(1, keepdim=True).clamp_min(1e-12)
+
+    def standardized(x):
+        xc = x - (weight * x).sum(1, keepdim=True) / total
+        energy = (weight * xc * xc).sum(1, keepdim=True)
+        return xc * energy.clamp_min(1e-30).rsqrt()
+
+    difference = standardized(fixed.expand_as(moving)) - standardized(moving)
+    return 0.5 * (weight * difference * difference).sum(1)
+
+
+def _fit(moving, fixed, weight):
+    """:func:`intensity_fit` in the pixels' dtype (two passes: means, then centered sums)."""
+    total = weight.sum(1).clamp_min(1e-12)
+    mean_m = (weight * moving).sum(1) / total
+    mean_f = (weight * fixed).sum(1) / total
+    mc = moving - mean_m[:, None]
+    wmc = weight * mc
+    var = (wmc * mc).sum(1).clamp_min(1e-30)
+    alpha = (wmc * (fixed - mean_f[:, None])).sum(1) / var
+    return alpha, mean_f - alpha * mean_m
+
+
+def level_problem(model, fixed, moving, weight, loss_fn, metric: str):
+    """The problem of ``metric`` (one of :data:`METRICS`): :class:`SquaresProblem` for the
+    sums of squares, :class:`MutualInformationProblem` for "mi"."""
+    if metric == "mi":
+        return MutualInformationProblem(model, fixed, moving, weight, loss_fn, metric)
+    return SquaresProblem(model, fixed, moving, weight, loss_fn, metric)
 
 
 def damped_step(hessian, gradient, damping, p: int) -> torch.Tensor:
@@ -448,13 +728,15 @@ def damped_step(hessian, gradient, damping, p: int) -> torch.Tensor:
     diagonal keeps a degenerate system (a flat image) solvable; a failed solve gives no
     step."""
     diag = torch.diagonal(hessian, dim1=-2, dim2=-1)
-    damp = torch.zeros_like(diag)
-    damp[:, :p] = damping[:, None] * diag[:, :p]
+    damp = damping[:, None] * diag[:, :p]
+    if p < diag.shape[1]:
+        damp = F.pad(damp, (0, diag.shape[1] - p))
     ridge = 1e-12 * diag.amax(dim=1, keepdim=True).clamp_min(1e-300)
     step, info = torch.linalg.solve_ex(hessian + torch.diag_embed(damp + ridge), -gradient)
     step = step[:, :p]
-    bad = (info != 0) | ~torch.isfinite(step).all(dim=1)
-    return torch.where(bad[:, None], torch.zeros_like(step), step)
+    # (|x| < inf is false for NaN and ±inf: one test where isfinite takes four launches)
+    bad = (info != 0) | ~(step.abs() < math.inf).all(dim=1)
+    return step.masked_fill(bad[:, None], 0.0)
 
 
 def run_level(problem: LevelProblem, iterations: int, history: list, report_every: int, progress):
@@ -467,6 +749,8 @@ def run_level(problem: LevelProblem, iterations: int, history: list, report_ever
     squares it minimizes; the weights follow the images' edges, and their change is no
     part of the step).
     """
+    if isinstance(problem, SquaresProblem):
+        return (yield from _run_on_device(problem, iterations, history, report_every, progress))
     model = problem.model
     # The per-pair bookkeeping (parameters, losses, systems) is small: float64 on the CPU.
     theta = model.flat_parameters().cpu().double()
@@ -515,3 +799,69 @@ def run_level(problem: LevelProblem, iterations: int, history: list, report_ever
         if bool(done.all()):
             break
     return False
+
+
+def _run_on_device(problem: SquaresProblem, iterations, history, report_every, progress):
+    """:func:`run_level` for a :class:`SquaresProblem`, with one host read per iteration.
+
+    Every per-pair decision (keep the step, damp it, is the pair done) is a
+    ``torch.where`` on the device; the trial's loss over both weights comes from one
+    batched call, and the system at the kept points is rebuilt at every step (a pair whose
+    step was refused gets its own system again). The host reads the mean loss and whether
+    every pair is done, once per iteration: one sync.
+    """
+    model, p, n = problem.model, problem.params, problem.pairs
+    host_reads = read_every(problem.fixed.device) == 1
+    theta = problem.start()
+    samples = problem.sample(theta)
+    loss = problem.loss(samples)
+    history.append(float(loss.mean()))
+    hessian, gradient = problem.normal_equations(samples, theta)
+    damping = torch.full_like(loss, DAMPING["start"])
+    done = torch.zeros_like(loss, dtype=torch.bool)
+    stopped = False
+    for iteration in range(iterations):
+        step = damped_step(hessian, gradient, damping, p)
+        trial_theta = theta + step.masked_fill(done[:, None], 0.0)
+        moved = problem.corner_motion(theta, trial_theta)
+        trial = problem.sample(trial_theta)
+        own, over_start = problem.losses(trial, samples[1])
+        better = (over_start < loss) & ~done
+        theta = torch.where(better[:, None], trial_theta, theta)
+        damping = torch.where(
+            better, (damping * DAMPING["shrink"]).clamp_min(1e-12), damping * DAMPING["grow"]
+        )
+        # Done: a step too small to matter, or a small step the loss refuses (the loss
+        # cannot tell points this close apart: its minimum lies within half the step).
+        settled = (moved < problem.tolerance) | (~better & (moved < REFUSED_TOLERANCE))
+        done = done | settled | (damping > DAMPING["most"]) | ~(moved < math.inf)
+        keep = better.view(-1, *([1] * (samples[0].dim() - 1)))
+        samples = (
+            torch.where(keep, trial[0], samples[0]),
+            torch.where(keep, trial[1], samples[1]),
+        )
+        loss = torch.where(better, own, loss)
+        # Where the host is the device a read costs nothing: skip the system when no step
+        # was kept (it is the one already held); elsewhere rebuild it without asking.
+        if not host_reads or bool(better.any()):
+            hessian, gradient = problem.normal_equations(samples, theta)
+        read = torch.cat([loss, done.to(loss.dtype)]).tolist()  # the one sync
+        total, finished = sum(read[:n]) / n, all(read[n:])
+        history.append(total)
+        if report_every and iteration % report_every == 0:
+            _set_parameters(model, theta)
+            if (yield progress(iteration, total)):
+                stopped = True
+                break
+        if finished:
+            break
+    _set_parameters(model, theta)
+    return stopped
+
+
+def _set_parameters(model, theta) -> None:
+    """The model's parameters set to ``θ`` ``(N, P)``."""
+    d = model.shift.shape[1]
+    with torch.no_grad():
+        model.shift.copy_(theta[:, :d])
+        model.linear.copy_(theta[:, d:])

@@ -13,9 +13,17 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ..ops import integrate_velocity, warp
-from ..ops._sampling import affine_grid, grid_inside, grid_sample, identity_grid, level_matrix
+from ..ops._sampling import (
+    affine_grid,
+    displacement_to_grid,
+    grid_inside,
+    grid_sample,
+    identity_grid,
+    level_matrix,
+)
 from .grid import Grid, unit_grid
 from .pyramid import level_anisotropy, resize
 from .transforms import AffineTransform, DisplacementTransform, VelocityTransform
@@ -34,6 +42,35 @@ def rotation_generators(ndim: int, dtype=torch.float64, device=None) -> torch.Te
             [[0, -1, 0], [1, 0, 0], [0, 0, 0]],
         ]
     return torch.tensor(gens, dtype=dtype, device=device)
+
+
+#: device types on which the linear models' matrices and the Gauss–Newton bookkeeping run
+#: in float64: the CPU only. GPUs run float64 at 1/32 to 1/64 of the float32 rate (and
+#: MPS has none), so the small matrices stay in float32 there. Tests add "cpu"'s removal
+#: to run the GPU's dtypes on the CPU.
+WIDE_DEVICE_TYPES = frozenset({"cpu"})
+
+
+#: how often (in iterations) the Adam loop reads its losses back to the host, per device
+#: type: the read is where the plateau schedule and the convergence test run. A read
+#: waits for the device to finish what it was given (tens of µs and an empty launch queue
+#: on a GPU), so accelerators read every 10 iterations; on the CPU the host is the device
+#: and a read costs nothing, so it reads every iteration and the schedule reacts at once.
+#: Tests set "cpu" to the GPU's value to run the GPU's loop on the CPU. (Used by
+#: optimize.py's Adam and gauss_newton.py; kept here, beside :data:`WIDE_DEVICE_TYPES`.)
+READ_EVERY = {"cpu": 1}
+#: :data:`READ_EVERY` of the device types it does not name
+READ_EVERY_DEFAULT = 10
+
+
+def read_every(device) -> int:
+    """Iterations between two reads of the loss buffer on ``device``."""
+    return READ_EVERY.get(torch.device(device).type, READ_EVERY_DEFAULT)
+
+
+def wide_dtype(device) -> torch.dtype:
+    """float64 on :data:`WIDE_DEVICE_TYPES`, else float32."""
+    return torch.float64 if torch.device(device).type in WIDE_DEVICE_TYPES else torch.float32
 
 
 class LinearModel:
@@ -86,9 +123,9 @@ class LinearModel:
         }[kind]
         self.shift = torch.zeros(batch, d, dtype=dtype, device=device, requires_grad=True)
         self.linear = torch.zeros(batch, n_lin, dtype=dtype, device=device, requires_grad=True)
-        # The fixed parts of M are kept in float64 (MPS has no float64: float32 there), so
-        # that origins far from zero cost no precision.
-        wide = self.wide = torch.float32 if torch.device(device).type == "mps" else torch.float64
+        # The fixed parts of M are kept in float64 on the CPU, so that origins far from zero
+        # cost no precision; in float32 on accelerators (:data:`WIDE_DEVICE_TYPES`).
+        wide = self.wide = wide_dtype(device)
         origin = self.fixed_grid.origin
         center = [o + s * (n - 1) / 2 for o, s, n in zip(origin, spacing, fixed_shape)]
         to_center, from_center = np.eye(d + 1), np.eye(d + 1)
@@ -102,6 +139,9 @@ class LinearModel:
             p0 = self.moving_grid.to_physical() @ m0 @ self.fixed_grid.to_pixels()
         left = self.moving_grid.to_pixels() @ p0 @ to_center
         right = from_center @ self.fixed_grid.to_physical()
+        # float64 copies on the host, for the solvers' constants (gauss_newton.py)
+        self.left_host = np.broadcast_to(left, (batch, d + 1, d + 1))
+        self.right_host = right
         self.left = torch.as_tensor(left, dtype=wide, device=device).expand(batch, -1, -1)
         self.right = torch.as_tensor(right, dtype=wide, device=device)
 
@@ -377,6 +417,7 @@ class DenseModel:
         self.field = None
         self.level_pixel = 1.0  # set by set_level
         self.dtype, self.device, self.batch = dtype, device, batch
+        self._constants = {}  # see _constant
         self.init = None
         if init is not None:
             self.init = torch.as_tensor(init, dtype=dtype, device=device).reshape(
@@ -403,8 +444,20 @@ class DenseModel:
         """Control values ``(N, D, *c)`` → the field at a grid of ``shape``, same units."""
         if self.control == "linear":
             return resize(f, shape)
-        weights = [bspline_weights(c, n, f.dtype, f.device) for c, n in zip(f.shape[2:], shape)]
+        key = (tuple(f.shape[2:]), tuple(shape), f.dtype, f.device)
+        weights = self._constants.get(key)
+        if weights is None:  # the same few matrices every iteration: made once
+            weights = [bspline_weights(c, n, f.dtype, f.device) for c, n in zip(f.shape[2:], shape)]
+            self._constants[key] = weights
         return apply_per_axis(f, weights)
+
+    def _constant(self, key, make) -> torch.Tensor:
+        """A small constant tensor of the model's, made once (no host → device copy and no
+        launch per iteration)."""
+        value = self._constants.get(key)
+        if value is None:
+            value = self._constants[key] = make()
+        return value
 
     def set_level(self, level_shape) -> None:
         # The level's pixel, in full-resolution pixels: the bending energy's unit.
@@ -427,10 +480,16 @@ class DenseModel:
 
     def _rescale(self, d: torch.Tensor, from_shape, to_shape) -> torch.Tensor:
         """A displacement in pixels of a grid ``from_shape`` to pixels of ``to_shape``."""
-        scale = torch.tensor(
-            [t / f for t, f in zip(to_shape, from_shape)], dtype=d.dtype, device=d.device
+        ratios = tuple(t / f for t, f in zip(to_shape, from_shape))
+        if all(r == 1.0 for r in ratios):
+            return d
+        scale = self._constant(
+            ("rescale", ratios, d.dtype, d.device),
+            lambda: torch.tensor(ratios, dtype=d.dtype, device=d.device).view(
+                1, -1, *([1] * self.ndim)
+            ),
         )
-        return d * scale.view(1, -1, *([1] * self.ndim))
+        return d * scale
 
     def displacement(self, shape, field=None) -> torch.Tensor:
         """The displacement at a level of ``shape``, in that level's pixels ``(N, D, *shape)``."""
@@ -459,9 +518,23 @@ class DenseModel:
         return (moved - identity_grid(shape, dtype=torch.float64, device=d.device)).to(d.dtype)
 
     def warp(self, moving: torch.Tensor, shape) -> tuple[torch.Tensor, torch.Tensor]:
+        """Warp a moving level ``(N or 1, C, *shape)`` onto the fixed level's grid; return
+        (warped, in-bounds), in-bounds 1 where a sample fell within half a pixel of the
+        moving level. What :func:`~napari_simwarp.ops.warp` computes, without its input
+        checks: they read values back to the host, and the model makes its own field."""
         d = self.displacement(shape)
         n = d.shape[0]
         src = moving if moving.shape[0] == n else moving.expand(n, *moving.shape[1:])
+        if tuple(moving.shape[2:]) == tuple(shape) and min(shape) > 1:
+            # displacement_to_grid's positions, with the identity part made once: in
+            # grid_sample's normalized (x, y[, z]) order, base + scale · d (one launch)
+            base, scale = self._constant(
+                ("grid", tuple(shape), src.dtype, src.device),
+                lambda: self._grid_constants(shape, src.dtype, src.device),
+            )
+            grid = torch.addcmul(base, d.to(src.dtype).flip(1).movedim(1, -1), scale)
+            warped = grid_sample(src, grid, "linear", "nearest")
+            return warped, grid_inside(grid.detach(), shape)
         warped = warp(src, d, padding="nearest")
         with torch.no_grad():
             pos = [torch.arange(s, dtype=d.dtype, device=d.device) for s in shape]
@@ -473,11 +546,113 @@ class DenseModel:
                 inside = inside * ((p >= -0.5) & (p <= s - 0.5)).unsqueeze(1).to(d.dtype)
         return warped, inside
 
+    def _grid_constants(self, shape, dtype, device):
+        """``(base (1, *S, D), scale (D,))``: the identity grid of ``shape`` and the pixel
+        → normalized factor per component, (x, y[, z]) order (``align_corners=True``)."""
+        zero = torch.zeros(1, len(shape), *shape, dtype=dtype, device=device)
+        base = displacement_to_grid(zero, shape)
+        scale = torch.tensor([2.0 / (n - 1) for n in reversed(shape)], dtype=dtype)
+        return base.contiguous(), scale.to(device)
+
     def regularizer(self) -> torch.Tensor:
+        """The regularizer ``(N,)`` of the field (see the class docstring): one convolution
+        of every component with the difference stencils of all the terms at once, their
+        squares weighted by a constant that carries each term's weight, its valid
+        positions, the spacing and the level's pixel (a few launches where the
+        differences take tens); equal to :meth:`regularizer_by_differences`."""
+        f = self.field
+        n, d = f.shape[:2]
+        cshape = tuple(f.shape[2:])
+        stencils, weights = self._constant(
+            ("regularizer", self.regularizer_kind, cshape, self.level_pixel, f.dtype, f.device),
+            lambda: self._regularizer_plan(cshape, f.dtype, f.device),
+        )
+        if stencils is None:
+            return f.new_zeros(n)
+        conv = F.conv2d if d == 2 else F.conv3d
+        g = conv(f.reshape(n * d, 1, *cshape), stencils, padding=1)
+        g = g.view(n, d, *g.shape[1:])  # (N, D, T, *c)
+        return (g * g * weights).reshape(n, -1).sum(1)
+
+    def _regularizer_plan(self, cshape, dtype, device):
+        """``(stencils (T, 1, 3, …), weights (D, T, *c))`` of :meth:`regularizer` on a
+        control grid of ``cshape`` (``(None, None)`` when no term fits the grid).
+
+        Each term is a difference stencil in a 3-wide box (one pixel of zero padding), valid
+        where all its taps are on the grid: the weight there carries the term's weight over
+        its number of valid positions, the components and the squared cell sizes; 0
+        elsewhere."""
+        d = self.ndim
+        cells = [c * s for c, s in zip(self._cells(cshape), self.spacing)]  # physical
+        stencils, masks = [], []
+
+        def term(taps, lo, hi, scale):
+            """A stencil from ``{offset per axis: coefficient}`` (offsets -1, 0, 1: the tap
+            reads ``f[i + offset]``), valid at ``lo[a] <= i_a < c_a - hi[a]``."""
+            k = np.zeros((3,) * d)
+            for offset, c in taps.items():
+                k[tuple(1 + o for o in offset)] = c
+            m = np.zeros(cshape)
+            m[tuple(slice(lo[a], cshape[a] - hi[a]) for a in range(d))] = 1.0
+            stencils.append(k * scale)
+            masks.append(m / m.sum())
+
+        def unit(axis, step):
+            return tuple(step if a == axis else 0 for a in range(d))
+
+        def plus(x, y):
+            return tuple(p + q for p, q in zip(x, y))
+
+        zero, none = (0,) * d, [0] * d
+        if self.regularizer_kind == "bending":
+            for a in range(d):
+                for b in range(a, d):
+                    if min(cshape[a], cshape[b]) < (3 if a == b else 2):
+                        continue
+                    if a == b:  # torch.diff twice puts f[i-1] - 2 f[i] + f[i+1] at i - 1
+                        taps = {unit(a, -1): 1.0, zero: -2.0, unit(a, 1): 1.0}
+                        lo, hi = list(none), list(none)
+                        lo[a] = hi[a] = 1
+                        term(taps, lo, hi, 1.0 / (cells[a] * cells[a]))
+                    else:  # ∂²/∂a∂b and ∂²/∂b∂a: weight 2 on the square
+                        ua, ub = unit(a, 1), unit(b, 1)
+                        taps = {zero: 1.0, ua: -1.0, ub: -1.0, plus(ua, ub): 1.0}
+                        hi = list(none)
+                        hi[a] = hi[b] = 1
+                        term(taps, none, hi, 2.0**0.5 / (cells[a] * cells[b]))
+            level = self.level_pixel**2
+        else:
+            for a in range(d):
+                if cshape[a] < 2:
+                    continue
+                hi = list(none)
+                hi[a] = 1
+                term({zero: -1.0, unit(a, 1): 1.0}, none, hi, 1.0 / cells[a])
+            level = 1.0
+        if not stencils:
+            return None, None
+        # Component c in physical units: × s_c², and the mean over the D components.
+        per_component = np.array([s * s for s in self.spacing]) / d * level
+        weights = per_component.reshape(d, 1, *[1] * d) * np.stack(masks)[None]
+        kernel = np.stack(stencils)[:, None]
+        return (
+            torch.as_tensor(kernel, dtype=dtype, device=device),
+            torch.as_tensor(weights, dtype=dtype, device=device),
+        )
+
+    def regularizer_by_differences(self) -> torch.Tensor:
+        """:meth:`regularizer` written with :func:`torch.diff` term by term (the
+        definition; the reference of the tests)."""
         f = self.field
         # Component a in physical units (× s_a), differences along b per physical length.
-        spacing = torch.tensor(self.spacing, dtype=f.dtype, device=f.device)
-        f = f * spacing.view(1, -1, *([1] * self.ndim))
+        if any(s != 1.0 for s in self.spacing):
+            spacing = self._constant(
+                ("spacing", f.dtype, f.device),
+                lambda: torch.tensor(self.spacing, dtype=f.dtype, device=f.device).view(
+                    1, -1, *([1] * self.ndim)
+                ),
+            )
+            f = f * spacing
         cells = [c * s for c, s in zip(self._cells(f.shape[2:]), self.spacing)]  # physical
         total = f.new_zeros(f.shape[0])
         if self.regularizer_kind == "bending":

@@ -19,6 +19,7 @@ from ..ops._validation import check_choice
 from ..ops.losses import loss_for
 from . import _options, gauss_newton
 from ._names import LINEAR_MODELS
+from .models import READ_EVERY, READ_EVERY_DEFAULT, read_every  # noqa: F401 (the policy's home)
 from .pyramid import level_anisotropy
 
 
@@ -71,12 +72,20 @@ class Progress:
 
     ``transforms`` (one per image pair) and ``transform`` (the first) are computed on
     first access by ``make_transforms``, from parameters copied when the snapshot was
-    taken.
+    taken. ``loss`` may be handed over as a 0-d tensor still on the device: it is read
+    (a host sync) on first access only, so a snapshot nobody looks at costs no wait.
     """
 
     def __init__(self, level, levels, iteration, loss, make_transforms):
-        self.level, self.levels, self.iteration, self.loss = level, levels, iteration, loss
+        self.level, self.levels, self.iteration = level, levels, iteration
+        self._loss = loss
         self._make, self._transforms = make_transforms, None
+
+    @property
+    def loss(self) -> float:
+        if isinstance(self._loss, torch.Tensor):
+            self._loss = float(self._loss)
+        return self._loss
 
     @property
     def transforms(self) -> list:
@@ -171,76 +180,101 @@ def optimize(
                 break
             continue
         lr0 = schedule.lr * pixel * (1.0 if level == 0 else schedule.refine_lr_factor)
-        lr = lr0
-        state = {"best": model.snapshot(), "best_loss": None, "total": math.inf}
-
-        def evaluate(
-            state=state, fixed=fixed, moving=moving, weight=weight, shape=shape, loss_fn=loss_fn
-        ):
-            """Loss at the current parameters, with gradients; keeps the best per pair."""
-            warped, valid = model.warp(moving, shape)
-            w = valid if weight is None else valid * weight
-            per_pair = loss_fn(fixed, warped, w)
-            if schedule.reg_weight:
-                per_pair = per_pair + schedule.reg_weight * model.regularizer()
-            if penalty is not None:
-                per_pair = per_pair + penalty(shape).to(per_pair.device, per_pair.dtype)
-            values = per_pair.detach()
-            if not torch.isfinite(values).all():
-                raise FloatingPointError("the loss became NaN or Inf; lower lr or check the inputs")
-            # The loss belongs to the parameters before the step: keep them if better.
-            if state["best_loss"] is None:
-                state["best_loss"], state["best"] = values.clone(), model.snapshot()
-            else:
-                better = values < state["best_loss"]
-                if bool(better.any()):
-                    current = model.snapshot()
-                    state["best"] = [
-                        torch.where(better.view(-1, *([1] * (c.dim() - 1))), c, b)
-                        for c, b in zip(current, state["best"])
-                    ]
-                    state["best_loss"] = torch.minimum(state["best_loss"], values)
-            total = float(values.mean())
-            history.append(total)
-            per_pair.sum().backward()
-            state["total"] = total
-            return per_pair.detach().sum()
-
+        iterations = schedule.iterations_at(level, levels)
         if schedule.optimizer == "lbfgs":
-            optimizer = torch.optim.LBFGS(
-                model.parameters(),
-                lr=1.0,
-                max_iter=1,
-                history_size=10,
-                line_search_fn="strong_wolfe",
-                tolerance_grad=1e-12,
-                tolerance_change=1e-12,
-            )
-
-            def closure(optimizer=optimizer):
-                optimizer.zero_grad(set_to_none=True)
-                return evaluate()
+            stopped, best = yield from _lbfgs_level(
+                model, fixed, moving, weight, shape, loss_fn, schedule, history, penalty,
+                level, levels, iterations,
+            )  # fmt: skip
         else:
-            optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-        reference = math.inf
-        since_progress = 0
-        for iteration in range(schedule.iterations_at(level, levels)):
-            if schedule.optimizer == "lbfgs":
-                optimizer.step(closure)
-                total = min(state["total"], float(state["best_loss"].mean()))
-                # Quasi-Newton: stop once an iteration gains (almost) nothing.
-                if total > reference - schedule.tol * max(abs(reference), 1e-6):
-                    since_progress += 1
-                    if since_progress >= 2:
-                        break
-                else:
-                    since_progress = 0
-                reference = min(reference, total)
-            else:
-                optimizer.zero_grad(set_to_none=True)
-                evaluate()
-                optimizer.step()
-                total = state["total"]
+            stopped, best = yield from _adam_level(
+                model, fixed, moving, weight, shape, loss_fn, schedule, history, penalty,
+                level, levels, iterations, lr0,
+            )  # fmt: skip
+        model.restore(best)
+        if stopped:
+            break
+    return stopped, best
+
+
+def _level_loss_fn(model, fixed, moving, weight, shape, loss_fn, schedule, penalty):
+    """The per-pair loss ``(N,)`` at the model's current parameters (differentiable)."""
+
+    def evaluate():
+        warped, valid = model.warp(moving, shape)
+        w = valid if weight is None else valid * weight
+        per_pair = loss_fn(fixed, warped, w)
+        if schedule.reg_weight:
+            per_pair = per_pair + schedule.reg_weight * model.regularizer()
+        if penalty is not None:
+            per_pair = per_pair + penalty(shape).to(per_pair.device, per_pair.dtype)
+        return per_pair
+
+    return evaluate
+
+
+def make_adam(params, lr: float) -> torch.optim.Optimizer:
+    """Adam, fused where the device has the fused kernel (one launch per step and no host
+    sync: the plain form reads its step count back each step)."""
+    try:
+        return torch.optim.Adam(params, lr=lr, fused=True)
+    except (RuntimeError, ValueError):  # a device without the fused kernel
+        return torch.optim.Adam(params, lr=lr)
+
+
+def _not_finite():
+    return FloatingPointError("the loss became NaN or Inf; lower lr or check the inputs")
+
+
+def _adam_level(
+    model, fixed, moving, weight, shape, loss_fn, schedule, history, penalty,
+    level, levels, iterations, lr0,
+):  # fmt: skip
+    """One level by Adam with the plateau schedule (a generator returning ``(stopped,
+    best)``).
+
+    Nothing in an iteration waits on the host: the loss of each iteration stays on the
+    device, with the best parameters and loss per pair (kept by ``torch.where``), and the
+    host reads the losses every :func:`read_every` iterations, where it runs the plateau
+    schedule over them in order (halving the step, ending the level) and checks that they
+    are finite. Progress snapshots hand the loss over unread.
+    """
+    evaluate = _level_loss_fn(model, fixed, moving, weight, shape, loss_fn, schedule, penalty)
+    lr = lr0
+    params = model.parameters()
+    best = model.snapshot()
+    best_loss = None
+    optimizer = make_adam(params, lr)
+    every = read_every(fixed.device)
+    pending = []  # this level's losses (0-d, on the device) not read yet
+    reference = math.inf
+    since_progress = 0
+    for iteration in range(iterations):
+        optimizer.zero_grad(set_to_none=True)
+        per_pair = evaluate()
+        values = per_pair.detach()
+        # The loss belongs to the parameters before the step: keep them where better.
+        if best_loss is None:
+            best_loss = values.clone()
+        else:
+            better = values < best_loss
+            best_loss = torch.where(better, values, best_loss)
+            best = [
+                torch.where(better.view(-1, *([1] * (p.dim() - 1))), p.detach(), b)
+                for p, b in zip(params, best)
+            ]
+        mean = values.mean()
+        pending.append(mean)
+        per_pair.sum().backward()
+        optimizer.step()
+        end = False
+        if len(pending) >= every or iteration == iterations - 1:
+            totals = torch.stack(pending).tolist() if len(pending) > 1 else [float(mean)]
+            pending = []
+            if not all(math.isfinite(t) for t in totals):
+                raise _not_finite()
+            history.extend(totals)
+            for total in totals:
                 if total < reference - schedule.tol * max(
                     abs(reference), 1e-6
                 ) or not math.isfinite(reference):
@@ -250,24 +284,86 @@ def optimize(
                 if since_progress >= schedule.patience:
                     lr *= 0.5
                     since_progress = 0
-                    for group in optimizer.param_groups:
-                        group["lr"] = lr
                     if lr < lr0 * schedule.min_lr_factor:
+                        end = True
                         break
-            best = state["best"]
-            if schedule.report_every and iteration % schedule.report_every == 0:
-                values = [b.clone() for b in best]
-                signal = yield Progress(
-                    level, levels, iteration, total, lambda values=values: model.transforms(values)
-                )
-                if signal:
-                    stopped = True
-                    break
-        best = state["best"]
-        model.restore(best)
-        if stopped:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+        if end:
             break
-    return stopped, best
+        if schedule.report_every and iteration % schedule.report_every == 0:
+            loss = mean if pending else history[-1]
+            signal = yield Progress(
+                level, levels, iteration, loss, lambda values=best: model.transforms(values)
+            )
+            if signal:
+                return True, best
+    return False, best
+
+
+def _lbfgs_level(
+    model, fixed, moving, weight, shape, loss_fn, schedule, history, penalty,
+    level, levels, iterations,
+):  # fmt: skip
+    """One level by L-BFGS with a strong-Wolfe line search (a generator returning
+    ``(stopped, best)``): the line search reads the loss at every evaluation."""
+    evaluate = _level_loss_fn(model, fixed, moving, weight, shape, loss_fn, schedule, penalty)
+    state = {"best": model.snapshot(), "best_loss": None, "total": math.inf}
+
+    def closure():
+        """Loss at the current parameters, with gradients; keeps the best per pair."""
+        optimizer.zero_grad(set_to_none=True)
+        per_pair = evaluate()
+        values = per_pair.detach()
+        if not torch.isfinite(values).all():
+            raise _not_finite()
+        if state["best_loss"] is None:
+            state["best_loss"], state["best"] = values.clone(), model.snapshot()
+        else:
+            better = values < state["best_loss"]
+            if bool(better.any()):
+                current = model.snapshot()
+                state["best"] = [
+                    torch.where(better.view(-1, *([1] * (c.dim() - 1))), c, b)
+                    for c, b in zip(current, state["best"])
+                ]
+                state["best_loss"] = torch.minimum(state["best_loss"], values)
+        total = float(values.mean())
+        history.append(total)
+        per_pair.sum().backward()
+        state["total"] = total
+        return values.sum()
+
+    optimizer = torch.optim.LBFGS(
+        model.parameters(),
+        lr=1.0,
+        max_iter=1,
+        history_size=10,
+        line_search_fn="strong_wolfe",
+        tolerance_grad=1e-12,
+        tolerance_change=1e-12,
+    )
+    reference = math.inf
+    since_progress = 0
+    for iteration in range(iterations):
+        optimizer.step(closure)
+        total = min(state["total"], float(state["best_loss"].mean()))
+        # Quasi-Newton: stop once an iteration gains (almost) nothing.
+        if total > reference - schedule.tol * max(abs(reference), 1e-6):
+            since_progress += 1
+            if since_progress >= 2:
+                break
+        else:
+            since_progress = 0
+        reference = min(reference, total)
+        if schedule.report_every and iteration % schedule.report_every == 0:
+            values = [b.clone() for b in state["best"]]
+            signal = yield Progress(
+                level, levels, iteration, total, lambda values=values: model.transforms(values)
+            )
+            if signal:
+                return True, state["best"]
+    return False, state["best"]
 
 
 def _gauss_newton_level(model, fixed, moving, weight, loss_fn, schedule, history, level, levels):

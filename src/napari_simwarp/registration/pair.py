@@ -302,7 +302,7 @@ def shift_guess(prep, mdl) -> np.ndarray:
     scale = torch.tensor([n / k for n, k in zip(prep["shape"], f_shape)], dtype=torch.float64)
     step = torch.eye(d + 1, dtype=torch.float64)
     step[:d, d] = delta.cpu() * scale
-    return (start[0].cpu() @ step).numpy()
+    return (start[0].cpu().double() @ step).numpy()
 
 
 def warp_moving(model, moving_raw: torch.Tensor, shape) -> torch.Tensor:
