@@ -86,14 +86,16 @@ def measure(ours: Callable, peer: Callable, rounds: int, calls: int) -> tuple[fl
 # ----------------------------------------------------------------------------- checks
 
 
-def _ssim():
+def _ssim(n: int = 1024):
+    """Ours and pytorch-msssim: forward + backward of the mean SSIM of two n² images,
+    gradients to both."""
     import pytorch_msssim
     import torch
 
     from napari_simwarp.ops import ssim
 
     gen = torch.Generator().manual_seed(0)
-    a = torch.rand(1, 1, 1024, 1024, generator=gen)
+    a = torch.rand(1, 1, n, n, generator=gen)
     b = (0.7 * a + 0.3 * torch.rand(a.shape, generator=gen)).clamp_(0, 1)
     la, lb = a.clone().requires_grad_(), b.clone().requires_grad_()
 

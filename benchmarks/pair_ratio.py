@@ -45,27 +45,9 @@ def _cases(case):
             lambda: match_template(ti, tt),
             lambda: sk_match_template(image.astype(np.float64), template.astype(np.float64)),
         )
-    import pytorch_msssim
+    from guard import _ssim  # the guard's own SSIM pair, at this size
 
-    from napari_simwarp.ops import ssim
-
-    n = int(case[4:])
-    gen = torch.Generator().manual_seed(0)
-    a = torch.rand(1, 1, n, n, generator=gen)
-    b = (0.7 * a + 0.3 * torch.rand(1, 1, n, n, generator=gen)).clamp(0, 1)
-    la, lb = a.clone().requires_grad_(), b.clone().requires_grad_()
-
-    def forward_backward(fn):
-        def run():
-            la.grad = lb.grad = None
-            fn(la, lb).backward()
-
-        return run
-
-    return (
-        forward_backward(lambda x, y: ssim(x, y, reduction="mean")),
-        forward_backward(lambda x, y: pytorch_msssim.ssim(x, y, data_range=1.0)),
-    )
+    return _ssim(int(case[4:]))
 
 
 def main(argv=None) -> int:

@@ -37,29 +37,14 @@ CALLS = {
     "local_std_fwd(x, [1] * 5)": "torch.ops.simwarp.local_std_fwd(x, [1] * 5, 0.0, True, 1e-14)",
 }
 
-CHILD = """
-import sys
-import torch
-from napari_simwarp.ops._kernels import _build, _registrations
-
-kinds, device = sys.argv[1].split(","), sys.argv[2]
-for kind in kinds:
-    _build.build(kind)
-_registrations.register_fakes_and_autograd()
-x = torch.rand(1, 2, 8, 9, device=device)
-try:
-    {call}
-except RuntimeError as exc:
-    sys.exit(0)
-sys.exit(3)
-"""
-
 
 def probe_all(kinds: tuple[str, ...], device: str) -> dict[str, str | None]:
     """Each call in a child of its own, all at once; ``{call: None or why it failed}``."""
     with ThreadPoolExecutor(len(CALLS)) as pool:
         futures = {
-            name: pool.submit(refusal_probe.run, kinds, device, child=CHILD.format(call=call))
+            name: pool.submit(
+                refusal_probe.run, kinds, device, child=refusal_probe.child_code(call)
+            )
             for name, call in CALLS.items()
         }
         return {name: future.result() for name, future in futures.items()}
@@ -110,7 +95,7 @@ def try_other_compilers(alt_cache: str, device: str) -> None:
         tried.add(os.path.realpath(path))
         env = {**os.environ, "CXX": path, "SIMWARP_CACHE_DIR": f"{alt_cache}/{len(tried)}"}
         kinds = "cpu,cuda" if device == "cuda" else "cpu"
-        code = CHILD.format(call=CALLS["box_sum(x, [0, 3])"])
+        code = refusal_probe.child_code(CALLS["box_sum(x, [0, 3])"])
         done = subprocess.run(
             [sys.executable, "-c", code, kinds, device],
             env=env,

@@ -27,9 +27,9 @@ import sys
 import torch
 
 #: the child: load the extensions of ``kinds`` as :func:`._build.build` does, register the
-#: autograd wrappers (the crash was seen inside them), then make a call the binding refuses
-#: (``checks::window``: a window size of 0). Exit 0: refused with the expected RuntimeError.
-CHILD = """
+#: autograd wrappers (the crash was seen inside them), then make ``{call}`` on a
+#: ``(1, 2, 8, 9)`` tensor ``x``. Exit 0: it raised a RuntimeError saying ``{says}``.
+_CHILD_TEMPLATE = """
 import sys
 import torch
 from napari_simwarp.ops._kernels import _build, _registrations
@@ -40,11 +40,20 @@ for kind in kinds:
 _registrations.register_fakes_and_autograd()
 x = torch.rand(1, 2, 8, 9, device=device)
 try:
-    torch.ops.simwarp.box_sum(x, [0, 3], False)
+    {call}
 except RuntimeError as exc:
-    sys.exit(0 if "window sizes must be at least 1" in str(exc) else 4)
+    sys.exit(0 if {says!r} in str(exc) else 4)
 sys.exit(3)
 """
+
+
+def child_code(call: str, says: str = "") -> str:
+    """The code of a child that makes ``call`` (a refused one) and checks what it raised."""
+    return _CHILD_TEMPLATE.format(call=call, says=says)
+
+
+#: the probe's own refused call: a window size of 0 (``checks::window``)
+CHILD = child_code("torch.ops.simwarp.box_sum(x, [0, 3], False)", "window sizes must be at least 1")
 
 #: what a child's exit code other than 0 means
 _EXIT_MEANING = {
