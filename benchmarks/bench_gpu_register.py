@@ -36,10 +36,12 @@ SECTION = "Registration on the GPU against the same machine's CPU"
 
 @dataclass
 class Case:
-    """One registration: ``run(device)`` registers and returns its error against the truth."""
+    """One registration: ``make()`` makes its data (inside the time box, only when the case
+    runs) and returns ``run(device)``, which registers and gives the error against the
+    truth."""
 
     name: str
-    run: Callable[[str], float]
+    make: Callable[[], Callable[[str], float]]
     unit: str
     #: the CPU side runs too (the scale cases skip it)
     cpu: bool = True
@@ -141,19 +143,21 @@ def _drift_case(frames, size, model, seed=0) -> Callable[[str], float]:
 def cases(smoke: bool) -> list[Case]:
     if smoke:
         return [
-            Case("2-D affine 64²", _affine_case((64, 64)), "corner px"),
-            Case("2-D deformable 64²", _deformable_case((64, 64), 2.0), "EPE px"),
-            Case("drift 4 × 64², translation", _drift_case(4, 64, "translation"), "px"),
+            Case("2-D affine 64²", lambda: _affine_case((64, 64)), "corner px"),
+            Case("2-D deformable 64²", lambda: _deformable_case((64, 64), 2.0), "EPE px"),
+            Case("drift 4 × 64², translation", lambda: _drift_case(4, 64, "translation"), "px"),
         ]
     return [
-        Case("2-D affine 512²", _affine_case((512, 512)), "corner px"),
-        Case("2-D deformable 512² (~4 px)", _deformable_case((512, 512)), "EPE px"),
-        Case("3-D affine 96³", _affine_case((96, 96, 96)), "corner px"),
-        Case("3-D deformable 64³", _deformable_case((64, 64, 64), 3.0), "EPE px"),
-        Case("drift 100 × 512², translation", _drift_case(100, 512, "translation"), "px"),
-        Case("drift 100 × 512², rigid", _drift_case(100, 512, "rigid"), "px"),
-        Case("2-D deformable 2048²", _deformable_case((2048, 2048), 6.0), "EPE px", cpu=False),
-        Case("3-D deformable 192³", _deformable_case((192,) * 3, 4.0), "EPE px", cpu=False),
+        Case("2-D affine 512²", lambda: _affine_case((512, 512)), "corner px"),
+        Case("2-D deformable 512² (~4 px)", lambda: _deformable_case((512, 512)), "EPE px"),
+        Case("3-D affine 96³", lambda: _affine_case((96, 96, 96)), "corner px"),
+        Case("3-D deformable 64³", lambda: _deformable_case((64, 64, 64), 3.0), "EPE px"),
+        Case("drift 100 × 512², translation", lambda: _drift_case(100, 512, "translation"), "px"),
+        Case("drift 100 × 512², rigid", lambda: _drift_case(100, 512, "rigid"), "px"),
+        Case(
+            "2-D deformable 2048²", lambda: _deformable_case((2048, 2048), 6.0), "EPE px", cpu=False
+        ),
+        Case("3-D deformable 192³", lambda: _deformable_case((192,) * 3, 4.0), "EPE px", cpu=False),
     ]
 
 
@@ -172,36 +176,41 @@ def _timed(run: Callable[[str], float], device: str, repeat: int) -> tuple[float
     return statistics.median(times), error
 
 
-def table(smoke: bool, repeat: int, deadline: float) -> str:
+def table(smoke: bool, repeat: int, deadline: float, emit: Callable[[str], None]) -> None:
+    """The table, one row at a time: ``emit(markdown so far)`` after each, so a run cut
+    short by its time box still leaves every row it finished."""
     gpu = "cuda" if torch.cuda.is_available() else None
     lines = [
         "| case | GPU s | CPU s | CPU ÷ GPU | error GPU | error CPU |",
         "|---|---:|---:|---:|---:|---:|",
     ]
+
+    def fmt(v, spec):
+        return "—" if v is None else format(v, spec)
+
     for case in cases(smoke):
         if time.monotonic() > deadline:
             lines.append(f"| {case.name} | not run: time box | | | | |")
+            emit("\n".join(lines))
             continue
         g_time = g_err = c_time = c_err = None
         try:
+            run = case.make()
             if gpu:
-                g_time, g_err = _timed(case.run, gpu, repeat)
+                g_time, g_err = _timed(run, gpu, repeat)
             if case.cpu or not gpu:
-                c_time, c_err = _timed(case.run, "cpu", 1)
+                c_time, c_err = _timed(run, "cpu", 1)
         except Exception as exc:  # one case's failure is a row, not the end of the table
             lines.append(f"| {case.name} | failed: {type(exc).__name__}: {exc} | | | | |")
+            emit("\n".join(lines))
             continue
-
-        def fmt(v, spec):
-            return "—" if v is None else format(v, spec)
-
         ratio = c_time / g_time if g_time and c_time else None
         lines.append(
             f"| {case.name} | {fmt(g_time, '.3f')} | {fmt(c_time, '.3f')} | {fmt(ratio, '.1f')} "
             f"| {fmt(g_err, '.4f')} {case.unit} | {fmt(c_err, '.4f')} {case.unit} |"
         )
         print(lines[-1], flush=True)
-    return "\n".join(lines)
+        emit("\n".join(lines))
 
 
 def main(argv=None) -> int:
@@ -222,10 +231,17 @@ def main(argv=None) -> int:
         '`scripts/gpu_check.sh`): the library\'s defaults, device "cuda" (median of '
         f'{args.repeat} after a warm-up) against device "cpu" (one run), same machine.\n'
     )
-    markdown = f"{head}\n{table(args.smoke, args.repeat, deadline)}\n"
-    print(markdown)
-    if args.markdown:
-        pathlib.Path(args.markdown).write_text(markdown)
+
+    def emit(rows: str) -> None:
+        if args.markdown:
+            pathlib.Path(args.markdown).write_text(f"{head}\n{rows}\n")
+
+    emit("(no case finished)")
+    try:
+        table(args.smoke, args.repeat, deadline, emit)
+    except KeyboardInterrupt:  # the GPU check's time box: the rows so far are written
+        print("interrupted: the rows finished so far are kept", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -76,3 +76,15 @@ def test_check_stack_output(tmp_path):
         check_stack_output(tmp_path / "o.png", what="-o", inputs=inputs)
     with pytest.raises(ImageFileError, match="input file"):
         check_stack_output(tmp_path / "in.tif", what="-o", inputs=inputs, overwrite=True)
+
+
+@pytest.mark.parametrize("suffix", [".tif", ".npy"])
+def test_a_name_that_fits_is_written_under_a_temporary_name_that_fits_too(tmp_path, suffix):
+    # 250 bytes: within the 255-byte limit; a temporary name built from it was not.
+    path = tmp_path / ("a" * (250 - len(suffix)) + suffix)
+    stack = np.arange(2 * 3 * 4, dtype=np.uint16).reshape(2, 3, 4)
+    check_stack_output(path, what="-o", inputs={}, overwrite=False)
+    write_stack(path, stack)
+    got = tifffile.imread(path) if suffix == ".tif" else np.load(path)
+    np.testing.assert_array_equal(got, stack)
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]

@@ -105,3 +105,24 @@ def test_a_stack_too_large_for_memory_names_the_large_extra(tmp_path, timelapse)
     assert len(lines) == 1 and "memory budget is 64.0 KiB" in lines[0]
     assert "pip install 'napari-simwarp[large]' lets the command read TIFF and .npy" in lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.npy"]
+
+
+def test_a_rerun_writes_the_file_from_the_held_transforms_without_the_large_extra(
+    tmp_path, timelapse
+):
+    # After an interrupt the transforms folder is whole and the file absent: the rerun
+    # warps the stack from those transforms (no dask: in memory, frame by frame).
+    stack, _ = timelapse
+    tifffile.imwrite(tmp_path / "s.tif", stack)
+    first = run_cli(["register-stack", "s.tif", "-o", "a.tif"], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    expected = tifffile.imread(tmp_path / "a.tif")
+    (tmp_path / "a.tif").unlink()
+    rerun = run_cli(["register-stack", "s.tif", "-o", "a.tif"], cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "resuming" in rerun.stdout and _loaded(rerun) == "loaded: []"
+    np.testing.assert_array_equal(tifffile.imread(tmp_path / "a.tif"), expected)
+    # --overwrite registers again instead of reusing them
+    again = run_cli(["register-stack", "s.tif", "-o", "a.tif", "--overwrite"], cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "resuming" not in again.stdout

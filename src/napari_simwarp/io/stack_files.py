@@ -82,6 +82,7 @@ def write_stack(path, stack, *, dtype=None, progress=None) -> pathlib.Path:
     ``progress``: called ``progress(done, total)`` after each frame. Check the path with
     :func:`check_stack_output` first: this function does not re-check.
     """
+    from .atomic import partial_path
     from .lazy import read
 
     path = pathlib.Path(path)
@@ -89,7 +90,7 @@ def write_stack(path, stack, *, dtype=None, progress=None) -> pathlib.Path:
     dtype = np.dtype(stack.dtype if dtype is None else dtype)
     suffix = path.suffix.lower()
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.stem}.partial-{os.getpid()}{suffix}")
+    partial = partial_path(path)  # short: a name that fits leaves room for it
 
     def frames():
         for t in range(shape[0]):

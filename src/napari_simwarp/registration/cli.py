@@ -336,18 +336,26 @@ def _write_transforms(folder: pathlib.Path, transforms, record: dict) -> None:
             shutil.rmtree(partial, ignore_errors=True)
 
 
-def _what_is_left(out: pathlib.Path, folder: pathlib.Path) -> str:
-    """After an interrupt: what a ``register-stack`` run leaves, and that a rerun resumes."""
-    if out.exists():
+def _what_is_left(
+    out: pathlib.Path, folder: pathlib.Path, to_file: bool = False, overwrite: bool = False
+) -> str:
+    """After an interrupt: what a ``register-stack`` run leaves, and how a rerun goes on.
+
+    ``to_file``: the output is a TIFF or ``.npy`` file (written whole under a temporary
+    name: an existing one is the earlier, intact result); ``overwrite``: the run was
+    given ``--overwrite`` (a rerun with it starts over; without it, it resumes)."""
+    rerun = "rerun without --overwrite" if overwrite else "rerun the same command"
+    if out.exists() and not to_file:
         return (
             f"interrupted; {str(out)!r} holds a partial store (marked complete: false; its "
-            f"missing blocks read as zeros) and {str(folder)!r} the transforms: rerun the "
-            "same command to resume the write (or pass --overwrite to start over)"
+            f"missing blocks read as zeros) and {str(folder)!r} the transforms: {rerun} to "
+            "resume the write (or pass --overwrite to start over)"
         )
     if folder.exists():
+        kept = f" ({str(out)!r} is the earlier result, untouched)" if out.exists() else ""
         return (
-            f"interrupted; {str(folder)!r} holds the transforms (no image was written): "
-            "rerun the same command to write the aligned stack from them"
+            f"interrupted; {str(folder)!r} holds the transforms{kept}: {rerun} to write the "
+            "aligned stack from them"
         )
     return "interrupted; no output was written"
 
@@ -635,7 +643,7 @@ def run_stack(args) -> int:
     from ..io.stack_files import check_stack_output, is_stack_file, write_stack
     from ._names import default_metric
     from .grid import Grid
-    from .stack import lazy_warped, register_stack
+    from .stack import register_stack, warped_stack
     from .transforms import load_transform
 
     check_stack_output_type(args.out)
@@ -696,7 +704,7 @@ def run_stack(args) -> int:
     complete = folder / "complete"
     held = _transforms_record(complete)
     # the transforms of an interrupted run, from this input with these options: reused
-    resume = state in ("new", "resume") and held.get("key") == key
+    resume = not args.overwrite and state in ("new", "resume") and held.get("key") == key
     if not resume:
         from ..io import ImageFileError
 
@@ -734,7 +742,7 @@ def run_stack(args) -> int:
             transforms = [load_transform(f) for f in files]
             from .._devices import resolve_device
 
-            warped = lazy_warped(data, transforms, resolve_device(args.device))
+            warped = warped_stack(data, transforms, resolve_device(args.device))
             if not args.quiet:
                 print(f"resuming the write of {out} ({len(transforms)} transforms read)")
         else:
@@ -779,7 +787,7 @@ def run_stack(args) -> int:
             "stacks frame by frame and hold no aligned stack in memory"
         ) from None
     except KeyboardInterrupt:
-        raise KeyboardInterrupt(_what_is_left(out, folder)) from None
+        raise KeyboardInterrupt(_what_is_left(out, folder, to_file, args.overwrite)) from None
     finally:
         if client is not None:
             client.close()

@@ -522,6 +522,22 @@ def lazy_warped(data, transforms, device) -> object:
     return da.Array(graph, name, chunks=chunks, dtype=dtype)
 
 
+def warped_stack(data, transforms, device) -> object:
+    """The aligned stack of ``data`` ``(T, *S)`` from its per-frame ``transforms``: lazy
+    (:func:`lazy_warped`) for a dask or zarr ``data``; else a NumPy array warped frame by
+    frame (a base install has no dask)."""
+    from ..io import lazy
+
+    if lazy.is_lazy(data):
+        return lazy_warped(data, transforms, device)
+    return np.concatenate(
+        [
+            _warp_block(np.asarray(data[t : t + 1]), transforms[t : t + 1], str(device))
+            for t in range(len(transforms))
+        ]
+    )
+
+
 def _score_view(x: torch.Tensor, value_range) -> torch.Tensor:
     """Frames ``(n, *S)`` as the scores compare them: clipped to the stack's robust
     ``value_range`` (hot or saturated pixels cannot dominate) and lightly blurred, as the

@@ -38,6 +38,30 @@ def test_a_failed_child_says_how_it_failed(child, why):
     assert failure is not None and why in failure
 
 
+def test_a_child_that_never_reaches_the_call_is_inconclusive_and_keeps_the_kernels(
+    tmp_path, monkeypatch
+):
+    # e.g. a GPU in exclusive-process mode, or an import error: no evidence of a crash
+    failure = refusal_probe.run(("cpu",), "cpu", child="raise ImportError('no such thing')")
+    assert failure.startswith(refusal_probe.INCONCLUSIVE) and "no such thing" in failure
+    require_compiled()
+    real_run = refusal_probe.run
+    monkeypatch.setattr(
+        refusal_probe, "run", lambda k, d, child=None: real_run(k, d, child="raise ImportError")
+    )
+    monkeypatch.setattr(refusal_probe, "marker", lambda d, t: tmp_path / f"probe-{t}.ok")
+    monkeypatch.setattr(
+        _kernels, "_state", {**_kernels.state(), "tried": False, "cpu": False, "refusal": {}}
+    )
+    monkeypatch.setenv(_kernels.ENV_BACKEND, "auto")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _kernels.ensure_loaded()
+    assert _kernels.state()["refusal"] == {}
+    assert _kernels.use_compiled("local_std", torch.rand(1, 1, 8, 8))
+    assert not (tmp_path / "probe-cpu.ok").exists()  # not recorded as passed
+
+
 def test_a_hung_child_is_a_failure(monkeypatch):
     monkeypatch.setattr(refusal_probe, "TIMEOUT", 0.5)
     failure = refusal_probe.run(("cpu",), "cpu", child="import time; time.sleep(30)")

@@ -170,8 +170,8 @@ def _probe_refusal(kinds: tuple[str, ...], device: str, directory: str) -> None:
     if requested_backend() != "auto":
         return
     failure = refusal_probe.probe_once(kinds, device, directory)
-    if failure is None:
-        return
+    if failure is None or failure.startswith(refusal_probe.INCONCLUSIVE):
+        return  # raised as it must, or no evidence of a crash: the kernels stay
     device_type = torch.device(device).type
     _state["refusal"][device_type] = failure
     warnings.warn(

@@ -61,6 +61,10 @@ _EXIT_MEANING = {
     4: "the call was refused with an unexpected message",
 }
 
+#: the start of what :func:`run` returns when the child could not make the call at all (a
+#: Python error on the way, no process): no evidence either way, so the kernels stay
+INCONCLUSIVE = "inconclusive: "
+
 #: seconds a child may take (it loads cached builds: about 2 s; a hang is a failure)
 TIMEOUT = 120.0
 
@@ -76,7 +80,8 @@ def _describe(returncode: int) -> str:
 
 
 def run(kinds: tuple[str, ...], device: str, *, child: str | None = None) -> str | None:
-    """Run the probe in a child process; ``None`` if the refusal raised, else why not.
+    """Run the probe in a child process; ``None`` if the refusal raised, else why not
+    (starting with :data:`INCONCLUSIVE` when the child never made the call).
 
     ``kinds``: the extensions to load (``("cpu",)`` or ``("cpu", "cuda")``); ``device``:
     where the refused call runs. ``child`` replaces the child's code (tests).
@@ -97,9 +102,12 @@ def run(kinds: tuple[str, ...], device: str, *, child: str | None = None) -> str
     except subprocess.TimeoutExpired:
         return f"a refused argument hung the process for over {TIMEOUT:.0f} s"
     except OSError as exc:  # no child possible at all: say so, do not guess
-        return f"the probe could not start a process ({exc})"
+        return f"{INCONCLUSIVE}the probe could not start a process ({exc})"
     if done.returncode == 0:
         return None
+    if done.returncode == 1 and "Traceback" in done.stderr:  # it never reached the call
+        last = done.stderr.strip().splitlines()[-1][:200]
+        return f"{INCONCLUSIVE}the probe's child failed before the call ({last})"
     tail = done.stderr.strip().splitlines()[-1:] if done.stderr else []
     detail = f"; its last words: {tail[0][:200]}" if tail else ""
     return (
