@@ -59,6 +59,17 @@ def _run_register(qtbot, w, timeout=180000):
     qtbot.waitUntil(lambda: w.result is not None and not w.busy, timeout=timeout)
 
 
+def test_register_docked_over_two_images_takes_them_as_fixed_then_moving(shown_viewer):
+    viewer = shown_viewer
+    viewer.open_sample(PLUGIN, "deformed_pair")
+    w = _from_menu(viewer, "Register")
+    assert w._fixed.value is viewer.layers["fixed"]  # was empty, and moving was "fixed"
+    assert w._moving.value is viewer.layers["moving"]
+    w._moving.value = viewer.layers["fixed"]  # a user's choice stays (fixed is set)
+    viewer.add_image(np.zeros((8, 8)), name="another")
+    assert w._moving.value is viewer.layers["fixed"]
+
+
 def test_register_docked_from_the_menu_reuses_its_layers_and_keeps_the_selection(
     shown_viewer, qtbot
 ):

@@ -274,6 +274,18 @@ class RegisterWidget(WorkerWidget):
     def mode(self) -> str:
         return MODES[self._mode.value]
 
+    def reset_choices(self, *args):
+        """napari calls this when the layers change (and once when the widget is docked):
+        the layer choosers' lists follow, and a pair left unchosen becomes the first two
+        image layers, fixed then moving (magicgui alone put the first one in *moving* and
+        left *fixed* empty)."""
+        super().reset_choices(*args)
+        images = [layer for layer in self._moving.choices if layer is not None]
+        if self.mode == "pair" and self._fixed.value is None and len(images) >= 2:
+            self._fixed.value = images[0]
+            if self._moving.value is images[0]:
+                self._moving.value = images[1]
+
     def _update_visibility(self, *_):
         stack = self.mode == "stack"
         self._fixed.visible = not stack
