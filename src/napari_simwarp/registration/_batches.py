@@ -54,6 +54,14 @@ class LocalBatches:
     def __init__(self, src):
         self.src = src
 
+    def _release(self) -> None:
+        """A lazy stack's batch, read through dask's threads and freed: its memory back to
+        the system (io/trim.py). Not after a batch of an in-memory stack, which leaves
+        nothing in those threads' arenas: trimming then only makes the next batch fault its
+        pages in again (20 × 512² NumPy frames, translation: 0.31 -> 0.55 s)."""
+        if self.src.lazy:
+            trim.release()
+
     def map(self, job, total, size, *shared, history, state, progress=None):
         """Run generator job ``job(src, sl, history, *shared)`` (it yields progress
         snapshots and returns ``(result, stopped)``) on each batch of ``range(total)``
@@ -63,7 +71,7 @@ class LocalBatches:
         out = [None] * math.ceil(total / size)
         for i, sl in enumerate(batches(total, size)):
             out[i], stopped = yield from job(self.src, sl, history, *shared)
-            trim.release()  # the batch's frames, freed: back to the system (io/trim.py)
+            self._release()
             if stopped:
                 state["stopped"] = True
                 break
@@ -74,7 +82,7 @@ class LocalBatches:
         ``sliced`` (a sequence over ``range(total)``), ``fn(src, sl, sliced[sl], *shared)``."""
         for sl in batches(total, size):
             value = fn(self.src, sl, *_args(sl, shared, sliced))
-            trim.release()
+            self._release()
             yield value
 
     def reduce(self, part, combine, total, size, *shared, sliced=None):
@@ -84,7 +92,7 @@ class LocalBatches:
         for sl in batches(total, size):
             value = part(self.src, sl, *_args(sl, shared, sliced))
             acc = value if acc is None else combine(acc, value)
-            trim.release()
+            self._release()
         return acc
 
     def value(self, fn, *args):
