@@ -44,16 +44,7 @@ def test_a_child_that_never_reaches_the_call_is_inconclusive_and_keeps_the_kerne
     # e.g. a GPU in exclusive-process mode, or an import error: no evidence of a crash
     failure = refusal_probe.run(("cpu",), "cpu", child="raise ImportError('no such thing')")
     assert failure.startswith(refusal_probe.INCONCLUSIVE) and "no such thing" in failure
-    require_compiled()
-    real_run = refusal_probe.run
-    monkeypatch.setattr(
-        refusal_probe, "run", lambda k, d, child=None: real_run(k, d, child="raise ImportError")
-    )
-    monkeypatch.setattr(refusal_probe, "marker", lambda d, t: tmp_path / f"probe-{t}.ok")
-    monkeypatch.setattr(
-        _kernels, "_state", {**_kernels.state(), "tried": False, "cpu": False, "refusal": {}}
-    )
-    monkeypatch.setenv(_kernels.ENV_BACKEND, "auto")
+    _load_afresh_with_child("raise ImportError", tmp_path, monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert _kernels.ensure_loaded()
@@ -86,22 +77,23 @@ def test_a_passed_probe_is_remembered_per_interpreter(tmp_path, monkeypatch):
     assert len(ran) == 2
 
 
-@pytest.fixture
-def crashing_probe(tmp_path, monkeypatch):
-    """Kernels loaded afresh under "auto", with a probe child that dies of SIGSEGV and no
-    record of an earlier probe."""
+def _load_afresh_with_child(child, tmp_path, monkeypatch):
+    """The kernels about to be loaded afresh under "auto", with ``child`` as the probe's
+    child and no record of an earlier probe."""
     require_compiled()
     real_run = refusal_probe.run
-    monkeypatch.setattr(
-        refusal_probe,
-        "run",
-        lambda kinds, device, child=None: real_run(kinds, device, child=SEGFAULT),
-    )
+    monkeypatch.setattr(refusal_probe, "run", lambda k, d, **_: real_run(k, d, child=child))
     monkeypatch.setattr(refusal_probe, "marker", lambda d, t: tmp_path / f"probe-{t}.ok")
     monkeypatch.setattr(
         _kernels, "_state", {**_kernels.state(), "tried": False, "cpu": False, "refusal": {}}
     )
     monkeypatch.setenv(_kernels.ENV_BACKEND, "auto")
+
+
+@pytest.fixture
+def crashing_probe(tmp_path, monkeypatch):
+    """Kernels loaded afresh under "auto", with a probe child that dies of SIGSEGV."""
+    _load_afresh_with_child(SEGFAULT, tmp_path, monkeypatch)
 
 
 def test_a_crashed_probe_sends_auto_to_torch_with_one_warning(crashing_probe, monkeypatch):
