@@ -159,7 +159,7 @@ def test_a_task_budget_is_a_share_of_a_worker_memory_limit(case):
     import torch
 
     from napari_simwarp.registration._frames import FrameSource
-    from napari_simwarp.registration.stack import _budgets
+    from napari_simwarp.registration._stack_memory import _budgets
 
     src = FrameSource(_lazy(case[0]), torch.device("cpu"))
     with (

@@ -360,11 +360,10 @@ def test_window_and_grid_spacing_are_physical_units(rotated_volumes, monkeypatch
     """window / grid_spacing in physical units reach the loss and the control grid as the
     same finest-pixel counts as register's (spacing (3, 1, 1): finest unit 1 → unchanged;
     spacing (6, 2, 2): unit 2 → halved)."""
-    from napari_simwarp.registration import models
-    from napari_simwarp.registration import stack as stack_module
+    from napari_simwarp.registration import models, optimize
 
     seen = {}
-    original = stack_module.make_schedule
+    original = optimize.make_schedule
 
     def spy_schedule(*args, **kwargs):
         schedule = original(*args, **kwargs)
@@ -377,8 +376,8 @@ def test_window_and_grid_spacing_are_physical_units(rotated_volumes, monkeypatch
             seen["spacing"] = kwargs["spacing"]
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(stack_module, "make_schedule", spy_schedule)
-    monkeypatch.setattr(stack_module, "DenseModel", SpyDense)
+    monkeypatch.setattr(optimize, "make_schedule", spy_schedule)
+    monkeypatch.setattr(models, "DenseModel", SpyDense)
     small = rotated_volumes[0][:2, :8, :24, :24]
     register_stack(small, model="deformable", metric="lncc", spacing=(6.0, 2.0, 2.0),
                    window=14.0, grid_spacing=20.0, iterations=1, levels=1)  # fmt: skip

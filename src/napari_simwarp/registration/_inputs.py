@@ -129,7 +129,7 @@ def robust_range(t: torch.Tensor, name: str, low: float = 0.5, high: float = 99.
     """
     flat = t.reshape(-1)
     step = max(1, flat.numel() // 200_000)
-    sample = flat[::step].detach().double().cpu().numpy()
+    sample = flat[::step].detach().cpu().numpy().astype(np.float64)  # float64 on the host
     # NumPy's quantile (a partial sort, the same linear interpolation as torch.quantile's
     # default): torch.quantile sorts the whole sample, 15 ms against 1-2 ms at 512², paid
     # once per image by every run and by the widget's similarity-gradient display.

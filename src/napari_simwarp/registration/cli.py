@@ -229,7 +229,19 @@ def run(args) -> int:
     from ..io.atomic import write_together
     from ..io.images import image_writer
     from .pair import register
+    from .plan import RunOptions
 
+    # every option checked before any file is read
+    options = RunOptions.make(
+        args.model,
+        args.metric,
+        levels=args.levels,
+        iterations=args.iterations,
+        lr=args.lr,
+        window=args.window,
+        grid_spacing=args.grid_spacing,
+        regularization=args.regularization,
+    )
     notes: list[str] = []
     fixed = read_image(args.fixed, what="fixed", notes=notes)
     moving = read_image(args.moving, what="moving", notes=notes)
@@ -255,19 +267,12 @@ def run(args) -> int:
         result = register(
             fixed,
             moving,
-            model=args.model,
-            metric=args.metric,
+            **options.kwargs(),
             mask=mask,
             fixed_spacing=_one_per_axis(args.fixed_spacing),
             fixed_origin=_one_per_axis(args.fixed_origin),
             moving_spacing=_one_per_axis(args.moving_spacing),
             moving_origin=_one_per_axis(args.moving_origin),
-            levels=args.levels,
-            iterations=args.iterations,
-            lr=args.lr,
-            window=args.window,
-            grid_spacing=args.grid_spacing,
-            regularization=args.regularization,
             landmarks=landmarks,
             landmark_weight=args.landmark_weight,
             device=args.device,
@@ -287,7 +292,7 @@ def run(args) -> int:
     )
     if not args.quiet:
         print(
-            f"{args.model}/{result.metric}: final loss {result.loss_history[-1]:.5f} after "
+            f"{options.model}/{result.metric}: final loss {result.loss_history[-1]:.5f} after "
             f"{len(result.loss_history)} evaluations in {result.seconds:.2f} s on "
             f"{result.device}"
         )
@@ -641,13 +646,14 @@ def run_stack(args) -> int:
     from ..io.identity import describe, input_identity
     from ..io.omezarr import check_store, write_key, write_ome_zarr
     from ..io.stack_files import check_stack_output, is_stack_file, write_stack
-    from ._names import default_metric
     from .grid import Grid
+    from .plan import RunOptions
     from .stack import register_stack, warped_stack
     from .transforms import load_transform
 
     check_stack_output_type(args.out)
     require(stack_needs(args))  # every optional package, before anything is read
+    run_options = RunOptions.make(args.model, args.metric)
     to_file = is_stack_file(args.out)
     data, axes, pixel_size, stored_origin = open_stack(args.input, memory_budget=args.memory_budget)
     # The pixel size and origin: --spacing and --origin, else the OME-Zarr input's own
@@ -674,8 +680,8 @@ def run_stack(args) -> int:
     identity = input_identity(args.input, data)
     options = dict(
         reference=reference,
-        model=args.model,
-        metric=default_metric(args.model, args.metric),
+        model=run_options.model,
+        metric=run_options.metric,
         input=str(pathlib.Path(args.input).resolve()),
         spacing=spacing,
         origin=origin,
@@ -749,8 +755,7 @@ def run_stack(args) -> int:
             result = register_stack(
                 data,
                 reference=reference,
-                model=args.model,
-                metric=args.metric,
+                **run_options.kwargs(stack=True),
                 spacing=spacing,
                 origin=origin,
                 batch_size=batch,

@@ -511,11 +511,13 @@ class DenseModel:
         d = self.displacement(shape, field)
         if self.onto_moving is None:
             return d
-        mat = torch.as_tensor(self.onto_moving, dtype=torch.float64, device=d.device)
-        pos = identity_grid(shape, dtype=torch.float64, device=d.device) + d.double()
+        # float64 on the CPU (far origins), float32 on accelerators (WIDE_DEVICE_TYPES)
+        wide = wide_dtype(d.device)
+        mat = torch.as_tensor(self.onto_moving, dtype=wide, device=d.device)
+        pos = identity_grid(shape, dtype=wide, device=d.device) + d.to(wide)
         moved = torch.einsum("ij,nj...->ni...", mat[:-1, :-1], pos)
         moved = moved + mat[:-1, -1].view(1, -1, *([1] * self.ndim))
-        return (moved - identity_grid(shape, dtype=torch.float64, device=d.device)).to(d.dtype)
+        return (moved - identity_grid(shape, dtype=wide, device=d.device)).to(d.dtype)
 
     def warp(self, moving: torch.Tensor, shape) -> tuple[torch.Tensor, torch.Tensor]:
         """Warp a moving level ``(N or 1, C, *shape)`` onto the fixed level's grid; return

@@ -5,7 +5,7 @@ tenths of the image; beyond, the loss has other minima in between. Before the fi
 level, :func:`initial_guess` tries a fixed set of candidates at once on the device and
 starts the run from the best:
 
-- the identity, and the phase-correlation shift guess of ``pair.shift_guess``
+- the identity, and the phase-correlation shift guess of ``_pair_start.shift_guess``
   (each model);
 - for rigid, similarity and affine: rotations of the sample about the fixed image's
   center (2-D: −30° to 30° in steps of 5°, 13 angles; 3-D: ±10°, ±20°, ±30° about each
@@ -58,9 +58,9 @@ def rotation_vectors(ndim: int) -> np.ndarray:
 
 def search_level(prep) -> int:
     """The finest pyramid level with every side at most ``SEARCH_SIDE`` (else the coarsest)."""
-    limit = SEARCH_SIDE.get(len(prep["shape"]), 48)
-    for i in reversed(range(len(prep["fixed"]))):
-        if max(prep["fixed"][i].shape[2:]) <= limit:
+    limit = SEARCH_SIDE.get(len(prep.shape), 48)
+    for i in reversed(range(len(prep.fixed))):
+        if max(prep.fixed[i].shape[2:]) <= limit:
             return i
     return 0
 
@@ -68,43 +68,46 @@ def search_level(prep) -> int:
 def _model(prep, kind, batch, init):
     return LinearModel(
         kind,
-        prep["shape"],
-        prep["moving_shape"],
+        prep.shape,
+        prep.moving_shape,
         batch,
         init=init,
-        device=prep["device"],
-        fixed_grid=prep["fixed_grid"],
-        moving_grid=prep["moving_grid"],
+        device=prep.device,
+        fixed_grid=prep.fixed_grid,
+        moving_grid=prep.moving_grid,
     )
 
 
-def rotation_candidates(prep, start: torch.Tensor, level: int) -> torch.Tensor:
+def rotation_candidates(prep, start: np.ndarray, level: int) -> torch.Tensor:
     """Pixel matrices ``(K, D+1, D+1)``: ``start`` followed by each candidate rotation about
     the fixed center, then by the phase-correlation shift that best aligns the rotated
     moving level with the fixed level."""
-    d = len(prep["shape"])
+    d = len(prep.shape)
     vectors = rotation_vectors(d)
     k = len(vectors)
-    mdl = _model(prep, "rigid", k, start.cpu().numpy())
-    f, m = prep["fixed"][level], prep["moving"][level]
+    mdl = _model(prep, "rigid", k, start)
+    f, m = prep.fixed[level], prep.moving[level]
     shape = tuple(f.shape[2:])
     with torch.no_grad():
         # The rigid skew is q / radius; q = angle · radius gives the angle itself.
         mdl.linear.copy_(torch.as_tensor(vectors * mdl.radius, dtype=mdl.linear.dtype))
         warped, _ = mdl.warp(m, shape)
         s = phase_correlation(f, warped).cpu().double()  # f(x) ≈ warped(x − s)
-        full = torch.tensor([n / k for n, k in zip(prep["shape"], shape)], dtype=torch.float64)
+        full = torch.tensor([n / k for n, k in zip(prep.shape, shape)], dtype=torch.float64)
         step = torch.eye(d + 1, dtype=torch.float64).repeat(k, 1, 1)
         step[:, :d, d] = -s * full  # fixed(p) ≈ moving(M (p − s)), in full-resolution pixels
-        return mdl.matrix().cpu().double() @ step
+        # the candidates' matrices in float64 on the host, from the model's host factors
+        q = torch.as_tensor(vectors * mdl.radius)
+        core = mdl.physical_core(torch.zeros(k, d, dtype=torch.float64), q).numpy()
+        return torch.as_tensor(mdl.left_host @ core @ mdl.right_host) @ step
 
 
 def score(prep, schedule, matrices: torch.Tensor, level: int) -> torch.Tensor:
     """The run's loss ``(K,)`` of each pixel matrix on ``level`` (lower is better)."""
-    f, m, weight = prep["fixed"][level], prep["moving"][level], prep["weights"][level]
+    f, m, weight = prep.fixed[level], prep.moving[level], prep.weights[level]
     shape = tuple(f.shape[2:])
     loss_fn = level_loss(
-        schedule, shape, level_anisotropy(prep["fixed_grid"].spacing, prep["shape"], shape)
+        schedule, shape, level_anisotropy(prep.fixed_grid.spacing, prep.shape, shape)
     )
     mdl = _model(prep, "translation", len(matrices), matrices.numpy())
     with torch.no_grad():
@@ -119,12 +122,13 @@ def score(prep, schedule, matrices: torch.Tensor, level: int) -> torch.Tensor:
 
 def initial_guess(prep, start, schedule, kind: str, shift_guess=None):
     """The best starting pixel matrix ``(D+1, D+1)`` (NumPy) among the candidates, or None
-    when the identity (``start``, ``(D+1, D+1)``) is the best.
+    when the start (``start``, ``(D+1, D+1)`` NumPy, float64) is the best. ``prep``: one
+    pair (a :class:`~._prepared.PreparedPairs` of count 1).
 
     ``shift_guess``: an extra candidate (the phase-correlation shift of the whole images).
     """
     level = search_level(prep)
-    candidates = [start[None].cpu().double()]
+    candidates = [torch.as_tensor(start, dtype=torch.float64)[None]]
     if shift_guess is not None:
         candidates.append(torch.as_tensor(shift_guess, dtype=torch.float64)[None])
     if kind != "translation":

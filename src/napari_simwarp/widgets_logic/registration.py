@@ -19,7 +19,6 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..registration._driver import relay
-from ..registration._names import default_metric
 from ._arrays import as_float_array
 from .curves import (
     Curve,
@@ -158,18 +157,21 @@ class RegistrationRun:
         moving_grid=None,
         landmarks=None,
     ):
-        from ..registration import METRICS, MODELS
+        from ..registration.plan import RunOptions
 
         self.settings = s = settings or RunSettings()
         self.fixed_grid, self.moving_grid = fixed_grid, moving_grid
         if s.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {s.mode!r}")
-        if s.model not in MODELS:
-            raise ValueError(f"model must be one of {', '.join(MODELS)}, got {s.model!r}")
-        if s.metric != "auto" and s.metric not in METRICS:
-            raise ValueError(
-                f"metric must be 'auto' or one of {', '.join(METRICS)}, got {s.metric!r}"
-            )
+        # The engine's own checks and defaults, before anything is read ("auto": the
+        # model's default metric; 0 levels: automatic).
+        self.options = RunOptions.make(
+            s.model,
+            None if s.metric == "auto" else s.metric,
+            levels="auto" if s.levels in ("auto", None, 0) else s.levels,
+            iterations=s.iterations,
+            report_every=max(1, int(s.report_every)),
+        )
         from ..io.lazy import is_lazy
 
         # A dask/zarr time-lapse stays lazy: register_stack streams it, and the display is
@@ -238,54 +240,40 @@ class RegistrationRun:
         from .._devices import resolve_device
         from ..io import budget
         from ..registration._inputs import estimate_bytes
-        from ..registration._names import LINEAR_MODELS
 
-        s = self.settings
-        metric = default_metric(s.model) if s.metric == "auto" else s.metric
-        need = estimate_bytes(1, self.shape, metric, s.model not in LINEAR_MODELS)
+        s, options = self.settings, self.options
+        need = estimate_bytes(1, self.shape, options.metric, options.dense)
         need += 4 * (int(np.prod(self.shape)) + int(np.prod(moving_shape)))  # the images read
         budget.refuse(
             need,
             budget.memory_budget(None, resolve_device(s.device)),
-            what=f"registering a pair of shape {self.shape} ({s.model}, metric {metric!r})",
+            what=f"registering a pair of shape {self.shape} ({s.model}, metric {options.metric!r})",
             advice="pick a coarser level of a multiscale layer, or crop the layers",
         )
 
     def _levels(self) -> int:
-        lv = self.settings.levels
-        if lv in ("auto", None, 0):
-            from ..registration.pyramid import auto_levels
-
-            spacing = self.fixed_grid.spacing if self.fixed_grid is not None else None
-            return auto_levels(self.shape, spacing=spacing)
-        return int(lv)
+        spacing = self.fixed_grid.spacing if self.fixed_grid is not None else None
+        return self.options.level_count(self.shape, spacing)
 
     def _optimized_levels(self) -> int:
         """The pyramid levels a pair's run optimizes (what its status counts): all of
         them, but for a finest level the engine skips (above Adam's full-resolution size,
         :func:`~..registration.optimize.level_iterations`)."""
-        s = self.settings
-        if s.mode != "pair":
+        if self.settings.mode != "pair":
             return self.levels
-        from ..registration.optimize import level_iterations, resolve_optimizer
-
-        metric = default_metric(s.model) if s.metric == "auto" else s.metric
-        optimizer = resolve_optimizer("auto", s.model, metric)
-        its = level_iterations(
-            self._iterations(), s.model, self.shape, self.levels, None, optimizer, metric
-        )
+        its = self.options.iterations_per_level(self.shape, self.levels)
         return max(1, sum(1 for n in its if n > 0))
 
     def _iterations(self) -> int:
+        """The most iterations of a level (of a pass over the frames, in drift mode)."""
+        from ..registration.plan import TRANSLATION_ROUTE_ITERATIONS
+
         s = self.settings
         if s.iterations is not None:
             return int(s.iterations)
         if s.mode == "stack" and s.model == "translation":
-            return 10
-        from ..registration.optimize import model_defaults
-
-        metric = default_metric(s.model) if s.metric == "auto" else s.metric
-        return int(model_defaults(s.model, metric)["iterations"])
+            return TRANSLATION_ROUTE_ITERATIONS
+        return max(self.options.iterations_per_level(self.shape, self.levels))
 
     def expected_steps(self) -> int:
         """About how many snapshots a full run yields (for the progress bar's total)."""
@@ -346,17 +334,11 @@ class RegistrationRun:
         return self._stop.is_set()
 
     def _engine_kwargs(self) -> dict:
+        """The run's options (its :class:`~..registration.plan.RunOptions`, with the
+        levels counted here), grids and landmarks, as the engine takes them."""
         s = self.settings
-        kw = dict(
-            model=s.model,
-            levels=self.levels,
-            device=s.device,
-            report_every=max(1, int(s.report_every)),
-        )
-        if s.metric != "auto":  # "auto": the engine's default for the model
-            kw["metric"] = s.metric
-        if s.iterations is not None:
-            kw["iterations"] = int(s.iterations)
+        kw = replace(self.options, levels=self.levels).kwargs(stack=s.mode != "pair")
+        kw["device"] = s.device
         if s.mode == "pair":
             for role, grid in (("fixed", self.fixed_grid), ("moving", self.moving_grid)):
                 if grid is not None:
@@ -534,8 +516,7 @@ class RegistrationRun:
 
         from ..registration.quality import masked_nmi, masked_zncc, measure_for
 
-        s = self.settings
-        metric = default_metric(s.model) if s.metric == "auto" else s.metric
+        metric = self.options.metric
         self._measure = measure = measure_for(metric)
         if self._similarity_inputs is None:
             self._similarity_inputs = self._prepared_for_similarity(metric)
@@ -556,14 +537,13 @@ class RegistrationRun:
         """The fixed image ``(1, 1, *S)``, the moving image ``S_m`` and a moving-sized
         array of ones, as the engine measures the result's similarity: each image scaled
         to its robust range and lightly blurred (the pre-blur of
-        :func:`~..registration.pair.prepare_pair`, in the fixed image's pixels)."""
+        :func:`~..registration._prepared.prepare_pairs`, in the fixed image's pixels)."""
         import torch
 
         from ..registration._inputs import normalize
-        from ..registration.pair import _pre_blur
         from ..registration.pyramid import gaussian_blur
 
-        smooth = _pre_blur(self.settings.model, metric)
+        smooth = self.options.pre_blur
         grids = (self.fixed_grid, self.moving_grid)
         spacings = [
             np.ones(len(self.shape)) if g is None else np.asarray(g.spacing, np.float64)
@@ -651,10 +631,7 @@ class RegistrationRun:
             )
         f, m = self._normalized
         d = torch.from_numpy(np.ascontiguousarray(disp))[None].to(dev)
-        metric = self.settings.metric
-        if metric == "auto":
-            metric = default_metric(self.settings.model)
-        g = similarity_gradient(f, m, d, metric=metric)[0].cpu().numpy()
+        g = similarity_gradient(f, m, d, metric=self.options.metric)[0].cpu().numpy()
         # The gradient's units are loss per pixel; scale it so the longest arrow spans
         # 80 % of the grid spacing (its direction and relative size are what matter).
         sub = g[(slice(None),) + tuple(slice(None, None, self.spacing) for _ in self.shape)]

@@ -1,0 +1,121 @@
+"""register() on a batch of pairs: one run, one result per pair, each as a run of its own
+would give it (compared with one-by-one runs and with the known transforms)."""
+
+import numpy as np
+import pytest
+
+from napari_simwarp.registration import register, register_iter
+from tests.registration.cases import affine_pair, centered_affine, corner_error, deformed_pair
+
+
+def _rotation(deg, scale=1.0):
+    th = np.deg2rad(deg)
+    return scale * np.array([[np.cos(th), -np.sin(th)], [np.sin(th), np.cos(th)]])
+
+
+@pytest.fixture(scope="module")
+def affine_pairs():
+    """Three pairs of one shape with different known matrices."""
+    shape = (96, 96)
+    cases = []
+    for seed, (deg, scale, shift) in enumerate([(4, 1.03, (3, -2)), (-7, 0.97, (-4, 1)),
+                                                (2, 1.0, (1.5, 5))]):  # fmt: skip
+        m = centered_affine(_rotation(deg, scale), shift, shape)
+        fixed, moving = affine_pair(np.random.default_rng(seed), shape, m)
+        cases.append((fixed, moving, m))
+    return cases
+
+
+def test_a_batch_of_affine_pairs_gives_each_pair_its_own_run(affine_pairs):
+    fixed = [c[0] for c in affine_pairs]
+    moving = [c[1] for c in affine_pairs]
+    batch = register(fixed, moving, model="affine")
+    assert isinstance(batch, list) and len(batch) == 3
+    for result, (f, m, truth) in zip(batch, affine_pairs):
+        alone = register(f, m, model="affine")
+        assert corner_error(result.transform.matrix, truth, f.shape) < 0.05
+        # the same answer as a run of the pair alone, well within its error
+        assert corner_error(result.transform.matrix, alone.transform.matrix, f.shape) < 0.02
+        assert result.warped.shape == f.shape
+        np.testing.assert_allclose(result.similarity, alone.similarity, atol=2e-3)
+        np.testing.assert_allclose(result.initial_similarity, alone.initial_similarity, atol=1e-6)
+
+
+def test_a_batch_of_deformable_pairs_matches_one_by_one_runs():
+    shape = (64, 64)
+    cases = [deformed_pair(np.random.default_rng(s), shape, amplitude=1.5) for s in (1, 2)]
+    kwargs = dict(model="deformable", levels=2, iterations=40)
+    batch = register([c[0] for c in cases], [c[1] for c in cases], **kwargs)
+    inner = (slice(None), slice(6, -6), slice(6, -6))
+    for result, (f, m, truth) in zip(batch, cases):
+        alone = register(f, m, **kwargs).transform.to_displacement(shape)
+        field = result.transform.to_displacement(shape)
+        error = np.abs(alone - truth)[inner].mean()
+        assert np.abs(field - truth)[inner].mean() < 1.5 * error + 0.01
+        assert np.abs(field - alone)[inner].mean() < 0.5 * error + 0.01
+
+
+def test_one_template_against_many_samples(affine_pairs):
+    """One fixed image for every moving image (and the reverse): the single side is shared."""
+    f, m, truth = affine_pairs[0]
+    shifted = centered_affine(np.eye(2), (2.0, -3.0), f.shape)
+    m2 = affine_pair(np.random.default_rng(0), f.shape, shifted)[1]  # fixed is the same
+    results = register(f, [m, m2], model="affine")
+    assert corner_error(results[0].transform.matrix, truth, f.shape) < 0.05
+    assert corner_error(results[1].transform.matrix, shifted, f.shape) < 0.05
+    back = register([m, m2], f, model="translation")
+    assert len(back) == 2
+
+
+def test_progress_carries_one_transform_per_pair_and_stop_keeps_the_batch(affine_pairs):
+    fixed = [c[0] for c in affine_pairs]
+    moving = [c[1] for c in affine_pairs]
+    run = register_iter(fixed, moving, model="affine", optimizer="adam", iterations=50)
+    progress = next(run)
+    assert len(progress.transforms) == 3
+    with pytest.raises(StopIteration) as info:
+        run.send(True)
+    results = info.value.value
+    assert len(results) == 3 and all(r.stopped for r in results)
+
+
+def test_per_pair_masks_and_inits(affine_pairs):
+    f, m, truth = affine_pairs[1]
+    mask = np.zeros(f.shape, bool)
+    mask[10:-10, 10:-10] = True
+    results = register([f, f], [m, m], model="affine", mask=[mask, None], init=[truth, None])
+    for r in results:
+        assert corner_error(r.transform.matrix, truth, f.shape) < 0.05
+
+
+@pytest.mark.parametrize(
+    "fixed_n,moving_n,kwargs,match",
+    [
+        (2, 3, {}, "fixed has 2 images and moving 3"),
+        (2, 2, {"mask": [None, None, None]}, "mask holds 3 entries for 2 pairs"),
+        (2, 2, {"init": [None]}, "init holds 1 entries for 2 pairs"),
+        (2, 2, {"landmarks": (np.zeros((3, 2)), np.zeros((3, 2)))}, "landmarks apply to one"),
+    ],
+)
+def test_batch_errors_name_the_argument(affine_pairs, fixed_n, moving_n, kwargs, match):
+    f, m, _ = affine_pairs[0]
+    with pytest.raises(ValueError, match=match):
+        register([f] * fixed_n, [m] * moving_n, model="affine", **kwargs)
+
+
+def test_images_of_a_batch_must_share_a_shape(affine_pairs):
+    f, m, _ = affine_pairs[0]
+    with pytest.raises(ValueError, match=r"moving\[1\] \(80, 96\)"):
+        register([f, f], [m, m[:80]], model="affine")
+    with pytest.raises(ValueError, match="empty sequence"):
+        register([], [m])
+    with pytest.raises(ValueError, match=r"fixed\[1\] contains NaN"):
+        register([f, np.full_like(f, np.nan)], [m, m])
+
+
+def test_a_nested_list_of_numbers_is_one_image_not_a_batch():
+    rng = np.random.default_rng(0)
+    image = rng.random((40, 40))
+    result = register(image.tolist(), image, model="translation", levels=1)
+    assert not isinstance(result, list)
+    assert np.abs(result.transform.translation).max() < 0.05
