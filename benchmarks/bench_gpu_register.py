@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from scipy import ndimage as ndi
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 SECTION = "Registration on the GPU against the same machine's CPU"
 
 
@@ -236,13 +238,41 @@ def main(argv=None) -> int:
         if args.markdown:
             pathlib.Path(args.markdown).write_text(f"{head}\n{rows}\n")
 
-    emit("(no case finished)")
+    last = ["(no case finished)"]
+
+    def keep(rows: str) -> None:
+        last[0] = rows
+        emit(rows)
+
+    emit(last[0])
     try:
-        table(args.smoke, args.repeat, deadline, emit)
+        table(args.smoke, args.repeat, deadline, keep)
+        emit(last[0] + "\n\n" + batch_table(args.smoke, deadline))
     except KeyboardInterrupt:  # the GPU check's time box: the rows so far are written
         print("interrupted: the rows finished so far are kept", file=sys.stderr)
         return 1
     return 0
+
+
+def batch_table(smoke: bool, deadline: float) -> str:
+    """Issue 24's "many pairs at once": one batched register call against one call per
+    pair, on the GPU (``benchmarks/bench_batch_pairs.py``), as far as the time box lets."""
+    from bench_batch_pairs import HEADER, row
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sizes = [("deformable", 2, 64)] if smoke else [("deformable", 16, 512), ("affine", 16, 512)]
+    lines = ["### Many pairs at once (one batched call against one call per pair)", "", *HEADER]
+    for model, n, size in sizes:
+        if time.monotonic() > deadline:
+            lines.append(f"| {n} × {size}² {model} | not run: time box | | | | | |")
+            continue
+        try:
+            lines.append(row(model, n, size, device, 1))
+        except Exception as exc:  # a failure is a row
+            failure = f"failed: {type(exc).__name__}: {exc}"
+            lines.append(f"| {n} × {size}² {model} | {failure} | | | | | |")
+        print(lines[-1], flush=True)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
