@@ -110,7 +110,7 @@ def _optimizer_job(src, sl, history, value_range, ref, mean_mask, s: _OptimizerS
             progress.level,
             progress.levels,
             progress.iteration,
-            progress.loss,
+            progress.pending_loss,  # read only if someone looks (no host sync here)
             sl,
             lambda: progress.transforms,
         )

@@ -88,6 +88,13 @@ class Progress:
         return self._loss
 
     @property
+    def pending_loss(self):
+        """The loss as handed over, unread: a float, or a 0-d tensor still on the device
+        (for a snapshot passed on, e.g. as a :class:`~.stack.StackProgress`, without a
+        host sync)."""
+        return self._loss
+
+    @property
     def transforms(self) -> list:
         if self._transforms is None:
             self._transforms = self._make()
