@@ -209,3 +209,144 @@ def test_a_progress_reads_a_device_loss_only_when_asked():
         assert progress.loss == 0.25 and progress.loss == 0.25
     assert counter.syncs == 1  # read once, on first access
     assert "loss=0.25" in repr(progress)
+
+
+# -- per-pair convergence ----------------------------------------------------------------
+
+
+def _dense_pairs(shape=(48, 48)):
+    """Three different deformed pairs ``(3, 1, *S)`` each: fields of 2.5, 1 and 0 px (the
+    last pair is already registered, so it ends first)."""
+    from tests.registration.cases import deformed_pair
+
+    rng = np.random.default_rng(21)
+    pairs = [deformed_pair(rng, shape, amplitude) for amplitude in (2.5, 1.0)]
+    still = deformed_pair(rng, shape, 1.0)[0]
+    pairs.append((still, still, None))
+    fixed = torch.from_numpy(np.stack([p[0] for p in pairs])).float()[:, None]
+    moving = torch.from_numpy(np.stack([p[1] for p in pairs])).float()[:, None]
+    return fixed, moving
+
+
+def _run_dense(fixed, moving, on_progress=None, levels=2):
+    from napari_simwarp.registration.models import DenseModel
+
+    shapes = level_shapes(tuple(fixed.shape[2:]), levels)
+    model = DenseModel("deformable", tuple(fixed.shape[2:]), fixed.shape[0])
+    schedule = Schedule(iterations=40, reg_weight=1.0, report_every=1)
+    history, pair_history = [], []
+    run = optimize(
+        model,
+        build_pyramid(fixed, shapes),
+        build_pyramid(moving, shapes),
+        [None] * levels,
+        schedule,
+        history,
+        pair_history=pair_history,
+    )
+    for progress in run:
+        if on_progress is not None:
+            on_progress(progress, model)
+    return model, history, pair_history
+
+
+def test_adam_converges_per_pair_as_one_pair_at_a_time():
+    """A batch of three pairs gives each pair the transform it gets alone: every pair runs
+    its own plateau schedule (its own step, its own end). The pairs share no arithmetic,
+    so the fields differ by float32 rounding only (a pair alone and in a batch sums in
+    another order), which a few hundred Adam steps carry to about 1e-5 px; 1e-3 px is a
+    hundredth of the registration's error on these pairs."""
+    fixed, moving = _dense_pairs()
+    together, history, pair_history = _run_dense(fixed, moving)
+    alone = [_run_dense(fixed[i : i + 1], moving[i : i + 1]) for i in range(3)]
+    lengths = [len(h) for _, h, _ in alone]
+    assert len(set(lengths)) > 1  # the pairs end at different iterations
+    assert len(history) == len(pair_history) == max(lengths)
+    for i, (model, single, single_pairs) in enumerate(alone):
+        expected = model.transforms()[0].to_displacement(tuple(fixed.shape[2:]))
+        found = together.transforms()[i].to_displacement(tuple(fixed.shape[2:]))
+        np.testing.assert_allclose(found, expected, atol=1e-3)
+        assert [row[0] for row in single_pairs] == single
+    np.testing.assert_allclose(history, np.mean(pair_history, axis=1), rtol=1e-12)
+    # one level: each pair's losses, as long as it ran, are its losses alone
+    _, _, pair_history = _run_dense(fixed, moving, levels=1)
+    for i in range(3):
+        _, single, _ = _run_dense(fixed[i : i + 1], moving[i : i + 1], levels=1)
+        assert len(single) <= len(pair_history)
+        found = [row[i] for row in pair_history[: len(single)]]
+        np.testing.assert_allclose(found, single, rtol=1e-4, atol=1e-6)
+
+
+def test_a_pair_that_ended_stops_moving_while_the_others_go_on():
+    fixed, moving = _dense_pairs()
+    _, alone, _ = _run_dense(fixed[2:], moving[2:], levels=1)  # the registered pair, alone
+    fields = []
+    _run_dense(fixed, moving, lambda p, m: fields.append(m.field.detach().clone()), levels=1)
+    # one snapshot per iteration, after its step; the pair's last step was iteration
+    # len(alone) - 1, after which it ended
+    after = fields[len(alone) - 1 :]
+    assert len(after) >= 2
+    for f in after[1:]:
+        assert torch.equal(f[2], after[0][2])  # the ended pair: not a bit moved
+    assert not torch.equal(after[-1][0], after[0][0])  # the first pair went on
+    assert not torch.equal(fields[len(alone) - 2][2], after[0][2])  # it moved until then
+
+
+def _linear_pairs(shape=(48, 56)):
+    """Three different affine pairs ``(3, 1, *S)``, the last one already registered."""
+    from tests.registration.cases import affine_pair, centered_affine
+
+    rng = np.random.default_rng(5)
+    pairs = [
+        affine_pair(rng, shape, centered_affine([[1.03, 0.02], [-0.01, 0.98]], (1.5, -0.8), shape)),
+        affine_pair(rng, shape, centered_affine([[0.99, -0.03], [0.02, 1.01]], (-0.6, 1.1), shape)),
+        affine_pair(rng, shape, np.eye(3)),
+    ]
+    fixed = torch.from_numpy(np.stack([p[0] for p in pairs])).float()[:, None]
+    moving = torch.from_numpy(np.stack([p[1] for p in pairs])).float()[:, None]
+    return fixed, moving
+
+
+def _run_newton(fixed, moving, on_progress=None):
+    shape = tuple(fixed.shape[2:])
+    model = LinearModel("affine", shape, shape, fixed.shape[0])
+    schedule = Schedule(metric="ncc", optimizer="gauss-newton", iterations=30, report_every=1)
+    history, pair_history = [], []
+    run = optimize(model, [fixed], [moving], [None], schedule, history, pair_history=pair_history)
+    for progress in run:
+        if on_progress is not None:
+            on_progress(progress, model)
+    return model, history, pair_history
+
+
+def test_gauss_newton_converges_per_pair_as_one_pair_at_a_time():
+    """Each pair of a batch takes the steps it takes alone (the normal equations are per
+    pair; the CPU's bookkeeping is float64, the pixels' sums float32): the matrices agree to
+    1e-5 px of corner motion, far below the 1e-3 px convergence tolerance."""
+    from tests.registration.cases import corner_error
+
+    fixed, moving = _linear_pairs()
+    together, history, pair_history = _run_newton(fixed, moving)
+    alone = [_run_newton(fixed[i : i + 1], moving[i : i + 1]) for i in range(3)]
+    lengths = [len(h) for _, h, _ in alone]
+    assert len(set(lengths)) > 1 and len(history) == max(lengths)
+    shape = tuple(fixed.shape[2:])
+    for i, (model, single, _) in enumerate(alone):
+        found, expected = together.transforms()[i].matrix, model.transforms()[0].matrix
+        assert corner_error(found, expected, shape) < 1e-5
+        # the losses: float32 sums over the pixels, in another order in a batch
+        found = [row[i] for row in pair_history[: len(single)]]
+        np.testing.assert_allclose(found, single, rtol=1e-5)
+
+
+def test_a_gauss_newton_pair_that_converged_stops_moving():
+    fixed, moving = _linear_pairs()
+    _, alone, _ = _run_newton(fixed[2:], moving[2:])
+    thetas = []
+    _run_newton(fixed, moving, lambda p, m: thetas.append(m.flat_parameters().clone()))
+    # history: the start, then one entry per iteration; the pair took len(alone) - 1 steps
+    after = thetas[len(alone) - 2 :]
+    assert len(after) >= 2
+    for t in after[1:]:
+        assert torch.equal(t[2], after[0][2])
+    assert not torch.equal(after[-1][0], after[0][0])

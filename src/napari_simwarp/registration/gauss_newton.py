@@ -739,10 +739,22 @@ def damped_step(hessian, gradient, damping, p: int) -> torch.Tensor:
     return step.masked_fill(bad[:, None], 0.0)
 
 
-def run_level(problem: LevelProblem, iterations: int, history: list, report_every: int, progress):
+def run_level(
+    problem: LevelProblem,
+    iterations: int,
+    history: list,
+    report_every: int,
+    progress,
+    pair_history: list | None = None,
+):
     """Levenberg–Marquardt on one level, at most ``iterations`` steps: a generator that
     yields ``progress(iteration, loss)`` every ``report_every`` steps (a true value sent
-    back stops the run); the mean loss of every evaluation is appended to ``history``.
+    back stops the run); the mean loss of every evaluation is appended to ``history``, and
+    the list of the ``N`` pairs' losses to ``pair_history`` when given.
+
+    Convergence is per pair: a pair whose step moves no corner by the problem's tolerance
+    (or whose loss refuses a short step, or whose damping grew past its limit) is done and
+    takes no more steps, while the others go on; the level ends once every pair is done.
 
     Returns True when stopped. The model ends at the last step kept: a step is kept where
     it lowers that pair's loss over the weights of the point it starts from (the sum of
@@ -750,14 +762,18 @@ def run_level(problem: LevelProblem, iterations: int, history: list, report_ever
     part of the step).
     """
     if isinstance(problem, SquaresProblem):
-        return (yield from _run_on_device(problem, iterations, history, report_every, progress))
+        return (
+            yield from _run_on_device(
+                problem, iterations, history, report_every, progress, pair_history
+            )
+        )
     model = problem.model
     # The per-pair bookkeeping (parameters, losses, systems) is small: float64 on the CPU.
     theta = model.flat_parameters().cpu().double()
     n, p = theta.shape
     samples = problem.sample()
     loss = problem.loss(samples)
-    history.append(float(loss.mean()))
+    _record(loss.tolist(), history, pair_history)
     hessian, gradient = problem.normal_equations(samples)
     damping = torch.full((n,), DAMPING["start"], dtype=torch.float64, device=theta.device)
     done = torch.zeros(n, dtype=torch.bool, device=theta.device)
@@ -792,8 +808,7 @@ def run_level(problem: LevelProblem, iterations: int, history: list, report_ever
                 system = problem.normal_equations(samples)
                 hessian = torch.where(better[:, None, None], system[0], hessian)
                 gradient = torch.where(better[:, None], system[1], gradient)
-        total = float(loss.mean())
-        history.append(total)
+        total = _record(loss.tolist(), history, pair_history)
         if report_every and iteration % report_every == 0 and (yield progress(iteration, total)):
             return True
         if bool(done.all()):
@@ -801,7 +816,19 @@ def run_level(problem: LevelProblem, iterations: int, history: list, report_ever
     return False
 
 
-def _run_on_device(problem: SquaresProblem, iterations, history, report_every, progress):
+def _record(row: list, history: list, pair_history: list | None) -> float:
+    """Append the mean of the pairs' losses ``row`` to ``history`` (and ``row`` itself to
+    ``pair_history``, when given); return the mean."""
+    total = sum(row) / len(row)
+    history.append(total)
+    if pair_history is not None:
+        pair_history.append(list(row))
+    return total
+
+
+def _run_on_device(
+    problem: SquaresProblem, iterations, history, report_every, progress, pair_history=None
+):
     """:func:`run_level` for a :class:`SquaresProblem`, with one host read per iteration.
 
     Every per-pair decision (keep the step, damp it, is the pair done) is a
@@ -815,7 +842,7 @@ def _run_on_device(problem: SquaresProblem, iterations, history, report_every, p
     theta = problem.start()
     samples = problem.sample(theta)
     loss = problem.loss(samples)
-    history.append(float(loss.mean()))
+    _record(loss.tolist(), history, pair_history)
     hessian, gradient = problem.normal_equations(samples, theta)
     damping = torch.full_like(loss, DAMPING["start"])
     done = torch.zeros_like(loss, dtype=torch.bool)
@@ -846,8 +873,7 @@ def _run_on_device(problem: SquaresProblem, iterations, history, report_every, p
         if not host_reads or bool(better.any()):
             hessian, gradient = problem.normal_equations(samples, theta)
         read = torch.cat([loss, done.to(loss.dtype)]).tolist()  # the one sync
-        total, finished = sum(read[:n]) / n, all(read[n:])
-        history.append(total)
+        total, finished = _record(read[:n], history, pair_history), all(read[n:])
         if report_every and iteration % report_every == 0:
             _set_parameters(model, theta)
             if (yield progress(iteration, total)):

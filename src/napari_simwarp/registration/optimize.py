@@ -72,8 +72,9 @@ class Progress:
 
     ``transforms`` (one per image pair) and ``transform`` (the first) are computed on
     first access by ``make_transforms``, from parameters copied when the snapshot was
-    taken. ``loss`` may be handed over as a 0-d tensor still on the device: it is read
-    (a host sync) on first access only, so a snapshot nobody looks at costs no wait.
+    taken. ``loss`` (the mean over the pairs) may be handed over as the ``(N,)`` losses
+    still on the device: their mean is read (a host sync) on first access only, so a
+    snapshot nobody looks at costs no wait.
     """
 
     def __init__(self, level, levels, iteration, loss, make_transforms):
@@ -84,7 +85,7 @@ class Progress:
     @property
     def loss(self) -> float:
         if isinstance(self._loss, torch.Tensor):
-            self._loss = float(self._loss)
+            self._loss = float(self._loss.mean())
         return self._loss
 
     @property
@@ -151,6 +152,8 @@ def optimize(
     history: list,
     spacing=None,
     penalty=None,
+    *,
+    pair_history: list | None = None,
 ):
     """Run ``model`` coarse → fine; yields :class:`Progress`, returns ``(stopped, best)``.
 
@@ -165,6 +168,13 @@ def optimize(
     penalty : callable ``(level_shape) -> (N,)`` tensor, optional
         A further term of the loss at every level (the landmark constraint), differentiable
         with respect to the model's parameters
+    pair_history : list, optional
+        Receives, for every iteration (coarse levels first), the list of the ``N`` pairs'
+        losses, read with the means of ``history`` (no further host read)
+
+    Convergence is per pair: each pair has its own plateau schedule (Adam) or its own
+    convergence test (Gauss–Newton); a pair that has converged stops moving while the
+    others go on, and a level ends once every pair has.
     """
     levels = len(fixed_levels)
     full_shape = tuple(fixed_levels[-1].shape[2:])
@@ -180,8 +190,9 @@ def optimize(
         loss_fn = level_loss(schedule, shape, anisotropy)
         if schedule.optimizer == "gauss-newton":
             stopped = yield from _gauss_newton_level(
-                model, fixed, moving, weight, loss_fn, schedule, history, level, levels
-            )
+                model, fixed, moving, weight, loss_fn, schedule, history, level, levels,
+                pair_history,
+            )  # fmt: skip
             best = model.snapshot()
             if stopped:
                 break
@@ -191,12 +202,12 @@ def optimize(
         if schedule.optimizer == "lbfgs":
             stopped, best = yield from _lbfgs_level(
                 model, fixed, moving, weight, shape, loss_fn, schedule, history, penalty,
-                level, levels, iterations,
+                level, levels, iterations, pair_history,
             )  # fmt: skip
         else:
             stopped, best = yield from _adam_level(
                 model, fixed, moving, weight, shape, loss_fn, schedule, history, penalty,
-                level, levels, iterations, lr0,
+                level, levels, iterations, lr0, pair_history,
             )  # fmt: skip
         model.restore(best)
         if stopped:
@@ -235,27 +246,34 @@ def _not_finite():
 
 def _adam_level(
     model, fixed, moving, weight, shape, loss_fn, schedule, history, penalty,
-    level, levels, iterations, lr0,
+    level, levels, iterations, lr0, pair_history=None,
 ):  # fmt: skip
-    """One level by Adam with the plateau schedule (a generator returning ``(stopped,
-    best)``).
+    """One level by Adam with a plateau schedule per pair (a generator returning
+    ``(stopped, best)``).
 
-    Nothing in an iteration waits on the host: the loss of each iteration stays on the
-    device, with the best parameters and loss per pair (kept by ``torch.where``), and the
-    host reads the losses every :func:`read_every` iterations, where it runs the plateau
-    schedule over them in order (halving the step, ending the level) and checks that they
-    are finite. Progress snapshots hand the loss over unread.
+    Nothing in an iteration waits on the host: the losses ``(N,)`` of each iteration stay
+    on the device, with the best parameters and loss per pair (kept by ``torch.where``),
+    and the host reads them every :func:`read_every` iterations, where it runs each pair's
+    plateau schedule over them in order (:class:`_Plateau`: halving the pair's step, ending
+    the pair) and checks that they are finite. Progress snapshots hand the losses over
+    unread.
+
+    Each pair has its own step size. Adam's step is linear in its learning rate, so the
+    optimizer runs at the largest step of the pairs still going and each pair's update is
+    scaled by its own step over that one (a pair that ended is scaled by 0: it stops
+    moving); the level ends once every pair has ended. While the pairs share one step (N =
+    1 always) nothing is scaled.
     """
     evaluate = _level_loss_fn(model, fixed, moving, weight, shape, loss_fn, schedule, penalty)
-    lr = lr0
     params = model.parameters()
+    pairs = params[0].shape[0]
     best = model.snapshot()
     best_loss = None
-    optimizer = make_adam(params, lr)
+    optimizer = make_adam(params, lr0)
     every = read_every(fixed.device)
-    pending = []  # this level's losses (0-d, on the device) not read yet
-    reference = math.inf
-    since_progress = 0
+    pending = []  # this level's losses ((N,), on the device) not read yet
+    plateaus = [_Plateau(lr0, schedule) for _ in range(pairs)]
+    back = None  # per parameter, 1 − each pair's step over the optimizer's; None: all 1
     for iteration in range(iterations):
         optimizer.zero_grad(set_to_none=True)
         per_pair = evaluate()
@@ -270,36 +288,41 @@ def _adam_level(
                 torch.where(better.view(-1, *([1] * (p.dim() - 1))), p.detach(), b)
                 for p, b in zip(params, best)
             ]
-        mean = values.mean()
-        pending.append(mean)
+        pending.append(values)
         per_pair.sum().backward()
+        before = None if back is None else [p.detach().clone() for p in params]
         optimizer.step()
+        if before is not None:
+            with torch.no_grad():  # p ← before + (own step / optimizer's) · (p − before)
+                for p, b, w in zip(params, before, back):
+                    p.lerp_(b, w)
         end = False
         if len(pending) >= every or iteration == iterations - 1:
-            totals = torch.stack(pending).tolist() if len(pending) > 1 else [float(mean)]
+            rows = torch.stack(pending).tolist()  # (k, N): the one read
             pending = []
-            if not all(math.isfinite(t) for t in totals):
-                raise _not_finite()
-            history.extend(totals)
-            for total in totals:
-                if total < reference - schedule.tol * max(
-                    abs(reference), 1e-6
-                ) or not math.isfinite(reference):
-                    reference, since_progress = min(total, reference), 0
-                else:
-                    since_progress += 1
-                if since_progress >= schedule.patience:
-                    lr *= 0.5
-                    since_progress = 0
-                    if lr < lr0 * schedule.min_lr_factor:
-                        end = True
-                        break
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            for row in rows:
+                if not all(math.isfinite(v) for v in row):
+                    raise _not_finite()
+                history.append(sum(row) / len(row))
+                if pair_history is not None:
+                    pair_history.append(list(row))
+                for plateau, value in zip(plateaus, row):
+                    plateau.update(value)
+            steps = [p.lr for p in plateaus]
+            lr = max(steps)
+            end = lr == 0.0
+            if not end:
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                back = None
+                if any(s != lr for s in steps):
+                    scale = torch.tensor([1.0 - s / lr for s in steps], dtype=params[0].dtype)
+                    scale = scale.to(params[0].device)
+                    back = [scale.view(-1, *([1] * (p.dim() - 1))) for p in params]
         if end:
             break
         if schedule.report_every and iteration % schedule.report_every == 0:
-            loss = mean if pending else history[-1]
+            loss = values if pending else history[-1]
             signal = yield Progress(
                 level, levels, iteration, loss, lambda values=best: model.transforms(values)
             )
@@ -308,9 +331,34 @@ def _adam_level(
     return False, best
 
 
+class _Plateau:
+    """One pair's plateau schedule: its step ``lr`` is halved after ``patience`` losses
+    without a relative improvement of ``tol`` over the best so far, and set to 0 (the
+    pair has ended) once it falls below ``lr0 · min_lr_factor``."""
+
+    def __init__(self, lr0: float, schedule: Schedule):
+        self.lr, self.floor = lr0, lr0 * schedule.min_lr_factor
+        self.tol, self.patience = schedule.tol, schedule.patience
+        self.reference, self.since_progress = math.inf, 0
+
+    def update(self, value: float) -> None:
+        if self.lr == 0.0:
+            return
+        ref = self.reference
+        if not math.isfinite(ref) or value < ref - self.tol * max(abs(ref), 1e-6):
+            self.reference, self.since_progress = min(value, ref), 0
+        else:
+            self.since_progress += 1
+        if self.since_progress >= self.patience:
+            self.lr *= 0.5
+            self.since_progress = 0
+            if self.lr < self.floor:
+                self.lr = 0.0
+
+
 def _lbfgs_level(
     model, fixed, moving, weight, shape, loss_fn, schedule, history, penalty,
-    level, levels, iterations,
+    level, levels, iterations, pair_history=None,
 ):  # fmt: skip
     """One level by L-BFGS with a strong-Wolfe line search (a generator returning
     ``(stopped, best)``): the line search reads the loss at every evaluation."""
@@ -335,8 +383,11 @@ def _lbfgs_level(
                     for c, b in zip(current, state["best"])
                 ]
                 state["best_loss"] = torch.minimum(state["best_loss"], values)
-        total = float(values.mean())
+        row = values.tolist()
+        total = sum(row) / len(row)
         history.append(total)
+        if pair_history is not None:
+            pair_history.append(row)
         per_pair.sum().backward()
         state["total"] = total
         return values.sum()
@@ -373,7 +424,9 @@ def _lbfgs_level(
     return False, state["best"]
 
 
-def _gauss_newton_level(model, fixed, moving, weight, loss_fn, schedule, history, level, levels):
+def _gauss_newton_level(
+    model, fixed, moving, weight, loss_fn, schedule, history, level, levels, pair_history=None
+):
     """One level by :func:`~.gauss_newton.run_level` (a generator returning ``stopped``)."""
     iterations = schedule.iterations_at(level, levels)
     if iterations == 0:
@@ -388,7 +441,7 @@ def _gauss_newton_level(model, fixed, moving, weight, loss_fn, schedule, history
 
     return (
         yield from gauss_newton.run_level(
-            problem, iterations, history, schedule.report_every, progress
+            problem, iterations, history, schedule.report_every, progress, pair_history
         )
     )
 
