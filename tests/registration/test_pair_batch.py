@@ -119,3 +119,18 @@ def test_a_nested_list_of_numbers_is_one_image_not_a_batch():
     result = register(image.tolist(), image, model="translation", levels=1)
     assert not isinstance(result, list)
     assert np.abs(result.transform.translation).max() < 0.05
+
+
+def test_each_pair_reports_its_own_loss_history(affine_pairs):
+    """The batch's result i holds pair i's losses, not the batch's mean: its last loss is
+    its own final loss, and the pairs' histories differ."""
+    fixed = [c[0] for c in affine_pairs[:2]]
+    moving = [c[1] for c in affine_pairs[:2]]
+    results = register(fixed, moving, model="affine", optimizer="adam", iterations=20, levels=2)
+    alone = [register(f, m, model="affine", optimizer="adam", iterations=20, levels=2)
+             for f, m in zip(fixed, moving)]  # fmt: skip
+    a, b = (r.loss_history for r in results)
+    assert len(a) == len(b) and a != b
+    for result, single in zip(results, alone):
+        np.testing.assert_allclose(result.loss_history[0], single.loss_history[0], rtol=1e-5)
+        assert min(result.loss_history) == pytest.approx(min(single.loss_history), rel=0.05)

@@ -48,7 +48,8 @@ class RegistrationResult(RunResult):
         when ``moving`` is float64 (values beyond float32's range survive), else float32
     metric, levels : the similarity metric and the pyramid levels used
     (and the fields of :class:`~.optimize.RunResult`; in a batch, ``loss_history`` is the
-    pair's own, ``stopped`` and ``seconds`` the batch's)
+    pair's own loss at every iteration of the batch, ``stopped`` and ``seconds`` the
+    batch's)
     """
 
     transform: Transform
@@ -217,6 +218,7 @@ def run_pairs(prep: PreparedPairs, options: RunOptions, inits, landmarks=None,
             mdl, pairs[0], pairs[1], pairs[2], prep.fixed_grid, prep.moving_grid, prep.shape
         )
     history: list[float] = []
+    pair_history: list[list[float]] = []  # per iteration, each pair's loss
     loop = optimize(
         mdl,
         prep.fixed,
@@ -226,6 +228,7 @@ def run_pairs(prep: PreparedPairs, options: RunOptions, inits, landmarks=None,
         history,
         spacing=prep.fixed_grid.spacing,
         penalty=penalty,
+        pair_history=pair_history if prep.count > 1 else None,
     )
     # ``yield from`` passes each Progress out and each ``send`` (the stop signal) back in.
     stopped = (yield from loop)[0]
@@ -241,7 +244,7 @@ def run_pairs(prep: PreparedPairs, options: RunOptions, inits, landmarks=None,
             RegistrationResult(
                 transform=transform,
                 warped=warped[i, 0],
-                loss_history=list(history),
+                loss_history=_own_history(history, pair_history, i),
                 stopped=stopped,
                 model=options.model,
                 metric=options.metric,
@@ -258,6 +261,12 @@ def run_pairs(prep: PreparedPairs, options: RunOptions, inits, landmarks=None,
             )
         )
     return results
+
+
+def _own_history(history: list, pair_history: list, i: int) -> list[float]:
+    """Pair ``i``'s loss at every iteration of the run (one pair: the run's history). In a
+    batch, a pair that ended a level before the others keeps its last loss there."""
+    return [row[i] for row in pair_history] if pair_history else list(history)
 
 
 def _similarities(prep: PreparedPairs, options: RunOptions, mdl, measure: str, starts):
