@@ -75,6 +75,13 @@ class FrameSource:
         return int(np.prod(self.frame_shape)) * (8 if self.is_float64 else 4)
 
     @property
+    def field_bytes(self) -> int:
+        """Bytes of one frame's dense transform (a ``(D, *S)`` displacement, as the frame's
+        float dtype): what a deformable or diffeomorphic run holds per frame until it
+        returns."""
+        return len(self.frame_shape) * self.frame_bytes
+
+    @property
     def is_float64(self) -> bool:
         return np.dtype(getattr(self.data, "dtype", np.float32)) == np.float64 or (
             isinstance(self.data, torch.Tensor) and self.data.dtype == torch.float64
