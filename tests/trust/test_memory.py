@@ -221,3 +221,51 @@ def test_a_chunk_larger_than_the_budget_is_refused_before_reading(tmp_path, kind
     with pytest.raises(MemoryError, match=r"rechunk stack to one frame per chunk"):
         register_stack(data, memory_budget="4MiB")
     assert reads == []
+
+
+_APPLY_RUN = r"""
+import json, sys
+import numpy as np, dask.array as da, zarr
+from napari_simwarp.registration.transforms import AffineTransform
+
+T, N, budget, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+base = np.random.default_rng(0).integers(0, 60000, (N, N), dtype=np.uint16)
+
+def block(block_info=None):  # 16 frames per chunk, made when read
+    lo, hi = block_info[None]["array-location"][0]
+    return np.stack([np.roll(base, t, 0) for t in range(lo, hi)])
+
+chunks = tuple(min(16, T - s) for s in range(0, T, 16))
+data = da.map_blocks(block, chunks=(chunks, (N,), (N,)), dtype=np.uint16)
+t = AffineTransform(np.array([[1, 0, 2.5], [0, 1, -1.5], [0, 0, 1.0]]))
+t.apply(data[:2], memory_budget=budget).compute()  # one-time costs
+
+def rss(field):
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field))
+
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+before = rss("VmRSS:")
+moved = t.apply(data, memory_budget=budget)
+z = zarr.open_array(out, mode="w", shape=moved.shape, chunks=(1, N, N), dtype=moved.dtype)
+da.store(moved, z, lock=False)
+print(json.dumps({"growth": rss("VmHWM:") - before}))
+"""
+
+
+@_linux_peak
+def test_apply_on_a_stack_chunked_over_many_frames_stays_within_the_budget(tmp_path):
+    """Transform.apply of a lazy (128, 256, 256) uint16 stack with 16 frames per chunk,
+    stored frame by frame (32 MiB as float32), with a 4 MiB budget: the input's 16-frame
+    chunks made tasks of 16 frames (22 MiB), refused; now tasks of fewer frames."""
+    budget = 4 * 2**20
+    run = subprocess.run(
+        [sys.executable, "-c", _APPLY_RUN, "128", "256", str(budget), str(tmp_path / "o.zarr")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert run.returncode == 0, run.stderr
+    growth = json.loads(run.stdout.strip().splitlines()[-1])["growth"]
+    assert growth <= budget + OVERHEAD, f"grew by {growth / 2**20:.0f} MiB"
