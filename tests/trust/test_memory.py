@@ -269,3 +269,47 @@ def test_apply_on_a_stack_chunked_over_many_frames_stays_within_the_budget(tmp_p
     assert run.returncode == 0, run.stderr
     growth = json.loads(run.stdout.strip().splitlines()[-1])["growth"]
     assert growth <= budget + OVERHEAD, f"grew by {growth / 2**20:.0f} MiB"
+
+
+_CLI_RUN = r"""
+import json, sys
+from napari_simwarp import _cli
+
+small, big, out, budget = sys.argv[1:5]
+assert _cli.main(["register-stack", small, "-o", out + ".warm.npy", "--quiet"]) == 0
+
+def rss(field):
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field))
+
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+before = rss("VmRSS:")
+code = _cli.main(["register-stack", big, "-o", out, "--memory-budget", budget, "--quiet"])
+print(json.dumps({"code": code, "growth": rss("VmHWM:") - before}))
+"""
+
+
+@_linux_peak
+def test_the_cli_holds_a_large_npy_stack_within_the_budget(tmp_path):
+    """register-stack of a (256, 256, 256) uint16 .npy (32 MiB) with an 8 MiB budget: the
+    frames were read through one memory map kept open and the output written through
+    another, whose pages stayed in the resident set (it grew by both files); now each read
+    maps the input afresh and the output is written through the file."""
+    base = np.random.default_rng(0).integers(0, 60000, (264, 264), dtype=np.uint16)
+    big = np.lib.format.open_memmap(tmp_path / "big.npy", "w+", np.uint16, (256, 256, 256))
+    for t in range(256):
+        big[t] = base[t % 8 : t % 8 + 256, t % 8 : t % 8 + 256]
+    big.flush()
+    del big
+    np.save(tmp_path / "small.npy", np.stack([base[:256, :256]] * 3))
+    budget = 8 * 2**20
+    run = subprocess.run(
+        [sys.executable, "-c", _CLI_RUN, str(tmp_path / "small.npy"), str(tmp_path / "big.npy"),
+         str(tmp_path / "out.npy"), str(budget)],
+        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["code"] == 0
+    assert result["growth"] <= budget + OVERHEAD, f"grew by {result['growth'] / 2**20:.0f} MiB"
