@@ -90,3 +90,38 @@ def test_chunks_are_checked():
     x = da.arange(64.0, chunks=8).reshape(8, 8)
     with pytest.raises(ValueError, match="unknown chunk sizes"):
         t.apply(x[x[:, 0] > 3])
+
+
+def test_a_stack_chunked_over_many_frames_gives_tasks_that_fit_the_budget(rng):
+    """16 float32 frames of 64² per chunk (256 KiB); each frame's task holds about
+    64² * (4 + 8 + 12) bytes (96 KiB): a 300 KiB budget takes two frames a task on one
+    thread (the tasks were the input's 16 frames, refused however small the frames). The
+    values are the in-memory apply's."""
+    import dask
+
+    stack = ndimage.gaussian_filter(rng.random((32, 64, 64)), (0, 2, 2)).astype(np.float32)
+    t = _transforms(rng, (64, 64))[0]
+    lazy = da.from_array(stack, chunks=(16, 64, 64))
+    with dask.config.set(scheduler="threads", num_workers=1):
+        got = t.apply(lazy, memory_budget=300 * 2**10)
+    assert max(got.chunks[0]) == 2
+    np.testing.assert_allclose(got.compute(), t.apply(stack), atol=1e-5, rtol=0)
+    with dask.config.set(scheduler="threads", num_workers=2):  # two at once: one each
+        assert max(t.apply(lazy, memory_budget=300 * 2**10).chunks[0]) == 1
+
+
+def test_work_that_cannot_fit_the_budget_is_refused_before_reading(rng):
+    t = _transforms(rng, (64, 64))[0]
+    reads = []
+
+    def block(block_info=None):
+        reads.append(1)
+        return np.zeros((16, 64, 64))
+
+    meta = np.empty((0, 0, 0))
+    lazy = da.map_blocks(block, chunks=((16, 16), (64,), (64,)), dtype=np.float64, meta=meta)
+    with pytest.raises(MemoryError, match=r"one chunk of array \(shape \(16, 64, 64\)\)"):
+        t.apply(lazy, memory_budget="256KiB")  # the 512 KiB chunk is read whole
+    with pytest.raises(MemoryError, match=r"one plane\) needs .* choose smaller chunks"):
+        t.apply(lazy.rechunk((1, 64, 64)), memory_budget="64KiB")  # one frame: 115 KiB
+    assert reads == []

@@ -100,11 +100,13 @@ def write_stack(path, stack, *, dtype=None, progress=None) -> pathlib.Path:
 
     try:
         if suffix == ".npy":
-            out = np.lib.format.open_memmap(partial, mode="w+", dtype=dtype, shape=shape)
-            for t, frame in enumerate(frames()):
-                out[t] = frame
-            out.flush()
-            del out
+            # Written through the file, not a memory map: a map's dirty pages stay in the
+            # resident set until it is closed (a 64 MiB output grew it by 64 MiB).
+            with open(partial, "wb") as f:
+                header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False}
+                np.lib.format.write_array_header_1_0(f, {**header, "shape": shape})
+                for frame in frames():
+                    f.write(np.ascontiguousarray(frame, dtype).tobytes())
         else:
             import tifffile
 

@@ -72,3 +72,19 @@ def active_client():
         return get_client()
     except ValueError:  # no client
         return None
+
+
+def local_tasks() -> int:
+    """How many tasks dask computes at once in this process: the threaded scheduler's
+    threads (``num_workers`` in dask's config, else one per CPU), 1 with the synchronous
+    scheduler; 1 with a ``dask.distributed`` client active (its tasks hold their workers'
+    memory, not this process's). Tasks sized from a memory budget divide it by this."""
+    if active_client() is not None:
+        return 1
+    import dask
+    from dask.system import CPU_COUNT
+
+    scheduler = dask.config.get("scheduler", None)
+    if scheduler in ("sync", "synchronous", "single-threaded"):
+        return 1
+    return max(1, int(dask.config.get("num_workers", None) or CPU_COUNT))

@@ -130,8 +130,13 @@ def _run(fn, src, device, *args):
 
     src, dev = _on_worker(src, device)
     args = [_to(a, dev) for a in args]
-    with dask.config.set(scheduler="synchronous"), device_slot(dev):
-        return _to(fn(src, *args), "cpu")
+    try:
+        with dask.config.set(scheduler="synchronous"), device_slot(dev):
+            return _to(fn(src, *args), "cpu")
+    finally:
+        # The batch freed in this worker thread's malloc arena goes back to the system, as
+        # after a local batch (a threaded LocalCluster grew by 196 MiB over a 64 MiB budget)
+        trim.release()
 
 
 def _run_job(job, src, device, sl, *shared):

@@ -58,6 +58,9 @@ class FrameSource:
             )
         if 0 in self.shape:
             raise ValueError(f"{name} must not be empty, got shape {self.shape}")
+        self._keep = 0  # bytes of frames kept between passes (see keep)
+        self._kept: dict[int, np.ndarray] = {}
+        self._kept_bytes = 0
         if not self.lazy:  # lazy stacks had their dtype checked without reading
             self.raw(slice(0, 1))  # dtype checks (numbers, real) on one frame, in memory
 
@@ -73,6 +76,13 @@ class FrameSource:
     def frame_bytes(self) -> int:
         """Bytes of one frame as it is computed on (float32, or float64)."""
         return int(np.prod(self.frame_shape)) * (8 if self.is_float64 else 4)
+
+    @property
+    def field_bytes(self) -> int:
+        """Bytes of one frame's dense transform (a ``(D, *S)`` displacement, as the frame's
+        float dtype): what a deformable or diffeomorphic run holds per frame until it
+        returns."""
+        return len(self.frame_shape) * self.frame_bytes
 
     @property
     def is_float64(self) -> bool:
@@ -109,11 +119,59 @@ class FrameSource:
                 f"{self.name}.rechunk((1, ...)); Zarr: chunks (1, *frame shape))",
             )
 
+    def keep(self, limit: int) -> None:
+        """Keep up to ``limit`` bytes of a lazy stack's frames, as read (their own dtype),
+        for the passes after the first: a drift correction reads the stack two to five
+        times (registration, a mean, the scores), each read of a slow store paid again.
+
+        The first frames read are kept and never evicted (the passes scan the stack in
+        order, so a least-recently-used cache would lose every frame before it is read
+        again); a stack that fits is then read once. ``limit`` is the part of the memory
+        budget the run does not otherwise use; 0 (the default) keeps nothing. Not kept
+        on a ``dask.distributed`` worker (a copy sent there keeps nothing): its memory is
+        the worker's, and each task reads its own frames.
+        """
+        self._keep = max(0, int(limit)) if self.lazy else 0
+        self._kept, self._kept_bytes = {}, 0
+
+    def _read_kept(self, frames: slice) -> np.ndarray:
+        """Frames ``frames`` of a lazy stack as NumPy ``(n, *S)``, from the kept frames
+        where all of them are kept, else read (and kept while the limit allows)."""
+        index = range(*frames.indices(self.total))
+        if index.step != 1 or not any(t in self._kept for t in index):
+            part = lazy.read(self.data, frames)
+        else:  # the runs of frames not kept read, each once
+            part = np.empty((len(index), *self.frame_shape), np.dtype(self.data.dtype))
+            t = index.start
+            while t < index.stop:
+                if t in self._kept:
+                    part[t - index.start] = self._kept[t]
+                    t += 1
+                    continue
+                end = next((u for u in range(t, index.stop) if u in self._kept), index.stop)
+                part[t - index.start : end - index.start] = lazy.read(self.data, slice(t, end))
+                t = end
+        size = int(np.prod(self.frame_shape)) * part.dtype.itemsize
+        for i, t in enumerate(index):
+            if t not in self._kept and self._kept_bytes + size <= self._keep:
+                frame = part[i].copy()  # not a view: it would hold the whole batch
+                frame.flags.writeable = False
+                self._kept[t] = frame
+                self._kept_bytes += size
+        return part
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.update(_keep=0, _kept={}, _kept_bytes=0)  # frames stay in this process
+        return state
+
     def raw(self, frames: slice) -> torch.Tensor:
         """Frames ``frames`` as given (float32, or float64 for float64 stacks), on the device,
         ``(n, *S)``; raises for NaN/Inf or non-numeric values."""
         if isinstance(self.data, torch.Tensor):
             part = self.data[frames]
+        elif self._keep:
+            part = self._read_kept(frames)
         else:
             part = lazy.read(self.data, frames)
         return _inputs.to_tensor(part, self.name, leading=1).to(self.device)

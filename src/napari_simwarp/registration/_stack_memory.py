@@ -44,11 +44,12 @@ def _frame_work(src: FrameSource, metric, dense: bool) -> int:
     return _inputs.estimate_bytes(1, src.frame_shape, metric, dense)
 
 
-def _held_bytes(src: FrameSource, batch: int) -> int:
+def _held_bytes(src: FrameSource, batch: int, dense: bool = False) -> int:
     """RAM held besides the batch's work: the aligned stack when it is returned in memory,
-    the frames the reference keeps (up to four), and a batch as read."""
+    the frames the reference keeps (up to four), a batch as read, and a dense model's
+    result (one full-resolution field per frame, held to the end: issue 28)."""
     frames = 4 + batch + (0 if src.lazy else src.total)
-    return frames * src.frame_bytes
+    return frames * src.frame_bytes + (src.total * src.field_bytes if dense else 0)
 
 
 def _batch_size(batch_size, src, metric, dense, budgets) -> int:
@@ -69,7 +70,7 @@ def _batch_size(batch_size, src, metric, dense, budgets) -> int:
         return min(int(batch_size), src.total)
     ram, device = budgets
     per = _frame_work(src, metric, dense)
-    room = device.bytes - (_held_bytes(src, 0) if device is ram else 0)
+    room = device.bytes - (_held_bytes(src, 0, dense) if device is ram else 0)
     fit = int(room // max(per + (src.frame_bytes if device is ram else 0), 1))
     if device is ram:
         fit = min(fit, max(CPU_BATCH_BYTES, src.total * src.frame_bytes // 4) // per)
@@ -93,10 +94,15 @@ def _check_stack_memory(src, batch, metric, dense, model, budgets, batch_given=T
     ram, device = budgets
     src.check_chunks(ram)  # a chunk is read whole: it must fit before any batch can
     work = batch * _frame_work(src, None if model == "translation" else metric, dense)
-    held = _held_bytes(src, batch)
+    held = _held_bytes(src, batch, dense)
     what = (
         f"aligning {src.total} frames of shape {src.frame_shape} (batches of {batch}"
         + ("" if src.lazy else ", the aligned stack in memory")
+        + (
+            f", a {model} field per frame: {_budget.format_bytes(src.total * src.field_bytes)}"
+            if dense
+            else ""
+        )
         + ")"
     )
     if device is ram:

@@ -169,6 +169,7 @@ def _optimizer_route(
     transforms = []
     for part, sl in zip(parts, batches(total, batch)):
         transforms += part or [_identity(options.model, shape, grid)] * (sl.stop - sl.start)
+    del parts  # the batches' lists: _chain frees each pair's field as it goes
     if previous:
         transforms = _chain(transforms, options.model, shape, grid)
     return transforms
@@ -187,7 +188,8 @@ def _chain(pairwise, model, shape, grid: Grid):
             out.append(AffineTransform(p.matrix @ out[-1].matrix, model).with_grids(grid, grid))
         return out
     current = torch.zeros(1, len(shape), *shape)
-    for p in pairwise:
+    for i, p in enumerate(pairwise):
+        pairwise[i] = None  # each pair's field freed once chained: T fields held, not 2T
         current = compose(torch.as_tensor(p.to_displacement(shape))[None], current)
         out.append(DisplacementTransform(current[0].numpy()).with_grids(grid, grid))
     return out

@@ -22,6 +22,7 @@ import torch
 
 from ..io import budget as _budget
 from ..io import lazy, trim
+from ..io.tasks import local_tasks
 from ..ops import warp_affine
 from ..ops._sampling import _pad_singleton_axes, displacement_to_grid, grid_sample
 
@@ -41,8 +42,10 @@ def apply_chunked(transform, array, *, order: int, output_shape, chunks, memory_
     output_shape : the spatial output shape ``S_out`` (None: ``S``)
     chunks : int or ``D`` ints, the output's spatial chunk shape; None: the input's spatial
         chunks (when regular), else :data:`DEFAULT_CHUNK`. Leading axes keep the input's.
-    memory_budget : bytes or a size string; each task's input box and output chunk must
-        fit (checked before anything is read)
+    memory_budget : bytes or a size string (default: :mod:`napari_simwarp.io.budget`'s);
+        each task's input box and output chunk must fit (checked before anything is read):
+        tasks take fewer planes of the leading axes than the input's chunks hold where
+        those would not fit, and an input chunk larger than the budget is refused
 
     Returns
     -------
@@ -65,8 +68,10 @@ def apply_chunked(transform, array, *, order: int, output_shape, chunks, memory_
     dtype = _output_dtype(np.dtype(src.dtype), order)
     field = None if hasattr(transform, "matrix") else transform.to_displacement(out_shape)
     plans = _plans(transform, field, out_chunks, spatial, order)
-    _check_budget(plans, src, d, dtype, memory_budget)
-    return _assemble(src, transform, field, plans, out_chunks, d, order, dtype)
+    budget = _budget.memory_budget(memory_budget)
+    _check_source_chunks(src, budget)
+    lead_chunks = _lead_chunks(src.chunks[: src.ndim - d], _plane_bytes(plans, src), budget)
+    return _assemble(src, transform, field, plans, out_chunks, lead_chunks, d, order, dtype)
 
 
 def _output_dtype(dtype: np.dtype, order: int) -> np.dtype:
@@ -123,27 +128,53 @@ def _plans(transform, field, out_chunks, spatial, order) -> dict:
     return plans
 
 
-def _check_budget(plans, src, d, dtype, memory_budget) -> None:
-    lead = math.prod(max(c) for c in src.chunks[: src.ndim - d]) if src.ndim > d else 1
+def _plane_bytes(plans, src) -> int:
+    """The most one task holds per plane of the leading axes: its input box as read and as
+    float, its output chunk and the output's float work copy."""
     worst = 0
     for region, box in plans.values():
         box_px = 0 if box is None else math.prod(s.stop - s.start for s in box)
         out_px = math.prod(s.stop - s.start for s in region)
-        # the box as read and as float, the output chunk and its float work copy
-        worst = max(worst, lead * (box_px * (src.dtype.itemsize + 8) + out_px * 12))
+        worst = max(worst, box_px * (src.dtype.itemsize + 8) + out_px * 12)
+    return worst
+
+
+def _check_source_chunks(src, budget) -> None:
+    """Refuse, before reading, an input whose one chunk exceeds ``budget``: any box read
+    from it reads that chunk whole."""
+    shape = tuple(max(c) for c in src.chunks)
     _budget.refuse(
-        worst,
-        _budget.memory_budget(memory_budget),
-        what="one output chunk of apply (its input box and output)",
-        advice="choose smaller chunks",
+        math.prod(shape) * src.dtype.itemsize,
+        budget,
+        what=f"one chunk of array (shape {shape}), read whole to get any part of it,",
+        advice="rechunk array to smaller chunks (dask: array.rechunk(...); Zarr: smaller chunks)",
     )
 
 
-def _assemble(src, transform, field, plans, out_chunks, d, order, dtype):
+def _lead_chunks(chunks, plane: int, budget) -> tuple:
+    """The leading axes' chunks of the tasks: the input's, split (the largest chunks
+    halved, in turn) until the tasks dask runs at once fit ``budget`` together (``plane``
+    bytes per plane; one plane per task at least). A stack chunked over 16 frames then
+    gives tasks of fewer frames instead of a refusal, each slicing its frames out of the
+    chunk it reads. Refuses when one plane's task cannot fit."""
+    _budget.refuse(
+        plane,
+        budget,
+        what="one output chunk of apply (its input box and output, one plane)",
+        advice="choose smaller chunks (chunks=)",
+    )
+    share = budget.bytes // local_tasks()  # dask runs that many tasks at once
+    out = [tuple(c) for c in chunks]
+    while out and math.prod(max(c) for c in out) * plane > max(share, plane):
+        axis = max(range(len(out)), key=lambda a: max(out[a]))
+        out[axis] = tuple(p for n in out[axis] for p in ((n + 1) // 2, n // 2) if p)
+    return tuple(out)
+
+
+def _assemble(src, transform, field, plans, out_chunks, lead_chunks, d, order, dtype):
     import dask
     import dask.array as da
 
-    lead_chunks = src.chunks[: src.ndim - d]
     spatial = tuple(src.shape[src.ndim - d :])
     matrix = getattr(transform, "matrix", None)
     blocks = {}

@@ -132,7 +132,7 @@ class Transform:
         """Displacement ``d``, shape ``(D, *shape)`` float32, with fixed(x) ≈ moving(x + d(x))."""
         raise NotImplementedError
 
-    def apply(self, array, order: int = 1, output_shape=None, chunks=None):
+    def apply(self, array, order: int = 1, output_shape=None, chunks=None, memory_budget=None):
         """Resample ``array`` (``(*C, *S)``, any leading axes) onto the fixed grid.
 
         Parameters
@@ -151,6 +151,12 @@ class Transform:
             ``chunks`` is given) gives a lazy ``dask.array.Array`` whose chunks each read
             only the input region they need (:mod:`.chunked`); default chunks: the
             input's.
+        memory_budget : int or str, optional
+            For lazy results: bytes one task (one output chunk, its input box) may hold
+            ("512MiB"; default ``SIMWARP_MEMORY_BUDGET``, else half the free memory).
+            Tasks take fewer leading planes than the input's chunks where those would
+            not fit; work whose one plane or input chunk cannot fit is refused before
+            anything is read. Not used for NumPy results.
 
         Returns
         -------
@@ -161,7 +167,14 @@ class Transform:
         if chunks is not None or is_lazy(array):
             from .chunked import apply_chunked
 
-            return apply_chunked(self, array, order=order, output_shape=output_shape, chunks=chunks)
+            return apply_chunked(
+                self,
+                array,
+                order=order,
+                output_shape=output_shape,
+                chunks=chunks,
+                memory_budget=memory_budget,
+            )
         src, lead, spatial = _source(array, self.ndim)
         out_shape = self._output_shape(spatial, output_shape)
         if order == 0:
@@ -480,9 +493,9 @@ class VelocityTransform(_FieldTransform):
         v = torch.as_tensor(_resize_field(self.velocity, shape)).unsqueeze(0)
         return integrate_velocity(v, self.steps)[0].numpy()
 
-    def apply(self, array, order: int = 1, output_shape=None, chunks=None):
+    def apply(self, array, order: int = 1, output_shape=None, chunks=None, memory_budget=None):
         if chunks is not None or is_lazy(array):
-            return super().apply(array, order, output_shape, chunks)
+            return super().apply(array, order, output_shape, chunks, memory_budget)
         _, _, spatial = _source(array, self.ndim)
         shape = spatial if output_shape is None else output_shape
         return DisplacementTransform(self.to_displacement(shape)).apply(array, order, output_shape)
