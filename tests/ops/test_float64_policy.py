@@ -79,15 +79,9 @@ def _calls(rng):
 #: fix makes them pass, and the mark must then go).
 STILL_FLOAT64 = {
     "local_ncc": "the moment engine redoes risky tiles in float64 (_moments._tiled_pointwise)",
-    "ncc": "global sums in accumulate_dtype (float64 on CUDA)",
-    "mutual_information": "histogram entropies in float64",
-    "similarity_gradient": "ncc's float64 sums",
 }
-#: ... on the pure torch path only (the compiled CUDA kernels sum in compensated float32)
-STILL_FLOAT64_TORCH = {
-    "local_std": "the torch local std sums in accumulate_dtype (float64 on CUDA)",
-    "match_template": "its window energy through the torch local std",
-}
+#: ... on the pure torch path only
+STILL_FLOAT64_TORCH: dict[str, str] = {}
 OPERATORS = [
     "local_std",
     "local_ncc",

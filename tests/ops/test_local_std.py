@@ -239,3 +239,77 @@ class TestLocalStd:
             local_std(x, window=3, normalize="yes")
         with pytest.raises(ValueError, match="eps"):
             local_std(x, window=3, eps=-1.0)
+
+
+@pytest.mark.usefixtures("float32_moments")
+class TestGpuPolicy:
+    """The GPU's rule forced on the CPU: float32 data summed in compensated float32, no
+    float64 (the pure torch path: ops/_reference/compensated.py; the compiled CPU
+    kernels keep their float64 sums and are tested above)."""
+
+    @pytest.mark.parametrize("kind", ["natural", "microscopy"])
+    @pytest.mark.parametrize("padding", PADDINGS)
+    @pytest.mark.parametrize(
+        "shape, window", [((96, 80), 15), ((64, 70), (3, 9)), ((24, 20, 22), 5)]
+    )
+    def test_float32_against_scipy_float64(self, rng, backend, kind, padding, shape, window):
+        x = _image(kind, rng, shape)
+        ref = _scipy_std(x, window, padding)
+        out = local_std(_as_tensor(x, "cpu"), window=window, padding=padding)
+        out = out[0, 0].double().numpy()
+        mask = ref > 1e-3 * (x.max() - x.min())
+        assert (np.abs(out - ref)[mask] / ref[mask]).max() < 1e-4
+
+    @pytest.mark.parametrize("offset", [1000.0, -3.0e6])
+    def test_dark_windows_beside_bright_ones(self, rng, backend, offset):
+        # A large offset, a flat dim half (spread 1) beside a bright one (spread 1e4):
+        # plain float32 sums lose every digit of the dim windows' variance.
+        x = offset + rng.standard_normal((64, 48))
+        x[:32] += 1e4 * rng.standard_normal((32, 48))
+        x = x.astype(np.float32).astype(np.float64)  # the data float32 holds
+        out = local_std(_as_tensor(x, "cpu"), window=7)[0, 0].double().numpy()
+        # NumPy's two-pass std of every window (SciPy's E[x²] - E[x]² loses 1e-2 here,
+        # even in float64), "reflect" being NumPy's "symmetric"
+        windows = np.lib.stride_tricks.sliding_window_view(np.pad(x, 3, "symmetric"), (7, 7))
+        ref = windows.std(axis=(-2, -1))
+        assert (np.abs(out - ref) / ref).max() < 1e-4
+
+    @pytest.mark.parametrize("padding", ["reflect", "constant"])
+    def test_gradient_against_float64_reference(self, rng, backend, padding):
+        x = images.microscopy(rng, (96, 90))
+        upstream = torch.from_numpy(rng.standard_normal((1, 1, 96, 90)))
+        x64 = _as_tensor(x, "cpu", torch.float64).requires_grad_()
+        (ref,) = torch.autograd.grad(_reference_std_torch(x64, (15, 15), padding), x64, upstream)
+        x32 = _as_tensor(x, "cpu").requires_grad_()
+        (grad,) = torch.autograd.grad(
+            local_std(x32, window=15, padding=padding), x32, upstream.float()
+        )
+        assert (grad.double() - ref).abs().max() < 1e-4 * ref.abs().max()
+
+    @pytest.mark.parametrize("normalized", [True, False])
+    @pytest.mark.parametrize("offset", [0.0, 1000.3, -7.1e5, 3.0e30])
+    def test_constant_is_flat(self, backend, normalized, offset):
+        x = torch.full((1, 2, 16, 12), offset, requires_grad=True)
+        out = local_std(x, window=5, normalize=normalized, eps=1e-8)
+        torch.testing.assert_close(out, torch.full_like(out, 0.0 if normalized else 1e-4))
+        (grad,) = torch.autograd.grad(out.sum(), x)
+        assert torch.isfinite(grad).all() and (grad == 0).all()
+
+
+def test_compensated_primitives_are_error_free(rng):
+    from napari_simwarp.ops._reference import compensated
+
+    a = torch.from_numpy(rng.standard_normal(4000) * 10.0 ** rng.integers(-8, 8, 4000)).float()
+    b = torch.from_numpy(rng.standard_normal(4000) * 10.0 ** rng.integers(-8, 8, 4000)).float()
+    s, e = compensated.two_sum(a, b)
+    assert ((s.double() + e.double()) == a.double() + b.double()).all()
+    p, e = compensated.exact_square(a)
+    assert ((p.double() + e.double()) == a.double() ** 2).all()
+    p, e = compensated.exact_scaled(a, 225.0)
+    assert ((p.double() + e.double()) == a.double() * 225.0).all()
+    # Window sums of 1 + tiny values: float32 alone loses the tiny ones, the pair keeps them.
+    x = (1.0 + torch.from_numpy(rng.standard_normal((1, 40))) * 1e-9).float()
+    tiny = torch.from_numpy(rng.standard_normal((1, 40)) * 1e-9).float()
+    hi, lo = compensated.box_sum_valid((x, tiny), (9,))
+    ref = np.convolve(x.double().numpy()[0] + tiny.double().numpy()[0], np.ones(9), "valid")
+    assert np.abs(hi.double().numpy()[0] + lo.double().numpy()[0] - ref).max() < 1e-12

@@ -372,3 +372,37 @@ def test_gpu_policy_scores_windows_float32_cannot_resolve_as_flat(rng):
     assert scored.mean() > 0.5
     np.testing.assert_allclose(out[scored], ref[scored], rtol=0, atol=1e-4)
     assert out[280, 5] == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "shape, tshape", [((300, 280), (16, 12)), ((260, 300), (9, 16)), ((70, 60, 72), (5, 6, 4))]
+)
+def test_packed_blocks_equal_one_transform_per_block(rng, shape, tshape):
+    # The CPU's route without autograd transforms two blocks per complex FFT; the numerator
+    # must be the per-block real transforms' (odd and even block counts, 2-D and 3-D), and
+    # each block's noise scale the norm of its pair.
+    from napari_simwarp.ops import _blocked_cc
+
+    y = torch.from_numpy(images.microscopy(rng, shape)).float()[None, None] / 2048
+    tpl = torch.from_numpy(rng.standard_normal(tshape))[None, None]
+    unit = ((tpl - tpl.mean()) / (tpl - tpl.mean()).norm()).float()
+    out_shape = [n - t + 1 for n, t in zip(shape, tshape)]
+    grid = _blocked_cc.block_grid(out_shape, tshape)
+    assert grid.counts[-1] > 1
+    packed, pair_norm = _blocked_cc._packed_numerator(y, unit, grid)
+    centered, norm = _blocked_cc._center_blocks(
+        grid.tiles(_blocked_cc._extend(y, grid)), len(shape)
+    )
+    spectrum = _blocked_cc._template_spectrum(unit, grid)
+    plain = grid.untile(_blocked_cc._numerator(centered, spectrum, grid))
+    assert packed.shape == plain.shape == (1, 1, *out_shape)
+    scale = float(norm.max())
+    assert (packed - plain).abs().max() < 1e-5 * scale
+    # pair norms: blocks 2j and 2j + 1 along the last block axis share sqrt(n² + n'²)
+    flat = norm.flatten(-len(shape))[..., 0]
+    n_last = flat.shape[-1]
+    for j in range(n_last):
+        mate = j ^ 1 if (j ^ 1) < n_last else None
+        expected = flat[..., j] if mate is None else torch.hypot(flat[..., j], flat[..., mate])
+        got = pair_norm.flatten(-len(shape))[..., 0][..., j]
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)

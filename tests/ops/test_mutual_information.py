@@ -19,6 +19,7 @@ from napari_simwarp.ops.mutual_information import (
     score_curvature,
     score_of_joint,
 )
+from tests import images
 from tests.images import random_smooth
 from tests.ops.mutual_information_reference import _weights, mutual_information_reference
 
@@ -307,3 +308,41 @@ def test_score_curvature_is_autograds_second_derivative(rng, kernel, normalize):
     expected = torch.einsum("nijq,nijr->nqr", moves, torch.stack(products, -1))
     torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-12 * expected.abs().max())
     assert expected.abs().max() > 0
+
+
+@pytest.mark.usefixtures("float32_moments")
+@pytest.mark.parametrize("kernel", ["bspline", "gaussian"])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_gpu_policy_float32_agrees_with_float64_on_offset_data(rng, kernel, normalize):
+    # The GPU's rule (entropies in float32, no float64) forced on the CPU, on camera-like
+    # data with a large offset and a non-linear relation: the score against the
+    # independent float64 reference, the gradients against float64 autograd.
+    a = images.microscopy(rng, (96, 90))
+    b = 30.0 * np.sqrt(a - 900.0) + rng.normal(0.0, 3.0, a.shape) + 500.0
+    a32 = torch.from_numpy(a).float()[None, None].requires_grad_()
+    b32 = torch.from_numpy(b).float()[None, None].requires_grad_()
+    out = mutual_information(a32, b32, kernel=kernel, normalize=normalize)
+    assert out.dtype == torch.float32
+    ref = mutual_information_reference(a, b, kernel=kernel, normalize=normalize)
+    assert abs(float(out.detach()) - ref) < 1e-5
+    grads = torch.autograd.grad(out.sum(), (a32, b32))
+    a64 = torch.from_numpy(a)[None, None].requires_grad_()
+    b64 = torch.from_numpy(b)[None, None].requires_grad_()
+    out64 = mutual_information(a64, b64, kernel=kernel, normalize=normalize)
+    refs = torch.autograd.grad(out64.sum(), (a64, b64))
+    for grad, grad64 in zip(grads, refs):
+        assert (grad.double() - grad64).abs().max() < 1e-4 * grad64.abs().max()
+
+
+@pytest.mark.usefixtures("float32_moments")
+@pytest.mark.parametrize("normalize", [False, True])
+def test_gpu_policy_score_curvature_in_float32_is_within_1e4_of_float64(rng, normalize):
+    a, b, w = _rows(rng, m=2, p=400)
+    as_t = torch.from_numpy
+    frames = parzen_frames(as_t(a), as_t(b), as_t(w), 16, "bspline", 1.0)
+    joint = joint_histogram(frames[0], frames[1], as_t(w), frames[3])
+    moves = joint_jacobian(*frames[:3], as_t(w), frames[3], as_t(rng.standard_normal((2, 3, 400))))
+    got = score_curvature(joint.float(), moves.float(), normalize)
+    assert got.dtype == torch.float32
+    expected = score_curvature(joint, moves, normalize)  # float64 data stays float64
+    assert (got.double() - expected).abs().max() < 1e-4 * expected.abs().max()

@@ -108,3 +108,43 @@ class TestNcc:
         for dtype in (torch.int32, torch.bool, torch.complex64):
             with pytest.raises(TypeError, match="b must be"):
                 ncc(a, a.to(dtype))
+
+
+@pytest.mark.usefixtures("float32_moments")
+class TestGpuPolicy:
+    """The GPU's rule forced on the CPU: float32 data summed in float32, no float64."""
+
+    def test_float32_against_numpy_float64_on_offset_data(self, rng):
+        a = images.microscopy(rng, (2, 96, 80))
+        b = 0.5 * a + rng.normal(0.0, 20.0, a.shape) - 300.0
+        a[1] += 1.0e6  # an offset float32 holds only to 1/16
+        a, b = (x.astype(np.float32).astype(np.float64) for x in (a, b))  # what f32 holds
+        ref = [np.corrcoef(a[i].ravel(), b[i].ravel())[0, 1] for i in range(2)]
+        out = ncc(torch.from_numpy(a).float()[:, None], torch.from_numpy(b).float()[:, None])
+        assert out.dtype == torch.float32
+        np.testing.assert_allclose(out[:, 0].double().numpy(), ref, rtol=0, atol=1e-6)
+
+    def test_gradient_against_float64_reference(self, rng):
+        a = images.microscopy(rng, (128, 120))
+        b = np.roll(a, 3, axis=0) + rng.normal(0.0, 5.0, a.shape)
+
+        def reference(x, y):
+            x, y = x - x.mean(), y - y.mean()
+            return (x * y).sum() / torch.sqrt((x * x).sum() * (y * y).sum())
+
+        a64, b64 = _as_tensor(a, "cpu").requires_grad_(), _as_tensor(b, "cpu").requires_grad_()
+        refs = torch.autograd.grad(reference(a64, b64), (a64, b64))
+        a32 = _as_tensor(a, "cpu", torch.float32).requires_grad_()
+        b32 = _as_tensor(b, "cpu", torch.float32).requires_grad_()
+        grads = torch.autograd.grad(ncc(a32, b32).sum(), (a32, b32))
+        for grad, ref in zip(grads, refs):
+            assert (grad.double() - ref).abs().max() < 1e-4 * ref.abs().max()
+
+    @pytest.mark.parametrize("value", [0.0, 1000.3, 3.0e30])
+    def test_flat_is_zero(self, value):
+        a = torch.full((1, 2, 8, 8), value, requires_grad=True)
+        b = torch.rand(1, 2, 8, 8, requires_grad=True)
+        out = ncc(a, b)
+        assert (out == 0).all()
+        grads = torch.autograd.grad(out.sum(), (a, b))
+        assert all(torch.isfinite(g).all() and (g == 0).all() for g in grads)

@@ -237,3 +237,20 @@ class TestSimilarityGradient:
         fixed, moving, d = args.pop("fixed"), args.pop("moving"), args.pop("displacement")
         with pytest.raises(error, match=match):
             similarity_gradient(fixed, moving, d, **args)
+
+
+@pytest.mark.usefixtures("float32_moments")
+@pytest.mark.parametrize("metric", ["ncc", "mse"])
+def test_gpu_policy_float32_against_float64_reference_on_offset_data(metric):
+    # The GPU's rule (float32 sums, no float64) forced on the CPU, on a pair with a
+    # camera-like offset of 1000: the field against float64 autograd, to 1e-4 of its peak.
+    fixed, moving = _textured_pair((2, 1, 40, 36), "cpu", seed=3)
+    fixed, moving = 1000.0 + 200.0 * fixed, 1000.0 + 200.0 * moving
+    g = torch.Generator().manual_seed(5)
+    d = torch.rand(2, 2, 40, 36, generator=g, dtype=torch.float64) * 3 - 1.5
+    fixed32, moving32 = fixed.float(), moving.float()
+    ours = similarity_gradient(fixed32, moving32, d.float(), metric=metric)
+    assert ours.dtype == torch.float32
+    ref = _reference_gradient(metric, fixed32.double(), moving32.double(), d.float().double())
+    scale = ref.abs().max()
+    assert (ours.double() - ref).abs().max() < 1e-4 * scale

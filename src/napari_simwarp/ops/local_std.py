@@ -1,10 +1,12 @@
 """Local standard deviation over a box window, with an analytical backward (docs/maths.md §1).
 
 The image is centered on its per-(N, C) mean (detached) and padded, then the window sums
-``S1``, ``S2`` and ``V = S2 - S1²/N`` are formed in float64 (float32 data) by the kernels or
-by their pure torch twins (:mod:`._reference.local_std`). Centering is free accuracy: the
-variance is shift-invariant (the true gradient through the mean is exactly zero), and
-without it ``S2 - S1²/N`` cancels catastrophically in float32 on data with a large offset.
+``S1``, ``S2`` and ``V = S2 - S1²/N`` are formed by the kernels or by their pure torch twins
+(:mod:`._reference.local_std`): for float32 data in float64 on the CPU, and as compensated
+float32 sums (about 48 bits) on GPUs and MPS, where float64 is slow or missing. Centering
+is free accuracy: the variance is shift-invariant (the true gradient through the mean is
+exactly zero), and without it ``S2 - S1²/N`` cancels catastrophically in float32 on data
+with a large offset.
 With the compiled kernels on the CPU, 2D calls go to one kernel that does the centering
 and padding itself, reading the image in place.
 """
@@ -49,7 +51,11 @@ def local_std(
     method : {"auto", "box", "fft"}
         "box": separable running/prefix sums, O(1) per pixel; "fft": one batched FFT
         correlation (pure torch); "auto" is "box", which was faster than the FFT at every
-        window and size measured (docs/benchmarks.md) and more accurate in float32.
+        window and size measured (docs/benchmarks.md) and more accurate in float32. On
+        GPUs and MPS "fft" transforms float32 data in float32: its round-off is global,
+        so windows whose variance is below about ``1e-5`` of the image's count as flat and
+        the others keep a relative error of about ``1e-6 · (image spread / window
+        spread)²``; "box" keeps 1e-4 of float64 everywhere.
     padding : {"reflect", "mirror", "nearest", "constant"}
         Boundary handling with SciPy's names and meanings ("reflect" is
         ``uniform_filter``'s default; "constant" pads with zeros, "grid-constant" is

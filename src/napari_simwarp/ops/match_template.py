@@ -111,6 +111,11 @@ def _pad_like_numpy(x: torch.Tensor, widths, mode: str, value: float) -> torch.T
     return x
 
 
+#: powers of two of the scale (``1 / max |image|``) between which the CPU's float32 route
+#: skips scaling: data of magnitude ``2**-60`` to ``2**60`` neither overflow the block
+#: transforms nor reach float32's subnormals there
+SAFE_SCALES = (2.0**-60, 2.0**60)
+
 #: how the mask of non-finite pixels is padded for each mode: a padded pixel is invalid
 #: where the values it copies or summarizes include an invalid one
 _MASK_MODES = {
@@ -201,9 +206,21 @@ def match_template(
     # data with a large offset and on data near 1e-30 or 1e30. scikit-image pads the
     # *original* image with zeros, i.e. the centered one with -mean.
     with torch.no_grad():
-        mean = img.mean(dims, keepdim=True, dtype=wide)
-        low, high = img.amin(dims, keepdim=True), img.amax(dims, keepdim=True)
-        scale = power_of_two_scale(torch.maximum(high - mean, mean - low), dims)
+        if wide == dtype:  # float32 sums on GPUs: the energy needs data centered on the mean
+            mean = img.mean(dims, keepdim=True, dtype=wide)
+            low, high = img.amin(dims, keepdim=True), img.amax(dims, keepdim=True)
+            scale = power_of_two_scale(torch.maximum(high - mean, mean - low), dims)
+        else:
+            # One pass for the scale: the energy's sums run in float64 and need no mean.
+            # (amin and amax over the spatial dims: 20 times faster than aminmax over a
+            # flattened axis on the CPU, and than a float64 mean)
+            low, high = img.amin(dims, keepdim=True), img.amax(dims, keepdim=True)
+            scale = power_of_two_scale(torch.maximum(high.abs(), low.abs()), dims)
+            lo_scale, hi_scale = SAFE_SCALES
+            if img.device.type == "cpu" and bool(((scale >= lo_scale) & (scale <= hi_scale)).all()):
+                # The data are far from overflow and underflow: the exact scaling would
+                # change no rounding, only cost a copy of the image.
+                scale = None
     if pad_input:
         # scikit-image pads by the whole template, then keeps (t // 2, t - 1 - t // 2)
         keep = tuple(
@@ -213,7 +230,7 @@ def match_template(
     else:
         padded = img
 
-    y = padded * scale.to(dtype)  # exact: a power of two
+    y = padded if scale is None else padded * scale.to(dtype)  # exact: a power of two
     t_centered, t_energy, t_flat = centered_energy(tpl * power_of_two_scale(tpl, dims), dims)
     # The windows' energy: from the exact data where the sums run in float64 (CPU); from
     # the data centered on their mean where they stay in float32 (GPUs).
@@ -223,10 +240,11 @@ def match_template(
         y_energy = y
     impl = _kernels.implementation("local_std", y_energy)
     energy = impl.local_std_valid(y_energy, tshape, 0.0, False)  # 0 where flat
-    grid = block_grid(energy.shape[2:], tshape)
+    # On the CPU two blocks share one complex transform: an even count along the last axis
+    grid = block_grid(energy.shape[2:], tshape, even_last=image.device.type == "cpu")
     out = blocked_zncc(y, energy, t_centered, t_energy, t_flat, grid, wide)
     # Rounding can put |ZNCC| a few ulps past 1 at a perfect match.
-    out = out.clamp(-1.0, 1.0)
+    out = out.clamp_(-1.0, 1.0) if not out.requires_grad else out.clamp(-1.0, 1.0)
     if invalid is not None:
         padded_invalid = invalid
         if pad_input:

@@ -2,9 +2,10 @@
 
 docs/maths.md §1: the window sums ``S1 = Σy``, ``S2 = Σy²`` of an input that is already
 centered (its mean near 0) and padded, ``V = S2 - S1²/N``, and the analytical backward
-``∂L/∂y = 𝟙ᵀ⋆(∂L/∂S1) + 2y · 𝟙ᵀ⋆(∂L/∂S2)`` (the two adjoint box sums). The sums run in
-the accumulation dtype (float64 for float32 data) in slabs of rows, so that no full-size
-temporary exists.
+``∂L/∂y = 𝟙ᵀ⋆(∂L/∂S1) + 2y · 𝟙ᵀ⋆(∂L/∂S2)`` (the two adjoint box sums). For float32 data
+the sums run in float64 on the CPU, in slabs of rows, so that no full-size temporary
+exists; on GPUs and MPS (``_numerics.moment_dtype``), where float64 is slow or missing,
+they run as compensated float32 sums (:mod:`.compensated`, as the CUDA kernels do).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from collections.abc import Sequence
 import torch
 
 from .._autograd import first_order_backward
-from .._numerics import accumulate_dtype, flat_threshold_factor
+from .._numerics import flat_threshold_factor, moment_dtype
 from .._padding import centered_pads, pad_spatial
 from ..fft_cc import fft_cc
+from . import compensated as _compensated
 from . import window_sums as _window_sums
 from .window_sums import box_sum_valid
 
@@ -128,9 +130,12 @@ class _LocalEnergy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y, window, method, normalize, eps):
         count = math.prod(window)
-        acc = accumulate_dtype(y.dtype, y.device)
+        acc = moment_dtype(y.dtype, y.device)
         with torch.no_grad():
-            if method == "fft":
+            if method == "box" and acc == torch.float32:
+                # GPUs and MPS: float32 throughout, the sums compensated (no float64).
+                out, s1, flat = _box_energy_compensated(y, window, count, normalize, eps)
+            elif method == "fft":
                 # FFT round-off is global, not local: the threshold adds the image's level.
                 y_acc = y.to(acc)
                 s1, s2 = window_sums(y_acc, y_acc * y_acc, window, "fft")
@@ -157,6 +162,34 @@ class _LocalEnergy(torch.autograd.Function):
         # ∂L/∂S2 = ∂L/∂V; ∂L/∂y = (∂L/∂S1 ⋆ 𝟙) + 2 y (∂L/∂S2 ⋆ 𝟙), both sums in one go.
         back1, back2 = window_sums_adjoint(grad_s1, grad_v, ctx.window, ctx.method)
         return back1.addcmul_(y, back2, value=2.0), None, None, None, None
+
+
+#: the flat rule of compensated float32 sums (about 48 significant bits), the CUDA
+#: kernels' (``_kernels.calls.COMPENSATED_FLOAT32_FLAT_FACTOR``)
+COMPENSATED_FLAT_FACTOR = 64.0 * 2.0**-48
+
+
+def _box_energy_compensated(y, window, count, normalize, eps):
+    """The box route of :class:`_LocalEnergy`'s forward in float32 only: compensated sums.
+
+    ``y`` is first brought into ``[-1, 1]`` by an exact power of two per (N, C), so that
+    the squares' rounding errors neither overflow nor underflow; ``V`` is scaled back.
+
+    Returns
+    -------
+    out, s1, flat : as :func:`_box_energy_chunked`.
+    """
+    from .._nonfinite import power_of_two_scale  # imports this package: not at the top
+
+    dims = tuple(range(2, y.dim()))
+    scale = power_of_two_scale(y, dims)
+    s1, s2, v = _compensated.window_variance(y * scale, window)
+    flat = v <= s2.mul_(COMPENSATED_FLAT_FACTOR)
+    v.masked_fill_(flat, 0.0)
+    inverse = scale.reciprocal()  # a power of two: exact
+    v.mul_(inverse * inverse)
+    out = v.div_(count) if normalize else v.add_(eps)
+    return out.sqrt_(), s1.mul_(inverse), flat
 
 
 def _box_energy_chunked(y, window, acc, count, normalize, eps):
