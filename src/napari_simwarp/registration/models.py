@@ -19,7 +19,6 @@ from ..ops import integrate_velocity, warp
 from ..ops._sampling import (
     affine_grid,
     displacement_to_grid,
-    grid_inside,
     grid_sample,
     identity_grid,
     level_matrix,
@@ -71,6 +70,24 @@ def read_every(device) -> int:
 def wide_dtype(device) -> torch.dtype:
     """float64 on :data:`WIDE_DEVICE_TYPES`, else float32."""
     return torch.float64 if torch.device(device).type in WIDE_DEVICE_TYPES else torch.float32
+
+
+def inside_mask(grid: torch.Tensor, shape, cache: dict) -> torch.Tensor:
+    """:func:`~napari_simwarp.ops._sampling.grid_inside` (half a pixel of margin) of a
+    normalized grid ``(N, *S_out, D)`` onto an image of ``shape``, as ``(N, 1, *S_out)``,
+    with its limits made once (in ``cache``) and, where they are the same on every axis (a
+    square image), as one norm ``max_i |g_i| <= limit``: three launches where it takes five.
+    """
+    limits = [1.0 + 1.0 / (n - 1) if n > 1 else math.inf for n in reversed(shape)]
+    if len(set(limits)) == 1:
+        inside = torch.linalg.vector_norm(grid, math.inf, dim=-1) <= limits[0]
+    else:
+        key = ("inside", tuple(shape), grid.dtype, grid.device)
+        bound = cache.get(key)
+        if bound is None:
+            bound = cache[key] = torch.tensor(limits, dtype=grid.dtype, device=grid.device)
+        inside = (grid.abs() <= bound).all(dim=-1)
+    return inside.unsqueeze(1).to(grid.dtype)
 
 
 class LinearModel:
@@ -144,6 +161,7 @@ class LinearModel:
         self.right_host = right
         self.left = torch.as_tensor(left, dtype=wide, device=device).expand(batch, -1, -1)
         self.right = torch.as_tensor(right, dtype=wide, device=device)
+        self._level_ends = {}  # warp()'s constants per (moving level, fixed level)
 
     @property
     def init(self) -> torch.Tensor:
@@ -248,12 +266,20 @@ class LinearModel:
         a sample fell within half a pixel of the moving level.
         """
         moving_level = tuple(moving.shape[2:])
-        matrix = level_matrix(
-            self.matrix(), self.moving_shape, moving_level, self.fixed_shape, shape
-        )
+        key = (moving_level, tuple(shape))
+        ends = self._level_ends.get(key)
+        if ends is None:  # L_moving⁻¹ · left and right · L_fixed, made once per level
+            # (level_matrix of equal full and level shapes: its factor there is the identity)
+            same, other = tuple(shape), moving_level
+            with torch.no_grad():
+                ends = self._level_ends[key] = (
+                    level_matrix(self.left, self.moving_shape, moving_level, same, same),
+                    level_matrix(self.right[None], other, other, self.fixed_shape, shape)[0],
+                )
+        matrix = ends[0] @ self.physical_core().to(self.wide) @ ends[1]
         grid = affine_grid(matrix.to(moving.dtype), moving_level, shape)
         warped = grid_sample(moving, grid, "linear", "nearest")
-        return warped, grid_inside(grid.detach(), moving_level)
+        return warped, inside_mask(grid.detach(), moving_level, self._level_ends)
 
     def regularizer(self) -> torch.Tensor:
         return self.shift.new_zeros(self.shift.shape[0])
@@ -560,7 +586,7 @@ class DenseModel:
             )
             grid = torch.addcmul(base, d.to(src.dtype).flip(1).movedim(1, -1), scale)
             warped = grid_sample(src, grid, "linear", "nearest")
-            return warped, self._inside(grid.detach(), shape)
+            return warped, inside_mask(grid.detach(), shape, self._constants)
         warped = warp(src, d, padding="nearest")
         with torch.no_grad():
             pos = [torch.arange(s, dtype=d.dtype, device=d.device) for s in shape]
@@ -571,21 +597,6 @@ class DenseModel:
                 p = pos[axis].view(1, *view) + d[:, axis]
                 inside = inside * ((p >= -0.5) & (p <= s - 0.5)).unsqueeze(1).to(d.dtype)
         return warped, inside
-
-    def _inside(self, grid: torch.Tensor, shape) -> torch.Tensor:
-        """:func:`~napari_simwarp.ops._sampling.grid_inside` of a grid onto ``shape`` with
-        its limits made once, and, where they are the same on every axis (a square level),
-        as one norm: ``max_i |g_i| <= limit`` (three launches where it takes five)."""
-        limits = [1.0 + 1.0 / (n - 1) for n in reversed(shape)]  # half a pixel outside
-        if len(set(limits)) == 1:
-            inside = torch.linalg.vector_norm(grid, float("inf"), dim=-1) <= limits[0]
-        else:
-            bound = self._constant(
-                ("inside", tuple(shape), grid.dtype, grid.device),
-                lambda: torch.tensor(limits, dtype=grid.dtype, device=grid.device),
-            )
-            inside = (grid.abs() <= bound).all(dim=-1)
-        return inside.unsqueeze(1).to(grid.dtype)
 
     def _grid_constants(self, shape, dtype, device):
         """``(base (1, *S, D), scale (D,))``: the identity grid of ``shape`` and the pixel
