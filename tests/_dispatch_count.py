@@ -37,6 +37,7 @@ SYNC_OPS = frozenset(
         "is_nonzero",
         "masked_scatter",
         "_assert_async",  # asserts a device value on the host
+        "_linalg_check_errors",  # linalg.solve/inv/cholesky reading their info back
     }
 )
 

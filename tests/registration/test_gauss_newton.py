@@ -111,6 +111,7 @@ def _inside_model(rng, kind, fixed_shape, pairs, dtype, linear):
         ("rigid", (14, 18)),
         ("affine", (14, 18)),
         ("similarity", (8, 9, 10)),
+        ("similarity", (14, 18)),
         ("translation", (14, 18)),
     ],
 )
@@ -437,10 +438,11 @@ def test_axis_gradients_are_numpys_and_zero_across_one_pixel(shape):
         np.testing.assert_allclose(g.numpy(), expected, atol=1e-15)
 
 
-@pytest.mark.parametrize("kind", ["rigid", "affine", "translation"])
+@pytest.mark.parametrize("kind", ["rigid", "similarity", "affine", "translation"])
 def test_the_device_problem_samples_as_the_host_problem(kind):
-    """SquaresProblem's one-product maps of θ against LevelProblem's matrices: the same
-    samples, weights and corner motion."""
+    """SquaresProblem's one-product maps of θ (for 2-D rigid and similarity, of the affine
+    parameters φ(θ) of the same matrix, from a complex exponential) against LevelProblem's
+    matrices (matrix exponentials): the same samples, weights and corner motion."""
     rng = np.random.default_rng(3)
     fixed_shape = (14, 18)
     model = _inside_model(rng, kind, fixed_shape, 2, torch.float32, 0.3)

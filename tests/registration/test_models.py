@@ -569,3 +569,35 @@ class TestBSplineControl:
             DenseModel("diffeomorphic", (16, 16), 1, control="bspline")
         with pytest.raises(ValueError, match="regularizer_kind"):
             DenseModel("deformable", (16, 16), 1, regularizer_kind="tv")
+
+
+@pytest.mark.parametrize("shape", [(9, 9), (9, 13), (1, 12), (5, 6, 7)])
+def test_inside_mask_is_grid_inside(shape):
+    """The loop's in-bounds mask (limits made once; one norm on square images) against
+    ops._sampling.grid_inside, on a grid that crosses every border."""
+    from napari_simwarp.ops._sampling import grid_inside
+    from napari_simwarp.registration.models import inside_mask
+
+    rng = np.random.default_rng(0)
+    grid = torch.from_numpy(rng.uniform(-1.3, 1.3, (2, 8, 9, len(shape)))).float()
+    cache = {}
+    expected = grid_inside(grid, shape)
+    torch.testing.assert_close(inside_mask(grid, shape, cache), expected, rtol=0, atol=0)
+    torch.testing.assert_close(inside_mask(grid, shape, cache), expected, rtol=0, atol=0)
+
+
+def test_linear_warp_at_a_level_is_level_matrix_of_the_full_matrix():
+    """LinearModel.warp's constants made once per level against ops._sampling.level_matrix
+    of the full-resolution matrix, applied as warp_affine applies it."""
+    from napari_simwarp.ops._sampling import affine_grid, grid_sample, level_matrix
+
+    rng = np.random.default_rng(1)
+    model = LinearModel("affine", (40, 36), (44, 30), 2, dtype=torch.float64)
+    with torch.no_grad():
+        model.shift.copy_(torch.from_numpy(rng.uniform(-2, 2, (2, 2))))
+        model.linear.copy_(torch.from_numpy(rng.uniform(-1, 1, (2, 4))))
+    moving = torch.from_numpy(rng.uniform(0, 1, (2, 1, 22, 15)))
+    warped, _ = model.warp(moving, (20, 18))
+    matrix = level_matrix(model.matrix().detach(), (44, 30), (22, 15), (40, 36), (20, 18))
+    expected = grid_sample(moving, affine_grid(matrix, (22, 15), (20, 18)), "linear", "nearest")
+    torch.testing.assert_close(warped.detach(), expected, rtol=0, atol=1e-12)

@@ -445,7 +445,9 @@ def refine_translation_iter(
         # A whisper of ridge keeps a frame without texture on the overlap solvable (step 0).
         ridge = 1e-9 * hessian.diagonal(dim1=1, dim2=2).sum(-1).clamp_min(1e-30)
         hessian = hessian + ridge[:, None, None] * eye
-        step = torch.linalg.solve(hessian, b.unsqueeze(-1))[..., 0]
+        # solve_ex: linalg.solve checks its result on the host (a sync on a GPU); the ridge
+        # keeps the system solvable
+        step = torch.linalg.solve_ex(hessian, b.unsqueeze(-1))[0][..., 0]
         shifts = torch.maximum(torch.minimum(shifts - step.to(shifts.dtype), reach), -reach)
         # The one host read of the iteration: the losses (for the progress) and the
         # largest step (for the stop) together.

@@ -550,6 +550,11 @@ class SquaresProblem:
             )
             corner_rows = (p_full[:, None] @ core @ q_full)[:, :, :d]  # (N, P, D, D+1)
             self.motion_map = const(corner_rows @ corners.T).reshape(n, self.params, -1)
+        self.feature_map = None
+        self._features = {}  # id(θ) → (θ, φ(θ)): see features()
+        self._ones = self._ncc_chain = None  # made on first use
+        if model.kind in ("rigid", "similarity") and d == 2:
+            self._plane_features(model, n, shift_part, p_full, q_full, before, after, corners)
         extra = 2 if metric == "ncc" else 0
         # (α, β) pass through the chain rule unchanged: the identity in the last rows
         tail = np.zeros((n, extra, self.params + extra))
@@ -563,6 +568,93 @@ class SquaresProblem:
         self.taper_offset = pixels([(h + 0.5) / TAPER for h in half])
         self.taper_slope = pixels([-h / TAPER for h in half])
         self.taper_off = pixels([float(h <= 0) for h in half])  # axes of 1 pixel: no taper
+        self.any_off = any(h <= 0 for h in half)
+
+    def _plane_features(self, model, n, shift_part, p_full, q_full, before, after, corners):
+        """2-D rigid and similarity: ``C(θ)`` is linear in ``φ = (shift, R · vec(L − I))``,
+        the affine model's parameters of the same matrix (``R``: the model's radius), so the
+        affine model's constant maps (``F.affine_grid``'s theta, the corner motion, the chain
+        rule) serve on ``φ``; ``L = e^σ [[cos α, −sin α], [sin α, cos α]]`` (α, σ: the
+        parameters over ``R``) is one complex exponential, four launches in all where the
+        matrix exponentials take about fifty (:meth:`features`)."""
+        d, radius, p = 2, model.radius, self.params
+        small, device = self.small, self.corners.device
+
+        def const(x):
+            return torch.as_tensor(np.ascontiguousarray(x), dtype=small, device=device)
+
+        basis = np.zeros((n, 4, d + 1, d + 1))
+        basis[:, :, :d, :d] = np.eye(4).reshape(4, d, d) / radius
+        core = np.concatenate([shift_part, basis], axis=1)  # ∂C/∂φ, (N, 6, 3, 3)
+        q = 6
+        self.chain_phi = self._chain(const(core))  # (N, D(D+1), 6)
+        p_theta, q_theta = before @ p_full, q_full @ after
+        self.theta_map = (
+            const((p_theta @ q_theta)[:, None, :d].reshape(n, 1, -1)),
+            const((p_theta[:, None] @ core @ q_theta)[:, :, :d].reshape(n, q, -1)),
+        )
+        corner_rows = (p_full[:, None] @ core @ q_full)[:, :, :d]
+        self.motion_map = const(corner_rows @ corners.T).reshape(n, q, -1)
+        # θ → (σ, α): the real and imaginary parts of the exponent
+        to_log = np.zeros((p, 2))
+        to_log[d, 1] = 1.0 / radius
+        if model.kind == "similarity":
+            to_log[d + 1, 0] = 1.0 / radius
+        # φ = θ · keep + (e^σ cos α, e^σ sin α) · spread + φ0
+        keep = np.zeros((p, q))
+        keep[:d, :d] = np.eye(d)
+        spread = np.zeros((2, q))
+        spread[0, [2, 5]] = radius  # cos: the diagonal of L
+        spread[1, 3], spread[1, 4] = -radius, radius  # sin: −sin above, sin below
+        phi0 = np.zeros((1, q))
+        phi0[0, [2, 5]] = -radius
+        # ∂φ/∂θ, linear in φ: (c, s) = (1 + φ₂/R, φ₄/R); ∂(c, s)/∂α = (−s, c), ∂/∂σ = (c, s)
+        jac0 = np.zeros((q, p))
+        jac0[:d, :d] = np.eye(d)
+        jac_c, jac_s = np.zeros((q, p)), np.zeros((q, p))  # the parts times c and times s
+        # rows 2..5 of φ are R (c − 1), −R s, R s, R (c − 1); by α (θ_d / R): (−s, −c, c, −s)
+        jac_c[[3, 4], d] = -1.0, 1.0
+        jac_s[[2, 5], d] = -1.0
+        if model.kind == "similarity":  # by σ: (c, −s, s, c)
+            jac_c[[2, 5], d + 1] = 1.0
+            jac_s[3, d + 1], jac_s[4, d + 1] = -1.0, 1.0
+        jac0 = jac0 + jac_c  # c = 1 + φ₂/R
+        jac_map = np.zeros((q, q * p))
+        jac_map[2] = jac_c.reshape(-1) / radius
+        jac_map[4] = jac_s.reshape(-1) / radius
+        self.feature_map = (
+            const(np.hstack([np.zeros((1, 2)), phi0])),
+            const(np.hstack([to_log, keep])),
+            const(spread),
+        )
+        self.jacobian_map = (const(jac0.reshape(1, -1)), const(jac_map))
+
+    def features(self, theta: torch.Tensor) -> torch.Tensor:
+        """``φ(θ)`` ``(N, 6)`` (see :meth:`_plane_features`), worked out once per ``θ``
+        tensor."""
+        hit = self._features.get(id(theta))
+        if hit is not None and hit[0] is theta:
+            return hit[1]
+        bias, linear, spread = self.feature_map
+        both = torch.addmm(bias, theta, linear)  # [(σ, α) | θ · keep + φ0]
+        turn = torch.view_as_real(torch.exp(torch.view_as_complex(both[:, :2])))
+        phi = torch.addmm(both[:, 2:], turn, spread)
+        self._remember(theta, phi)
+        return phi
+
+    def _remember(self, theta, phi) -> None:
+        self._features[id(theta)] = (theta, phi)
+        while len(self._features) > 4:  # the loop holds at most θ, the trial, the kept
+            self._features.pop(next(iter(self._features)))
+
+    def keep(self, better: torch.Tensor, trial: torch.Tensor, theta: torch.Tensor):
+        """``θ`` ``(N, P)`` where ``better`` ``(N,)``, else the ``trial`` (its features
+        carried along, not worked out again)."""
+        kept = torch.where(better[:, None], trial, theta)
+        if self.feature_map is not None:
+            phi = torch.where(better[:, None], self.features(trial), self.features(theta))
+            self._remember(kept, phi)
+        return kept
 
     def start(self) -> torch.Tensor:
         """The model's parameters ``θ`` ``(N, P)``, detached, in the problem's dtype."""
@@ -583,6 +675,10 @@ class SquaresProblem:
         """``∂A/∂θ`` at ``θ`` (see :meth:`_chain`)."""
         if self.chain_const is not None:
             return self.chain_const
+        if self.feature_map is not None:  # ∂A/∂φ · ∂φ/∂θ, the latter linear in φ
+            n = theta.shape[0]
+            jac = torch.addmm(self.jacobian_map[0], self.features(theta), self.jacobian_map[1])
+            return self.chain_phi @ jac.view(n, -1, self.params)
         d = self.ndim
         lin = self.model._linear_jacobian(theta[:, d:])  # (N, K, D, D)
         lin = F.pad(lin, (0, 1, 0, 1))
@@ -596,7 +692,8 @@ class SquaresProblem:
         """The ``F.affine_grid`` theta ``(N, D, D+1)`` at ``θ``."""
         n, d = theta.shape[0], self.ndim
         if self.theta_map is not None:
-            flat = torch.baddbmm(self.theta_map[0], theta[:, None], self.theta_map[1])
+            x = theta if self.feature_map is None else self.features(theta)
+            flat = torch.baddbmm(self.theta_map[0], x[:, None], self.theta_map[1])
             return flat.view(n, d, d + 1)
         return (self.p_theta @ self._core(theta) @ self.q_theta)[:, :d]
 
@@ -611,7 +708,7 @@ class SquaresProblem:
         # edge_taper of where the pixels land: at normalized u along an axis of n pixels,
         # the distance to the nearer edge pixel is h (1 − |u|), h = (n − 1) / 2
         ramp = torch.addcmul(self.taper_offset, grid.abs(), self.taper_slope).clamp(0.0, 1.0)
-        taper = torch.maximum(ramp, self.taper_off).prod(dim=-1)
+        taper = (torch.maximum(ramp, self.taper_off) if self.any_off else ramp).prod(dim=-1)
         return sampled, taper.unsqueeze(1) * self.weight
 
     def losses(self, samples, other_weight) -> torch.Tensor:
@@ -656,9 +753,15 @@ class SquaresProblem:
         if self.metric == "ncc":
             alpha, beta = _fit(warped, f, weight)
             residual = torch.addcmul(beta[:, None] - f, alpha[:, None], warped)
-            ones = torch.ones_like(rows[:, :1])
-            rows = torch.cat([alpha[:, None, None] * rows, warped[:, None], ones], dim=1)
-            chain = torch.cat([F.pad(chain, (0, 2)), self.chain_tail], dim=1)
+            if self._ones is None or self._ones.shape[0] != n:
+                self._ones = torch.ones_like(rows[:, :1])
+            rows = torch.cat([alpha[:, None, None] * rows, warped[:, None], self._ones], dim=1)
+            if self.chain_const is not None:  # the intensity fit's rows added once
+                if self._ncc_chain is None:
+                    self._ncc_chain = torch.cat([F.pad(chain, (0, 2)), self.chain_tail], dim=1)
+                chain = self._ncc_chain
+            else:
+                chain = torch.cat([F.pad(chain, (0, 2)), self.chain_tail], dim=1)
         else:
             residual = warped - f
         weighted = rows * weight[:, None]
@@ -672,6 +775,8 @@ class SquaresProblem:
         ``after``, in moving level pixels."""
         n, d = before.shape[0], self.ndim
         if self.motion_map is not None:
+            if self.feature_map is not None:
+                before, after = self.features(before), self.features(after)
             moves = torch.bmm((after - before)[:, None], self.motion_map).view(n, d, -1)
             return torch.linalg.vector_norm(moves, dim=1).amax(1)
         delta = (self.level_matrix(after) - self.level_matrix(before))[:, :d]
@@ -721,21 +826,26 @@ def level_problem(model, fixed, moving, weight, loss_fn, metric: str):
     return SquaresProblem(model, fixed, moving, weight, loss_fn, metric)
 
 
-def damped_step(hessian, gradient, damping, p: int) -> torch.Tensor:
+def damped_step(hessian, gradient, damping, p: int, frozen=None, sign: int = 1) -> torch.Tensor:
     """The Levenberg–Marquardt step ``(N, p)`` of the model's ``p`` parameters from the
     normal equations ``(N, Q, Q)``, ``(N, Q)`` (``Q >= p``; the intensity fit's unknowns
     last, undamped) and the damping ``λ`` ``(N,)``. A ridge of 1e-12 of the largest
     diagonal keeps a degenerate system (a flat image) solvable; a failed solve gives no
-    step."""
+    step, and so does a pair of ``frozen`` ``(N,)`` (bool) where given. ``sign=-1`` gives
+    the step negated (one launch less for a caller that subtracts it)."""
     diag = torch.diagonal(hessian, dim1=-2, dim2=-1)
     damp = damping[:, None] * diag[:, :p]
     if p < diag.shape[1]:
         damp = F.pad(damp, (0, diag.shape[1] - p))
-    ridge = 1e-12 * diag.amax(dim=1, keepdim=True).clamp_min(1e-300)
-    step, info = torch.linalg.solve_ex(hessian + torch.diag_embed(damp + ridge), -gradient)
+    # λ diag + ridge, in one launch (an all-zero diagonal: no ridge, the solve fails, no step)
+    ridge = diag.amax(dim=1, keepdim=True)
+    system = hessian + torch.diag_embed(torch.add(damp, ridge, alpha=1e-12))
+    step, info = torch.linalg.solve_ex(system, gradient if sign < 0 else -gradient)
     step = step[:, :p]
     # (|x| < inf is false for NaN and ±inf: one test where isfinite takes four launches)
-    bad = (info != 0) | ~(step.abs() < math.inf).all(dim=1)
+    bad = (info != 0) | ~(step.abs().amax(dim=1) < math.inf)
+    if frozen is not None:
+        bad = bad | frozen
     return step.masked_fill(bad[:, None], 0.0)
 
 
@@ -846,22 +956,32 @@ def _run_on_device(
     hessian, gradient = problem.normal_equations(samples, theta)
     damping = torch.full_like(loss, DAMPING["start"])
     done = torch.zeros_like(loss, dtype=torch.bool)
+    # the constants of the decisions, on the device once (not one transfer per use)
+    shrink, grow, tolerance, refused, most = (
+        torch.tensor(v, dtype=loss.dtype, device=loss.device)
+        for v in (
+            DAMPING["shrink"],
+            DAMPING["grow"],
+            problem.tolerance,
+            REFUSED_TOLERANCE,
+            DAMPING["most"],
+        )
+    )
+    true = torch.ones((), dtype=torch.bool, device=loss.device)
     stopped = False
     for iteration in range(iterations):
-        step = damped_step(hessian, gradient, damping, p)
-        trial_theta = theta + step.masked_fill(done[:, None], 0.0)
+        trial_theta = theta - damped_step(hessian, gradient, damping, p, frozen=done, sign=-1)
         moved = problem.corner_motion(theta, trial_theta)
         trial = problem.sample(trial_theta)
         own, over_start = problem.losses(trial, samples[1])
         better = (over_start < loss) & ~done
-        theta = torch.where(better[:, None], trial_theta, theta)
-        damping = torch.where(
-            better, (damping * DAMPING["shrink"]).clamp_min(1e-12), damping * DAMPING["grow"]
-        )
+        theta = problem.keep(better, trial_theta, theta)
+        damping = torch.mul(damping, torch.where(better, shrink, grow)).clamp_min_(1e-12)
         # Done: a step too small to matter, or a small step the loss refuses (the loss
-        # cannot tell points this close apart: its minimum lies within half the step).
-        settled = (moved < problem.tolerance) | (~better & (moved < REFUSED_TOLERANCE))
-        done = done | settled | (damping > DAMPING["most"]) | ~(moved < math.inf)
+        # cannot tell points this close apart: its minimum lies within half the step);
+        # a step that is not finite ends the pair too.
+        settled = moved < torch.where(better, tolerance, refused)
+        done = torch.where(moved < math.inf, done | settled | (damping > most), true)
         keep = better.view(-1, *([1] * (samples[0].dim() - 1)))
         samples = (
             torch.where(keep, trial[0], samples[0]),

@@ -19,7 +19,6 @@ from ..ops import integrate_velocity, warp
 from ..ops._sampling import (
     affine_grid,
     displacement_to_grid,
-    grid_inside,
     grid_sample,
     identity_grid,
     level_matrix,
@@ -71,6 +70,24 @@ def read_every(device) -> int:
 def wide_dtype(device) -> torch.dtype:
     """float64 on :data:`WIDE_DEVICE_TYPES`, else float32."""
     return torch.float64 if torch.device(device).type in WIDE_DEVICE_TYPES else torch.float32
+
+
+def inside_mask(grid: torch.Tensor, shape, cache: dict) -> torch.Tensor:
+    """:func:`~napari_simwarp.ops._sampling.grid_inside` (half a pixel of margin) of a
+    normalized grid ``(N, *S_out, D)`` onto an image of ``shape``, as ``(N, 1, *S_out)``,
+    with its limits made once (in ``cache``) and, where they are the same on every axis (a
+    square image), as one norm ``max_i |g_i| <= limit``: three launches where it takes five.
+    """
+    limits = [1.0 + 1.0 / (n - 1) if n > 1 else math.inf for n in reversed(shape)]
+    if len(set(limits)) == 1:
+        inside = torch.linalg.vector_norm(grid, math.inf, dim=-1) <= limits[0]
+    else:
+        key = ("inside", tuple(shape), grid.dtype, grid.device)
+        bound = cache.get(key)
+        if bound is None:
+            bound = cache[key] = torch.tensor(limits, dtype=grid.dtype, device=grid.device)
+        inside = (grid.abs() <= bound).all(dim=-1)
+    return inside.unsqueeze(1).to(grid.dtype)
 
 
 class LinearModel:
@@ -144,6 +161,7 @@ class LinearModel:
         self.right_host = right
         self.left = torch.as_tensor(left, dtype=wide, device=device).expand(batch, -1, -1)
         self.right = torch.as_tensor(right, dtype=wide, device=device)
+        self._level_ends = {}  # warp()'s constants per (moving level, fixed level)
 
     @property
     def init(self) -> torch.Tensor:
@@ -248,12 +266,20 @@ class LinearModel:
         a sample fell within half a pixel of the moving level.
         """
         moving_level = tuple(moving.shape[2:])
-        matrix = level_matrix(
-            self.matrix(), self.moving_shape, moving_level, self.fixed_shape, shape
-        )
+        key = (moving_level, tuple(shape))
+        ends = self._level_ends.get(key)
+        if ends is None:  # L_moving⁻¹ · left and right · L_fixed, made once per level
+            # (level_matrix of equal full and level shapes: its factor there is the identity)
+            same, other = tuple(shape), moving_level
+            with torch.no_grad():
+                ends = self._level_ends[key] = (
+                    level_matrix(self.left, self.moving_shape, moving_level, same, same),
+                    level_matrix(self.right[None], other, other, self.fixed_shape, shape)[0],
+                )
+        matrix = ends[0] @ self.physical_core().to(self.wide) @ ends[1]
         grid = affine_grid(matrix.to(moving.dtype), moving_level, shape)
         warped = grid_sample(moving, grid, "linear", "nearest")
-        return warped, grid_inside(grid.detach(), moving_level)
+        return warped, inside_mask(grid.detach(), moving_level, self._level_ends)
 
     def regularizer(self) -> torch.Tensor:
         return self.shift.new_zeros(self.shift.shape[0])
@@ -321,6 +347,32 @@ def _bspline_weights(n_control: int, size: int) -> torch.Tensor:
     return torch.where(
         r < 1, 2.0 / 3.0 - r**2 + r**3 / 2, torch.where(r < 2, (2 - r).clamp(min=0) ** 3 / 6, 0.0)
     )
+
+
+class _WeightedSquares(torch.autograd.Function):
+    """``(g (N, K), w2 (1, K)) ↦ ½ Σ_k w2_k g_k²`` per row ``(N,)`` in two launches, and
+    its gradient ``w2 g · grad`` in one (autograd's form of ``(g * g * w).sum(1)`` takes
+    three forward and four backward). ``w2`` (twice the weights) is a constant."""
+
+    @staticmethod
+    def forward(ctx, g, w2):
+        wg2 = torch.mul(g, w2)
+        ctx.save_for_backward(wg2)
+        # β = 0: the first argument (a view of g) is only read for its shape
+        out = torch.baddbmm(g[:, :1, None], g.unsqueeze(1), wg2.unsqueeze(2), beta=0, alpha=0.5)
+        return out.view(g.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (wg2,) = ctx.saved_tensors
+        return torch.mul(wg2, grad.unsqueeze(1)), None
+
+
+def _doubled(plan):
+    """A regularizer plan ``(stencils, weights)`` with its weights doubled (or ``(None,
+    None)``)."""
+    stencils, weights = plan
+    return (stencils, None if weights is None else 2.0 * weights)
 
 
 def apply_per_axis(x: torch.Tensor, matrices) -> torch.Tensor:
@@ -536,7 +588,7 @@ class DenseModel:
             )
             grid = torch.addcmul(base, d.to(src.dtype).flip(1).movedim(1, -1), scale)
             warped = grid_sample(src, grid, "linear", "nearest")
-            return warped, grid_inside(grid.detach(), shape)
+            return warped, inside_mask(grid.detach(), shape, self._constants)
         warped = warp(src, d, padding="nearest")
         with torch.no_grad():
             pos = [torch.arange(s, dtype=d.dtype, device=d.device) for s in shape]
@@ -565,16 +617,15 @@ class DenseModel:
         f = self.field
         n, d = f.shape[:2]
         cshape = tuple(f.shape[2:])
-        stencils, weights = self._constant(
+        stencils, twice = self._constant(
             ("regularizer", self.regularizer_kind, cshape, self.level_pixel, f.dtype, f.device),
-            lambda: self._regularizer_plan(cshape, f.dtype, f.device),
+            lambda: _doubled(self._regularizer_plan(cshape, f.dtype, f.device)),
         )
         if stencils is None:
             return f.new_zeros(n)
         conv = F.conv2d if d == 2 else F.conv3d
         g = conv(f.reshape(n * d, 1, *cshape), stencils, padding=1)
-        g = g.view(n, d, *g.shape[1:])  # (N, D, T, *c)
-        return (g * g * weights).reshape(n, -1).sum(1)
+        return _WeightedSquares.apply(g.view(n, -1), twice.view(1, -1))
 
     def _regularizer_plan(self, cshape, dtype, device):
         """``(stencils (T, 1, 3, …), weights (D, T, *c))`` of :meth:`regularizer` on a

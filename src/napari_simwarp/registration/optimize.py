@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..ops._lncc_pair import PairLocalNCCLoss
 from ..ops._validation import check_choice
 from ..ops.losses import loss_for
 from . import _options, gauss_newton
@@ -222,8 +223,8 @@ def _level_loss_fn(model, fixed, moving, weight, shape, loss_fn, schedule, penal
         warped, valid = model.warp(moving, shape)
         w = valid if weight is None else valid * weight
         per_pair = loss_fn(fixed, warped, w)
-        if schedule.reg_weight:
-            per_pair = per_pair + schedule.reg_weight * model.regularizer()
+        if schedule.reg_weight:  # (one launch: a + weight · b)
+            per_pair = torch.add(per_pair, model.regularizer(), alpha=schedule.reg_weight)
         if penalty is not None:
             per_pair = per_pair + penalty(shape).to(per_pair.device, per_pair.dtype)
         return per_pair
@@ -252,11 +253,12 @@ def _adam_level(
     ``(stopped, best)``).
 
     Nothing in an iteration waits on the host: the losses ``(N,)`` of each iteration stay
-    on the device, with the best parameters and loss per pair (kept by ``torch.where``),
-    and the host reads them every :func:`read_every` iterations, where it runs each pair's
-    plateau schedule over them in order (:class:`_Plateau`: halving the pair's step, ending
-    the pair) and checks that they are finite. Progress snapshots hand the losses over
-    unread.
+    on the device, the parameters they belong to are copied into a ring of
+    :func:`read_every` slots, and the host reads the losses every :func:`read_every`
+    iterations. There it checks that they are finite, keeps the parameters of each pair's
+    lowest loss so far (:class:`_Best`, from the ring) and runs each pair's plateau
+    schedule over them in order (:class:`_Plateau`: halving the pair's step, ending the
+    pair). Progress snapshots hand the losses over unread.
 
     Each pair has its own step size. Adam's step is linear in its learning rate, so the
     optimizer runs at the largest step of the pairs still going and each pair's update is
@@ -267,29 +269,23 @@ def _adam_level(
     evaluate = _level_loss_fn(model, fixed, moving, weight, shape, loss_fn, schedule, penalty)
     params = model.parameters()
     pairs = params[0].shape[0]
-    best = model.snapshot()
-    best_loss = None
     optimizer = make_adam(params, lr0)
     every = read_every(fixed.device)
+    best = _Best(model.snapshot(), every)
     pending = []  # this level's losses ((N,), on the device) not read yet
     plateaus = [_Plateau(lr0, schedule) for _ in range(pairs)]
     back = None  # per parameter, 1 − each pair's step over the optimizer's; None: all 1
+    ones = None  # d(Σ losses)/d(losses), made once
     for iteration in range(iterations):
         optimizer.zero_grad(set_to_none=True)
         per_pair = evaluate()
         values = per_pair.detach()
-        # The loss belongs to the parameters before the step: keep them where better.
-        if best_loss is None:
-            best_loss = values.clone()
-        else:
-            better = values < best_loss
-            best_loss = torch.where(better, values, best_loss)
-            best = [
-                torch.where(better.view(-1, *([1] * (p.dim() - 1))), p.detach(), b)
-                for p, b in zip(params, best)
-            ]
+        # The loss belongs to the parameters before the step.
+        best.hold(len(pending), params)
         pending.append(values)
-        per_pair.sum().backward()
+        if ones is None:
+            ones = torch.ones_like(values)
+        per_pair.backward(ones)
         before = None if back is None else [p.detach().clone() for p in params]
         optimizer.step()
         if before is not None:
@@ -303,6 +299,8 @@ def _adam_level(
             for row in rows:
                 if not all(math.isfinite(v) for v in row):
                     raise _not_finite()
+            best.take(rows)
+            for row in rows:
                 history.append(sum(row) / len(row))
                 if pair_history is not None:
                     pair_history.append(list(row))
@@ -324,11 +322,56 @@ def _adam_level(
         if schedule.report_every and iteration % schedule.report_every == 0:
             loss = values if pending else history[-1]
             signal = yield Progress(
-                level, levels, iteration, loss, lambda values=best: model.transforms(values)
+                level, levels, iteration, loss, lambda values=best.values: model.transforms(values)
             )
             if signal:
-                return True, best
-    return False, best
+                if pending:  # the best among the losses not read yet (one read)
+                    best.take(torch.stack(pending).tolist())
+                return True, best.values
+    return False, best.values
+
+
+class _Best:
+    """The parameters of each pair's lowest loss so far, picked on the host.
+
+    :meth:`hold` copies the parameters an iteration's loss belongs to into slot ``k`` of a
+    ring (one launch per parameter tensor); :meth:`take` reads which slot holds each pair's
+    lowest loss among those just read, and where it is lower than the pair's best so far,
+    takes the parameters from there (new tensors: a snapshot handed out keeps its values).
+    A NaN loss is never lower.
+    """
+
+    def __init__(self, start: list, slots: int):
+        self.values = start
+        self.loss = [math.inf] * start[0].shape[0]
+        self.ring = [v.new_empty((slots, *v.shape)) for v in start]
+
+    def hold(self, slot: int, params) -> None:
+        for r, p in zip(self.ring, params):
+            r[slot].copy_(p.detach())
+
+    def take(self, rows: list) -> None:
+        pick = {}  # pair → slot
+        for slot, row in enumerate(rows):
+            for pair, value in enumerate(row):
+                if value < self.loss[pair]:
+                    self.loss[pair], pick[pair] = value, slot
+        if not pick:
+            return
+        pairs = len(self.loss)
+        if len(pick) == pairs and len(set(pick.values())) == 1:  # one slot for all (N = 1)
+            slot = pick[0]
+            self.values = [r[slot].clone() for r in self.ring]
+            return
+        which = sorted(pick)
+        index = torch.tensor(which, device=self.ring[0].device)
+        slots = torch.tensor([pick[i] for i in which], device=self.ring[0].device)
+        updated = []
+        for r, v in zip(self.ring, self.values):
+            v = v.clone()
+            v[index] = r[slots, index]
+            updated.append(v)
+        self.values = updated
 
 
 class _Plateau:
@@ -467,6 +510,11 @@ def level_loss(schedule: Schedule, shape, anisotropy=None):
         if schedule.metric == "ssim" and any(r != 1.0 for r in ratios):
             sigma = options.get("sigma", 1.5)
             options["sigma"] = tuple(sigma * r for r in ratios)
+    if schedule.metric == "lncc" and options.get("kernel", "box") == "box":
+        # the loop's own form: the fixed level's half made once, no input checks read back
+        # (ops/_lncc_pair.py); what loss_for's LocalNCCLoss gives, in a few launches
+        loss_for(schedule.metric, reduction="none", **options)  # the options checked
+        return PairLocalNCCLoss(window=options["window"], reduction="none")
     return loss_for(schedule.metric, reduction="none", **options)
 
 
