@@ -58,3 +58,34 @@ def test_a_read_only_input_is_shared_without_a_warning(recwarn):
     register(fixed, moving, model="translation")
     assert not [w for w in recwarn if "not writable" in str(w.message)]
     np.testing.assert_array_equal(fixed, before)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_to_tensor_refuses_nan_and_inf_in_float_input(bad):
+    a = np.zeros((8, 9), np.float32)
+    a[3, 4] = bad
+    with pytest.raises(ValueError, match="image contains NaN or Inf"):
+        _inputs.to_tensor(a, "image")
+    with pytest.raises(ValueError, match="stack contains NaN or Inf"):
+        _inputs.to_tensor(np.stack([np.zeros_like(a), a]), "stack", leading=1)
+
+
+def test_to_tensor_accepts_finite_values_whose_sum_overflows():
+    # The one-reduction shortcut sees an infinite sum; the elementwise test then passes.
+    a = np.full((4, 4), 3.0e38, np.float32)
+    assert not torch.isfinite(torch.from_numpy(a).sum())
+    t = _inputs.to_tensor(a, "image")
+    assert t.dtype == torch.float32 and torch.equal(t, torch.from_numpy(a))
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.int32, np.int64, np.uint64, np.bool_])
+def test_to_tensor_converts_integer_input_exactly_to_float32(dtype):
+    rng = np.random.default_rng(0)
+    info = np.iinfo(dtype) if dtype != np.bool_ else None
+    high = 2 if info is None else min(int(info.max), 2**62)
+    a = rng.integers(0, high, (6, 7), dtype=np.int64 if dtype != np.uint64 else np.uint64)
+    a = a.astype(dtype)
+    t = _inputs.to_tensor(a, "image")
+    assert t.dtype == torch.float32
+    np.testing.assert_array_equal(t.numpy(), a.astype(np.float32))
+    assert torch.isfinite(t).all()

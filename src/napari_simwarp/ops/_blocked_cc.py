@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from . import _kernels
+from . import _kernels, _numerics
 from ._tiles import TileGrid
 from .fft_cc import next_fast_len
 
@@ -153,6 +153,14 @@ def _score(numerator: torch.Tensor, energy: torch.Tensor, noise: torch.Tensor):
     return ratio, valid
 
 
+def packs(device: torch.device) -> bool:
+    """Whether :func:`blocked_zncc` transforms two blocks at once on ``device``: on the CPU
+    (torch's CPU inverse real FFT costs twice its forward one), unless the tests force
+    the GPUs' dtype policy there (``_numerics.FLOAT32_MOMENT_DEVICE_TYPES``), which then
+    runs the GPUs' route, one real transform per block, as on a GPU."""
+    return device.type == "cpu" and device.type not in _numerics.FLOAT32_MOMENT_DEVICE_TYPES
+
+
 def _packed_numerator(y: torch.Tensor, unit: torch.Tensor, grid: TileGrid):
     """:func:`_numerator` of every block at once, two real blocks per complex transform.
 
@@ -267,7 +275,7 @@ def blocked_zncc(
     differentiable = torch.is_grad_enabled() and any(
         t.requires_grad for t in (y, energy, t_centered, t_energy)
     )
-    if y.device.type == "cpu" and not differentiable:
+    if packs(y.device) and not differentiable:
         numerator, norm = _packed_numerator(y, unit, grid)
     else:
         centered, norm = _center_blocks(grid.tiles(_extend(y, grid)), d)

@@ -56,11 +56,14 @@ FLOAT32_MOMENT_DEVICE_TYPES = frozenset({"cuda", "mps"})
 
 
 def moment_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The dtype the moment engine sums in for data of compute dtype ``dtype``.
+    """The dtype the sums of data of compute dtype ``dtype`` run in, on ``device``.
 
-    float32 on :data:`FLOAT32_MOMENT_DEVICE_TYPES` (the engine then centres each tile on
-    its own mean, which holds float64's accuracy to about 1e-5; docs/maths.md §1.3),
-    else :func:`accumulate_dtype`.
+    float32 on :data:`FLOAT32_MOMENT_DEVICE_TYPES` (no float64 arithmetic on GPUs), else
+    :func:`accumulate_dtype`. Each caller keeps float64's accuracy in float32 its own way
+    (docs/maths.md §1.3): the moment engine centres each tile on its own mean, the pure
+    torch local std sums in compensated float32 pairs, ``ncc`` and the entropies of
+    ``mutual_information`` sum terms that do not cancel, ``match_template`` centres each
+    FFT block on its own mean.
     """
     if dtype == torch.float32 and device.type in FLOAT32_MOMENT_DEVICE_TYPES:
         return torch.float32

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from . import _kernels
-from ._blocked_cc import block_grid, blocked_zncc
+from ._blocked_cc import block_grid, blocked_zncc, packs
 from ._nonfinite import fill_nonfinite, nonfinite_mask, power_of_two_scale, windows_seeing
 from ._numerics import compute_dtype, moment_dtype
 from ._padding import pad_spatial
@@ -241,7 +241,7 @@ def match_template(
     impl = _kernels.implementation("local_std", y_energy)
     energy = impl.local_std_valid(y_energy, tshape, 0.0, False)  # 0 where flat
     # On the CPU two blocks share one complex transform: an even count along the last axis
-    grid = block_grid(energy.shape[2:], tshape, even_last=image.device.type == "cpu")
+    grid = block_grid(energy.shape[2:], tshape, even_last=packs(image.device))
     out = blocked_zncc(y, energy, t_centered, t_energy, t_flat, grid, wide)
     # Rounding can put |ZNCC| a few ulps past 1 at a perfect match.
     out = out.clamp_(-1.0, 1.0) if not out.requires_grad else out.clamp(-1.0, 1.0)

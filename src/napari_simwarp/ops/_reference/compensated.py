@@ -8,7 +8,9 @@ sum then carries about 48 significant bits, which is what ``V = S2 - S1²/N`` of
 whose mean sits a thousand times its spread away from 0 needs (docs/maths.md §1.3).
 
 These hold only in IEEE round-to-nearest arithmetic without reassociation or contraction:
-torch's element-wise kernels (CPU, CUDA, MPS) compute each op on its own and round it once.
+torch's eager element-wise kernels (CPU, CUDA, MPS) compute each op on its own and round it
+once. A compiler that fuses them (``torch.compile``) may contract Veltkamp's split into
+fused multiply-adds, which breaks it: these functions are for eager mode.
 Values must stay clear of overflow (``|x| < 2**100`` for the split of a square, the
 callers scale by a power of two first) and of underflow (the errors of squares of values
 below about ``2**-60`` are lost; the callers' scaling brings the largest value near 1).
