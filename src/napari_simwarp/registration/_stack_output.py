@@ -26,12 +26,46 @@ def _warp(images: torch.Tensor, transforms) -> torch.Tensor:
     return warp(images, disp.to(images), padding="grid-constant")
 
 
+#: a sample this far (pixels) beyond the frame's edge still counts as covering: where the
+#: bilinear weight of the pixels inside exceeds 0.999
+COVER_MARGIN = 1e-3
+
+
 def warp_frames(raw: torch.Tensor, transforms) -> tuple[torch.Tensor, torch.Tensor]:
     """Frames ``raw`` ``(n, *S)`` resampled by their transforms (zeros outside), and each
-    one's coverage ``(n, *S)`` (True where its pixels landed): the frame and a plane of ones
-    are warped together, so coverage costs no extra pass."""
+    one's coverage ``(n, *S)`` (True where its pixels landed, to within
+    :data:`COVER_MARGIN`). Translations: the coverage follows from the shifts (a box per
+    frame); other transforms warp the frame and a plane of ones together, so coverage
+    costs no extra pass."""
+    shifts = _pixel_shifts(transforms, raw.dim() - 1)
+    if shifts is not None:
+        cover = _shifted_cover(raw.shape[1:], shifts).to(raw.device)
+        return _warp(raw[:, None], transforms)[:, 0], cover
     moved = _warp(torch.stack([raw, torch.ones_like(raw)], dim=1), transforms)
-    return moved[:, 0], moved[:, 1] > 0.999
+    return moved[:, 0], moved[:, 1] > 1.0 - COVER_MARGIN
+
+
+def _pixel_shifts(transforms, ndim: int) -> np.ndarray | None:
+    """``(n, D)`` pixel shifts when every transform is a pure translation, else None."""
+    eye = np.eye(ndim)
+    if not all(
+        isinstance(t, AffineTransform) and np.array_equal(t.matrix[:ndim, :ndim], eye)
+        for t in transforms
+    ):
+        return None
+    return np.stack([t.matrix[:ndim, ndim] for t in transforms])
+
+
+def _shifted_cover(shape, shifts: np.ndarray) -> torch.Tensor:
+    """``(n, *S)``: where output pixel ``x`` samples ``x + s`` inside the frame (within
+    :data:`COVER_MARGIN` of its edge), for each frame's shift ``s``; one box per frame."""
+    cover = None
+    for axis, size in enumerate(shape):
+        x = np.arange(size)[None] + shifts[:, axis, None]  # (n, size), float64 on the host
+        inside = (x > -COVER_MARGIN) & (x < size - 1 + COVER_MARGIN)
+        view = inside.reshape(len(shifts), *[size if a == axis else 1 for a in range(len(shape))])
+        cover = view if cover is None else cover & view
+    return torch.from_numpy(cover).expand(len(shifts), *shape)
 
 
 def _warp_block(block: np.ndarray, transforms, device: str) -> np.ndarray:
