@@ -8,6 +8,10 @@ most a few hundred numbers, kept in float64 on the host, where origins far from 
 it). Larger float64 tensors are allowed only in the host-side code named in
 :data:`HOST_SIDE`, each for its reason; anything else is a float64 image a GPU would
 compute in float64, and fails here.
+
+The inputs are float32: a float64 input is read into float64 tensors on the host (and
+rescaled there), which a run on the CPU cannot tell from the device; its returned warp is
+float64 by design.
 """
 
 from __future__ import annotations

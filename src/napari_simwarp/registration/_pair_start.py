@@ -31,7 +31,8 @@ def model_for(prep: PreparedPairs, options: RunOptions, starts: list, batch: int
         init = _stacked(fields, np.zeros((ndim, *prep.shape), np.float32))
     else:
         matrices = [_options.init_matrix(s, ndim, grids) for s in starts]
-        init = _stacked(matrices, None)
+        # a pair given no start among others starts at the grids' identity
+        init = _stacked(matrices, prep.moving_grid.to_pixels() @ prep.fixed_grid.to_physical())
     return build_model(
         options,
         batch,
@@ -45,14 +46,13 @@ def model_for(prep: PreparedPairs, options: RunOptions, starts: list, batch: int
     )
 
 
-def _stacked(values: list, identity):
-    """``values`` (arrays or None) as one ``(n, ...)`` array; None when all are None. A
-    None among arrays is the identity (``identity``, or the eye for matrices)."""
+def _stacked(values: list, identity: np.ndarray):
+    """``values`` (arrays or None) as one ``(n, ...)`` array, a None among arrays filled
+    with ``identity``; None when all are None (the model's own identity)."""
     given = [v for v in values if v is not None]
     if not given:
         return None
-    fill = np.eye(given[0].shape[-1]) if identity is None else identity
-    return np.stack([fill if v is None else np.asarray(v, given[0].dtype) for v in values])
+    return np.stack([identity if v is None else v for v in values]).astype(given[0].dtype)
 
 
 def _init_onto_resampled(init, prep: PreparedPairs):
@@ -122,17 +122,23 @@ def shift_guess(prep: PreparedPairs, start: np.ndarray) -> np.ndarray:
     return (start_t[0] @ step).numpy()
 
 
-def searched_starts(prep: PreparedPairs, options: RunOptions, model, schedule) -> list | None:
-    """Each pair's best starting pixel matrix (:func:`~.search.initial_guess` over the
-    rotation candidates and the shift guess; None where the identity is best), or None when
-    no pair moved: rotations up to 30° and shifts up to a quarter of the image."""
+def searched_starts(
+    prep: PreparedPairs, options: RunOptions, model, schedule, unset: list[bool]
+) -> list | None:
+    """Each pair's starting pixel matrix ``(D+1, D+1)``: for the pairs ``unset`` marks,
+    the best of :func:`~.search.initial_guess`'s candidates (rotations up to 30° and shifts
+    up to a quarter of the image, the shift guess among them); for the others, and where
+    the model's start is best, the model's start. None when no pair moved."""
     # float64 host copies of the model's start (its device matrices are float32 on GPUs)
-    starts = model.left_host @ model.right_host  # (N, D+1, D+1), a new array
-    found = []
+    starts = list(model.left_host @ model.right_host)  # (N, D+1, D+1), new arrays
+    moved = False
     for i in range(prep.count):
+        if not unset[i]:
+            continue
         one = prep.pair(i)
-        start = starts[i]
-        found.append(
-            search.initial_guess(one, start, schedule, options.model, shift_guess(one, start))
+        guess = search.initial_guess(
+            one, starts[i], schedule, options.model, shift_guess(one, starts[i])
         )
-    return None if all(g is None for g in found) else found
+        if guess is not None:
+            starts[i], moved = guess, True
+    return starts if moved else None

@@ -34,6 +34,7 @@ class PreparedPairs:
     shape, moving_shape : full-resolution spatial shapes
     fixed_grid, moving_grid : pixel sizes and origins
     resampled : a dense run whose moving image was resampled onto the fixed grid
+    device, levels, count : where the run is, its pyramid levels, its pairs (``N``)
     """
 
     fixed: list
@@ -148,9 +149,14 @@ def prepare_pairs(
     ms = _tensors(moving, "moving", batched)
     f, m = fs[0], ms[0]
     if f.dim() != m.dim():
+        hint = (
+            "; a list of images is a batch of pairs (numpy.stack a list of planes for one volume)"
+            if batched
+            else ""
+        )
         raise ValueError(
             f"fixed and moving must have the same dimensionality, got "
-            f"{f.dim()}-D {tuple(f.shape)} and {m.dim()}-D {tuple(m.shape)}"
+            f"{f.dim()}-D {tuple(f.shape)} and {m.dim()}-D {tuple(m.shape)}{hint}"
         )
     count = max(len(fs), len(ms))
     model = options.model
@@ -221,6 +227,9 @@ def prepare_pairs(
 
 
 def _normalized(images, name: str, device, batched: bool) -> torch.Tensor:
-    """``(n, 1, *S)``: each image on ``device`` rescaled to its own robust range."""
+    """``(n, 1, *S)`` float32 on ``device``: each image rescaled to its own robust range
+    where it is (a NumPy input on the host: float64 data is rescaled there, not on the
+    device), then moved."""
     names = _names(name, len(images), batched)
-    return torch.stack([_inputs.normalize(t.to(device), n) for t, n in zip(images, names)])[:, None]
+    out = [_inputs.normalize(t, n).to(device) for t, n in zip(images, names)]
+    return torch.stack(out)[:, None]

@@ -130,14 +130,14 @@ def _score_view(x: torch.Tensor, value_range) -> torch.Tensor:
     estimates see them (less noise)."""
     lo, hi = value_range
     ndim = x.dim() - 1
-    x = x.clamp(lo, hi)
+    x = x.float().clamp(lo, hi)  # scores in float32 (float64 frames too: no float64 maps)
     return gaussian_blur(x.reshape(-1, 1, *x.shape[-ndim:]), 1.0).reshape(x.shape)
 
 
 def _target_part(src, sl, transforms, value_range):
     """Batch ``sl``'s share of the "mean" target (a job): the sums over its frames of the
     aligned and of the raw frames ``(*S)``, and where all of them landed ``(*S)``."""
-    raw = src.raw(sl)
+    raw = src.raw(sl).float()  # (a float64 stack too: the mean target is float32)
     moved, cover = warp_frames(raw, transforms)
     view = _score_view
     return view(moved, value_range).sum(dim=0), cover.all(dim=0), view(raw, value_range).sum(0)
@@ -156,7 +156,7 @@ def _mean_target(src, parts, total):
 
 def _frame_target(src, index, transform, value_range):
     """``(target, cover, start)`` of one reference frame: aligned, its coverage, raw."""
-    raw = src.raw(slice(index, index + 1))
+    raw = src.raw(slice(index, index + 1)).float()  # scores are float32
     moved, cover = warp_frames(raw, [transform])
     return _score_view(moved, value_range)[None], cover[None], _score_view(raw, value_range)[None]
 
@@ -167,8 +167,10 @@ def _score_batch(src, sl, transforms, value_range, target, keep):
     frames as NumPy when ``keep`` (else None)."""
     target, target_cover, start = target
     raw = src.raw(sl)
+    if not keep:  # only scored: float32 (a float64 stack's returned frames stay float64)
+        raw = raw.float()
     moved, cover = warp_frames(raw, transforms)
-    shared = (cover[:, None] & target_cover).to(raw.dtype)
+    shared = (cover[:, None] & target_cover).float()
     final = masked_zncc(target, _score_view(moved, value_range)[:, None], shared)
     initial = masked_zncc(start, _score_view(raw, value_range)[:, None], torch.ones_like(shared))
     overlap = cover.flatten(1).float().mean(1).double()  # float32 on the device

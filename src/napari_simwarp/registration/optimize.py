@@ -91,9 +91,9 @@ class Progress:
 
     @property
     def pending_loss(self):
-        """The loss as handed over, unread: a float, or a 0-d tensor still on the device
-        (for a snapshot passed on, e.g. as a :class:`~.stack.StackProgress`, without a
-        host sync)."""
+        """The loss as handed over, unread: a float, or the ``(N,)`` losses still on the
+        device (for a snapshot passed on, e.g. as a :class:`~.stack.StackProgress`,
+        without a host sync)."""
         return self._loss
 
     @property

@@ -35,7 +35,7 @@ from ._prepared import PreparedPairs, prepare_pairs
 from .models import LinearModel
 from .optimize import RunResult, optimize
 from .plan import PRE_BLUR, PRE_BLUR_DEFORMABLE, PRE_BLUR_MI, RunOptions  # noqa: F401 (their home)
-from .quality import assess, lowest_jacobian, masked_nmi, masked_zncc, measure_for
+from .quality import emit, lowest_jacobian, masked_nmi, masked_zncc, measure_for, problems
 from .transforms import Transform
 
 
@@ -207,9 +207,11 @@ def run_pairs(prep: PreparedPairs, options: RunOptions, inits, landmarks=None,
             )
         ]
     mdl = model_for(prep, options, starts)
-    if pairs is None and not options.dense and all(s is None for s in inits):
-        # Rotations up to 30° and shifts up to a quarter of the image: see search.py.
-        guesses = searched_starts(prep, options, mdl, schedule)
+    if pairs is None and not options.dense:
+        # The pairs given no start: rotations up to 30° and shifts up to a quarter of the
+        # image (search.py).
+        unset = [s is None for s in (starts * prep.count if len(starts) == 1 else starts)]
+        guesses = searched_starts(prep, options, mdl, schedule, unset)
         if guesses is not None:
             mdl = model_for(prep, options, guesses)
     penalty = None
@@ -254,13 +256,18 @@ def run_pairs(prep: PreparedPairs, options: RunOptions, inits, landmarks=None,
                 initial_similarity=initial[i],
                 similarity_measure=measure,
                 overlap=overlap[i],
-                warnings=assess(
-                    similarity[i], initial[i], overlap[i], options.dense, measure, folding
-                ),
+                warnings=_assessed(i, prep.count, similarity, initial, overlap, options, folding),
                 seconds=seconds,
             )
         )
     return results
+
+
+def _assessed(i, count, similarity, initial, overlap, options, folding) -> list[str]:
+    """Pair ``i``'s warnings, emitted; in a batch each names its pair."""
+    measure = measure_for(options.metric)
+    found = problems(similarity[i], initial[i], overlap[i], options.dense, measure, folding)
+    return emit([f"pair {i}: {m}" if count > 1 else m for m in found.values()])
 
 
 def _own_history(history: list, pair_history: list, i: int) -> list[float]:
