@@ -231,7 +231,8 @@ def run(args) -> int:
     from .pair import register
     from .plan import RunOptions
 
-    # every option checked before any file is read
+    # the optimizer's options checked before any file is read (the grids, landmarks and
+    # device are checked with the images)
     options = RunOptions.make(
         args.model,
         args.metric,

@@ -245,7 +245,7 @@ def run_pairs(prep: PreparedPairs, options: RunOptions, inits, landmarks=None,
         results.append(
             RegistrationResult(
                 transform=transform,
-                warped=warped[i, 0],
+                warped=warped[i, 0] if prep.count == 1 else warped[i, 0].copy(),  # its own
                 loss_history=_own_history(history, pair_history, i),
                 stopped=stopped,
                 model=options.model,
