@@ -11,10 +11,13 @@
 #   4. parity     every CUDA op against the CPU kernels and float64 (test_host_shim -k cuda)
 #   5. bench      benchmarks/bench_gpu.py: kernels against the bytes they move, ops against
 #                 pure torch and the peers that are installed or carried (below)
-#   6. register   benchmarks/bench_gpu_register.py: registration on the GPU against the
+#   6. match_template  benchmarks/match_template_float32.py: float32 on the GPU against
+#                 scikit-image's float64 on the CPU (accuracy, float64 results, time; in
+#                 the bench log)
+#   7. register   benchmarks/bench_gpu_register.py: registration on the GPU against the
 #                 same machine's CPU, on known truth (2-D/3-D affine and deformable, drift,
-#                 2048² and 192³)
-#   7. suite      the test suite without the Qt tests, on CUDA, in parallel; beside it,
+#                 2048² and 192³), and a batch of 16 pairs against one run per pair
+#   8. suite      the test suite without the Qt tests, on CUDA, in parallel; beside it,
 #                 compute-sanitizer memcheck of the parity tests
 #
 # Output: one folder ($SIMWARP_GPU_CHECK_OUT, default gpu-check/) with summary.md (the
@@ -139,6 +142,8 @@ step parity 60 220 parity "CUDA vs CPU kernels and float64" \
     "$python" -m pytest -q -p no:cacheprovider tests/csrc/test_host_shim.py -k cuda
 step bench 90 190 bench "peers: $peers_note" \
     "$python" benchmarks/bench_gpu.py --markdown "$scratch/bench.md"
+step match_template 45 180 bench "float32 on the GPU against scikit-image's float64" \
+    "$python" benchmarks/match_template_float32.py --device cuda
 # The benchmark skips the cases it has no time left for (its own budget, inside the box).
 register_budget=$(left 160)
 [ "$register_budget" -gt 135 ] && register_budget=135

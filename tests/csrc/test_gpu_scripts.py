@@ -67,7 +67,8 @@ def test_gpu_check_fits_the_gpu_machines_box():
     assert budget <= 480
     steps = _gpu_check_steps()
     assert [s[0] for s in steps] == [
-        "build", "self_check", "refusals", "parity", "bench", "register", "suite"
+        "build", "self_check", "refusals", "parity", "bench", "match_template", "register",
+        "suite",
     ]  # fmt: skip
     logs = {s[3] for s in steps} | {"memcheck", "summary"}
     assert len(logs) <= 8
