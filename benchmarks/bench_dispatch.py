@@ -175,6 +175,8 @@ def gpu_policy() -> None:
 
         optimize.READ_EVERY["cpu"] = optimize.READ_EVERY_DEFAULT
         models.WIDE_DEVICE_TYPES = frozenset()
+        if hasattr(models, "INF_NORM_DEVICE_TYPES"):
+            models.INF_NORM_DEVICE_TYPES = models.INF_NORM_DEVICE_TYPES | {"cpu"}
         drift.SLICE_DEVICE_TYPES = frozenset()
 
 

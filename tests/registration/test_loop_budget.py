@@ -39,6 +39,7 @@ def gpu_policy(monkeypatch):
     monkeypatch.setitem(optimize.READ_EVERY, "cpu", optimize.READ_EVERY_DEFAULT)
     monkeypatch.setattr(models, "WIDE_DEVICE_TYPES", frozenset())
     monkeypatch.setattr(drift, "SLICE_DEVICE_TYPES", frozenset())
+    monkeypatch.setattr(models, "INF_NORM_DEVICE_TYPES", models.INF_NORM_DEVICE_TYPES | {"cpu"})
 
 
 def _pair(shape, seed=3):

@@ -571,13 +571,17 @@ class TestBSplineControl:
             DenseModel("deformable", (16, 16), 1, regularizer_kind="tv")
 
 
+@pytest.mark.parametrize("norm", [True, False])
 @pytest.mark.parametrize("shape", [(9, 9), (9, 13), (1, 12), (5, 6, 7)])
-def test_inside_mask_is_grid_inside(shape):
+def test_inside_mask_is_grid_inside(shape, norm, monkeypatch):
     """The loop's in-bounds mask (limits made once; one norm on square images) against
     ops._sampling.grid_inside, on a grid that crosses every border."""
     from napari_simwarp.ops._sampling import grid_inside
+    from napari_simwarp.registration import models
     from napari_simwarp.registration.models import inside_mask
 
+    if norm:  # the GPU's form
+        monkeypatch.setattr(models, "INF_NORM_DEVICE_TYPES", frozenset({"cpu"}))
     rng = np.random.default_rng(0)
     grid = torch.from_numpy(rng.uniform(-1.3, 1.3, (2, 8, 9, len(shape)))).float()
     cache = {}

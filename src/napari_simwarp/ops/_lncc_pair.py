@@ -179,11 +179,14 @@ class _PairLocalNCC(torch.autograd.Function):
         acc, total = side.acc, side.total
         spatial = tuple(rho.shape[2:])
         grad = grad.to(acc)
-        # c = −∂L/∂ρ (the sign goes to the final index_add)
+        # c = ∂L/∂ρ times the scale of b (∂b/∂moving), folded in here: index_add_ with an
+        # alpha other than 1 takes a slow path on the CPU (100 times slower)
+        factor = -ctx.scale
         if w is None:
-            c = (grad / rho[0].numel()).view(n, *[1] * len(spatial)).expand(n, *spatial)
+            c = (grad * (factor / rho[0].numel())).view(n, *[1] * len(spatial))
+            c = c.expand(n, *spatial)
         else:
-            coef = torch.div(grad, wsum)
+            coef = torch.addcdiv(side.zero, grad, wsum, value=factor)
             c = torch.mul(w.view(n, *spatial), coef.view(n, *[1] * len(spatial)))
         partials = sb.new_empty((3, n, *spatial))
         torch.mul(c, r, out=partials[2])
@@ -195,7 +198,7 @@ class _PairLocalNCC(torch.autograd.Function):
         grad_bp = adjoint[0].addcmul_(side.padded[0], adjoint[2])
         grad_bp.addcmul_(bp[0], adjoint[1], value=-1.0)
         grad_b = grad_bp.new_zeros((n, int(np.prod(spatial))))
-        grad_b.index_add_(1, side.index, grad_bp, alpha=-ctx.scale)
+        grad_b.index_add_(1, side.index, grad_bp)
         return grad_b.view(n, 1, *spatial).to(ctx.out_dtype), None, None
 
 
