@@ -16,6 +16,7 @@ import torch
 
 import napari_simwarp as sw
 from napari_simwarp import ops
+from napari_simwarp._qt._common import layer_by_name
 
 from .conftest import no_workers_running
 
@@ -173,3 +174,54 @@ def test_template_matching_docked_from_the_menu_reuses_its_layers_and_keeps_the_
     expected = match_template(image, image[y0 : y0 + h, x0 : x0 + wd], pad_input=True)
     np.testing.assert_allclose(viewer.layers["ZNCC map"].data, expected, atol=1e-4)
     assert tuple(viewer.layers["matches"].data[0]) == (y0 + h // 2, x0 + wd // 2)
+
+
+def _map_shown_at_draw(viewer):
+    """At a canvas draw: None when the similarity map layer shows nothing on the viewer's
+    current frame, else (the frame the viewer is on, the frame the map layer is of, the
+    2-D map napari has sliced for display)."""
+    layer = layer_by_name(viewer, "similarity map")
+    if layer is None or layer._slice.empty:
+        return None
+    frame_on_screen = int(viewer.dims.current_step[0])
+    frame_of_map = round(float(layer.translate[0] / layer.scale[0]))
+    return frame_on_screen, frame_of_map, np.array(layer._slice.image.view)
+
+
+def test_similarity_map_never_shows_a_map_of_another_frame(shown_viewer, qtbot):
+    # Issue 27: during playback the map of an earlier frame stayed on screen, looking
+    # current, for the debounce and the next frame's computation.
+    from scipy import ndimage
+
+    viewer = shown_viewer
+    rng = np.random.default_rng(1)
+    # each frame's texture differs in amplitude, so each frame's map is its own
+    movie = np.stack([rng.standard_normal((64, 72)) * (t + 1) for t in range(8)]).astype(np.float32)
+    viewer.add_image(movie, name="movie")
+    viewer.dims.set_current_step(0, 0)
+    w = _from_menu(viewer, "Similarity map")
+    w._image.value = viewer.layers["movie"]
+    w._window.value = 5
+    qtbot.waitUntil(lambda: w.results_shown >= 1 and not w.busy, timeout=60000)
+
+    seen = []
+    canvas = viewer.window._qt_viewer.canvas._scene_canvas
+    canvas.events.draw.connect(lambda e: seen.append(_map_shown_at_draw(viewer)))
+    for t in [1, 2, 3, 5, 4, 7, 6, 0, 2]:  # steps faster than the maps: playback-like
+        viewer.dims.set_current_step(0, t)
+        qtbot.wait(15)
+    qtbot.waitUntil(lambda: not w.busy, timeout=60000)
+    qtbot.wait(100)  # the last map's draw
+
+    def reference(t):
+        f = movie[t].astype(np.float64)
+        mean = ndimage.uniform_filter(f, 5, mode="reflect")
+        return np.sqrt(np.maximum(ndimage.uniform_filter(f * f, 5, mode="reflect") - mean**2, 0))
+
+    drawn = [s for s in seen if s is not None]
+    assert drawn, "no map was ever drawn"
+    for on_screen, of_map, view in drawn:
+        assert of_map == on_screen  # a map is drawn on its own frame only
+        np.testing.assert_allclose(view, reference(on_screen), rtol=1e-4, atol=1e-4)
+    assert seen[-1] is not None and seen[-1][0] == 2  # the frame the viewer stopped on
+    assert f"({2},)" in w._status.value  # the status names the frame the map is of
