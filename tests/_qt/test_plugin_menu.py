@@ -225,3 +225,20 @@ def test_similarity_map_never_shows_a_map_of_another_frame(shown_viewer, qtbot):
         np.testing.assert_allclose(view, reference(on_screen), rtol=1e-4, atol=1e-4)
     assert seen[-1] is not None and seen[-1][0] == 2  # the frame the viewer stopped on
     assert f"({2},)" in w._status.value  # the status names the frame the map is of
+
+
+def test_register_plot_before_a_run_names_what_a_run_will_plot(shown_viewer):
+    # Issue 27: the empty plot read "loss" against "snapshot", which no run plots.
+    viewer = shown_viewer
+    viewer.open_sample(PLUGIN, "deformed_pair")
+    w = _from_menu(viewer, "Register")
+    axis = w._plot._view.getPlotItem().getAxis
+
+    def titles():
+        return axis("bottom").labelText, axis("left").labelText
+
+    assert titles() == ("iteration (all levels)", "similarity (ZNCC)")
+    w._metric.value = "mi"
+    assert titles() == ("iteration (all levels)", "similarity (normalized MI)")
+    w._mode.value = "time-lapse (drift)"
+    assert titles() == ("frame", "shift (px)")

@@ -24,6 +24,7 @@ from qtpy.QtCore import QTimer
 
 from ..registration.grid import Grid
 from ..registration.quality import MEASURES
+from ..widgets_logic.curves import empty_curve
 from ..widgets_logic.geometry import (
     apply_transforms,
     for_moving_grid,
@@ -202,10 +203,13 @@ class RegisterWidget(WorkerWidget):
             ]
         )
         self._plot = LossPlot()
+        self._show_empty_plot()
         self.native.layout().addWidget(self._plot)
         self.extend([self._save_btn, self._apply_to, self._apply_btn, self._affine_btn])
 
         self._mode.changed.connect(self._update_visibility)
+        self._mode.changed.connect(self._show_empty_plot)
+        self._metric.changed.connect(self._show_empty_plot)
         self._fixed.changed.connect(self._on_layers)
         self._moving.changed.connect(self._on_layers)
         self._geometry: dict = {}  # scale and translate of the results (the fixed grid's)
@@ -285,6 +289,12 @@ class RegisterWidget(WorkerWidget):
             self._fixed.value = images[0]
             if self._moving.value is images[0]:
                 self._moving.value = images[1]
+
+    def _show_empty_plot(self, *_):
+        """Before a first run (or a mode or metric change since): the axes the next run
+        will draw, titled, with no points."""
+        if getattr(self, "_run", None) is None or not self._plot.curve.x:
+            self._plot.set_curve(empty_curve(self.mode, self._metric.value))
 
     def _update_visibility(self, *_):
         stack = self.mode == "stack"
@@ -368,7 +378,7 @@ class RegisterWidget(WorkerWidget):
         self._buffers = {}  # result layer name -> the array this run gave it, refilled
         self._moving_hidden = False  # hidden at the first registered image shown
         self._waiting, self._last_vectors, self._last_progress = None, -np.inf, -np.inf
-        self._plot.set_values([])
+        self._plot.set_curve(empty_curve(self.mode, self._metric.value))
         # napari's progress bar, advanced by the steps each snapshot covers (snapshots are
         # merged in the worker, so one yield may stand for several steps).
         desc = "Aligning frames" if self.mode == "stack" else "Registering"
