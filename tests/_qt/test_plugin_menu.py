@@ -242,3 +242,26 @@ def test_register_plot_before_a_run_names_what_a_run_will_plot(shown_viewer):
     assert titles() == ("iteration (all levels)", "similarity (normalized MI)")
     w._mode.value = "time-lapse (drift)"
     assert titles() == ("frame", "shift (px)")
+
+
+def test_register_an_rgb_fixed_layer_is_registered_on_its_luminance_and_says_so(
+    shown_viewer, qtbot
+):
+    # Issue 27: an RGB fixed image was used as luminance without a word.
+    from skimage.color import rgb2gray
+
+    viewer = shown_viewer
+    viewer.open_sample(PLUGIN, "deformed_pair")
+    gray = np.asarray(viewer.layers["fixed"].data, np.float32)
+    tint = np.array([1.0, 0.8, 0.6], np.float32)
+    rgb = viewer.add_image(gray[..., None] * tint, name="photo", rgb=True)
+    moving = viewer.layers["moving"]
+    w = _from_menu(viewer, "Register")
+    w._fixed.value, w._moving.value = rgb, moving
+    w._iterations.value = 30
+    _run_register(qtbot, w)
+    assert "the fixed layer 'photo' is RGB: registered on luminance" in w._status.value
+    api = sw.register(
+        rgb2gray(rgb.data), moving.data, model="affine", levels=w._run.levels, iterations=30
+    )
+    np.testing.assert_allclose(w.result.transform.matrix, api.transform.matrix, atol=1e-3)

@@ -24,6 +24,7 @@ from qtpy.QtCore import QTimer
 
 from ..registration.grid import Grid
 from ..registration.quality import MEASURES
+from ..widgets_logic._arrays import luminance_note
 from ..widgets_logic.curves import empty_curve
 from ..widgets_logic.geometry import (
     apply_transforms,
@@ -368,6 +369,11 @@ class RegisterWidget(WorkerWidget):
             self._on_error(exc)  # the status line says why, not a stale message
             return
         self._run, self._moving_layer = run, moving
+        self._rgb_note = luminance_note(
+            [("fixed", self._fixed.value if self.mode == "pair" else None), ("moving", moving)]
+        )
+        if self._rgb_note:
+            notify_info(self._rgb_note)
         self._on_step()  # the frame on screen is the one the live display warps
         self._fixed_layer = self._fixed.value if self.mode == "pair" else moving
         if not (self.mode == "pair" and run.settings.show_gradient):
@@ -753,6 +759,8 @@ class RegisterWidget(WorkerWidget):
                     f"{word}: {self._run.frame_total} frames aligned in {res.seconds:.1f} s "
                     f"on {res.device}; lowest frame similarity ({label}) {res.similarity:.3f}"
                 )
+            if getattr(self, "_rgb_note", ""):
+                status += f"; {self._rgb_note}"
             if res.warnings:
                 status += f"; ⚠ {len(res.warnings)} warning(s)"
                 for message in res.warnings:
