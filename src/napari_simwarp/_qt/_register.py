@@ -255,6 +255,10 @@ class RegisterWidget(WorkerWidget):
         self._on_layers()
         self._backend.refresh()
         _import_in_background("pandas")
+        # The engine's modules too: the first run imported them on the GUI thread, part of
+        # a 335 ms pause at its start from the Plugins menu (issue 27).
+        for module in ENGINE_MODULES:
+            _import_in_background(module)
         # A full collection now, as the widget opens: CPython runs one when enough objects
         # have outlived two collections since the last, and the first run's new layers (Qt
         # controls, vispy visuals, events) tipped it mid-run: 0.3-0.4 s with the GUI thread
@@ -896,6 +900,14 @@ def _plane_grid(layer, plane, role: str):
 def _snapshots(run):
     """The run's snapshots, in the worker thread."""
     yield from run.snapshots()
+
+
+#: what a first run imports (measured): imported as the widget opens, in a thread
+ENGINE_MODULES = (
+    "napari_simwarp.registration.pair",
+    "napari_simwarp.registration.stack",
+    "napari_simwarp.io.transform_files",
+)
 
 
 def _import_in_background(module: str) -> None:
