@@ -265,3 +265,20 @@ def test_register_an_rgb_fixed_layer_is_registered_on_its_luminance_and_says_so(
         rgb2gray(rgb.data), moving.data, model="affine", levels=w._run.levels, iterations=30
     )
     np.testing.assert_allclose(w.result.transform.matrix, api.transform.matrix, atol=1e-3)
+
+
+def test_register_never_takes_another_widgets_result_layer_as_an_input(shown_viewer, qtbot):
+    # Issue 27 (a screenshot): docked over one image, the Register widget made the
+    # Similarity map's new result layer its moving image.
+    viewer = shown_viewer
+    viewer.open_sample(PLUGIN, "drifting_timelapse")
+    movie = viewer.layers["time-lapse"]
+    reg = _from_menu(viewer, "Register")
+    sim = _from_menu(viewer, "Similarity map")
+    sim._image.value = movie
+    qtbot.waitUntil(lambda: sim.results_shown >= 1 and not sim.busy, timeout=60000)
+    assert "similarity map" in viewer.layers
+    assert reg._fixed.value is None and reg._moving.value is movie
+    # a user's second image is still taken as the pair, fixed then moving
+    other = viewer.add_image(np.asarray(movie.data[0]), name="reference frame")
+    assert (reg._fixed.value, reg._moving.value) in ((movie, other), (other, movie))

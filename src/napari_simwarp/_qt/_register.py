@@ -42,6 +42,7 @@ from ..widgets_logic.registration import (
     RunSettings,
     landmarks_from_layers,
 )
+from ..widgets_logic.result_names import is_result
 from ._common import (
     WorkerWidget,
     after_kernel_build,
@@ -289,7 +290,12 @@ class RegisterWidget(WorkerWidget):
         image layers, fixed then moving (magicgui alone put the first one in *moving* and
         left *fixed* empty)."""
         super().reset_choices(*args)
-        images = [layer for layer in self._moving.choices if layer is not None]
+        # never another widget's result (a "similarity map" added later became *moving*)
+        images = [
+            layer
+            for layer in self._moving.choices
+            if layer is not None and not is_result(layer.name)
+        ]
         if self.mode == "pair" and self._fixed.value is None and len(images) >= 2:
             self._fixed.value = images[0]
             if self._moving.value is images[0]:
