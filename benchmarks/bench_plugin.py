@@ -6,8 +6,8 @@ one map (inputs converted and cached, as after the first refresh in the viewer);
 timed call is what a slider change costs: a new request id and a new map with another
 window (local std, local NCC, SSIM) or another 64² template (ZNCC), through the same code
 path the widget runs in its worker thread, up to the NumPy array handed to the layer.
-Target: under 0.5 s on the development CPU (2 cores). The debounce delay (150 ms) and
-napari's redraw are not included.
+Target: under 0.5 s on the development CPU (2 cores). napari's redraw is not included
+(``similarity_from_menu`` times it, from the Plugins menu in a shown viewer).
 
 Case 2 (needs a display: run under ``xvfb-run -a``): the Register widget on the sample pair
 (512², deformable, LNCC, the similarity gradient shown) against ``napari_simwarp.register``
