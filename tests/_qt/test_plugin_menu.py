@@ -16,6 +16,7 @@ import torch
 
 import napari_simwarp as sw
 from napari_simwarp import ops
+from napari_simwarp._qt._common import layer_by_name
 
 from .conftest import no_workers_running
 
@@ -173,3 +174,111 @@ def test_template_matching_docked_from_the_menu_reuses_its_layers_and_keeps_the_
     expected = match_template(image, image[y0 : y0 + h, x0 : x0 + wd], pad_input=True)
     np.testing.assert_allclose(viewer.layers["ZNCC map"].data, expected, atol=1e-4)
     assert tuple(viewer.layers["matches"].data[0]) == (y0 + h // 2, x0 + wd // 2)
+
+
+def _map_shown_at_draw(viewer):
+    """At a canvas draw: None when the similarity map layer shows nothing on the viewer's
+    current frame, else (the frame the viewer is on, the frame the map layer is of, the
+    2-D map napari has sliced for display)."""
+    layer = layer_by_name(viewer, "similarity map")
+    if layer is None or layer._slice.empty:
+        return None
+    frame_on_screen = int(viewer.dims.current_step[0])
+    frame_of_map = round(float(layer.translate[0] / layer.scale[0]))
+    return frame_on_screen, frame_of_map, np.array(layer._slice.image.view)
+
+
+def test_similarity_map_never_shows_a_map_of_another_frame(shown_viewer, qtbot):
+    # Issue 27: during playback the map of an earlier frame stayed on screen, looking
+    # current, for the debounce and the next frame's computation.
+    from scipy import ndimage
+
+    viewer = shown_viewer
+    rng = np.random.default_rng(1)
+    # each frame's texture differs in amplitude, so each frame's map is its own
+    movie = np.stack([rng.standard_normal((64, 72)) * (t + 1) for t in range(8)]).astype(np.float32)
+    viewer.add_image(movie, name="movie")
+    viewer.dims.set_current_step(0, 0)
+    w = _from_menu(viewer, "Similarity map")
+    w._image.value = viewer.layers["movie"]
+    w._window.value = 5
+    qtbot.waitUntil(lambda: w.results_shown >= 1 and not w.busy, timeout=60000)
+
+    seen = []
+    canvas = viewer.window._qt_viewer.canvas._scene_canvas
+    canvas.events.draw.connect(lambda e: seen.append(_map_shown_at_draw(viewer)))
+    for t in [1, 2, 3, 5, 4, 7, 6, 0, 2]:  # steps faster than the maps: playback-like
+        viewer.dims.set_current_step(0, t)
+        qtbot.wait(15)
+    qtbot.waitUntil(lambda: not w.busy, timeout=60000)
+    qtbot.wait(100)  # the last map's draw
+
+    def reference(t):
+        f = movie[t].astype(np.float64)
+        mean = ndimage.uniform_filter(f, 5, mode="reflect")
+        return np.sqrt(np.maximum(ndimage.uniform_filter(f * f, 5, mode="reflect") - mean**2, 0))
+
+    drawn = [s for s in seen if s is not None]
+    assert drawn, "no map was ever drawn"
+    for on_screen, of_map, view in drawn:
+        assert of_map == on_screen  # a map is drawn on its own frame only
+        np.testing.assert_allclose(view, reference(on_screen), rtol=1e-4, atol=1e-4)
+    assert seen[-1] is not None and seen[-1][0] == 2  # the frame the viewer stopped on
+    assert f"({2},)" in w._status.value  # the status names the frame the map is of
+
+
+def test_register_plot_before_a_run_names_what_a_run_will_plot(shown_viewer):
+    # Issue 27: the empty plot read "loss" against "snapshot", which no run plots.
+    viewer = shown_viewer
+    viewer.open_sample(PLUGIN, "deformed_pair")
+    w = _from_menu(viewer, "Register")
+    axis = w._plot._view.getPlotItem().getAxis
+
+    def titles():
+        return axis("bottom").labelText, axis("left").labelText
+
+    assert titles() == ("iteration (all levels)", "similarity (ZNCC)")
+    w._metric.value = "mi"
+    assert titles() == ("iteration (all levels)", "similarity (normalized MI)")
+    w._mode.value = "time-lapse (drift)"
+    assert titles() == ("frame", "shift (px)")
+
+
+def test_register_an_rgb_fixed_layer_is_registered_on_its_luminance_and_says_so(
+    shown_viewer, qtbot
+):
+    # Issue 27: an RGB fixed image was used as luminance without a word.
+    from skimage.color import rgb2gray
+
+    viewer = shown_viewer
+    viewer.open_sample(PLUGIN, "deformed_pair")
+    gray = np.asarray(viewer.layers["fixed"].data, np.float32)
+    tint = np.array([1.0, 0.8, 0.6], np.float32)
+    rgb = viewer.add_image(gray[..., None] * tint, name="photo", rgb=True)
+    moving = viewer.layers["moving"]
+    w = _from_menu(viewer, "Register")
+    w._fixed.value, w._moving.value = rgb, moving
+    w._iterations.value = 30
+    _run_register(qtbot, w)
+    assert "the fixed layer 'photo' is RGB: registered on luminance" in w._status.value
+    api = sw.register(
+        rgb2gray(rgb.data), moving.data, model="affine", levels=w._run.levels, iterations=30
+    )
+    np.testing.assert_allclose(w.result.transform.matrix, api.transform.matrix, atol=1e-3)
+
+
+def test_register_never_takes_another_widgets_result_layer_as_an_input(shown_viewer, qtbot):
+    # Issue 27 (a screenshot): docked over one image, the Register widget made the
+    # Similarity map's new result layer its moving image.
+    viewer = shown_viewer
+    viewer.open_sample(PLUGIN, "drifting_timelapse")
+    movie = viewer.layers["time-lapse"]
+    reg = _from_menu(viewer, "Register")
+    sim = _from_menu(viewer, "Similarity map")
+    sim._image.value = movie
+    qtbot.waitUntil(lambda: sim.results_shown >= 1 and not sim.busy, timeout=60000)
+    assert "similarity map" in viewer.layers
+    assert reg._fixed.value is None and reg._moving.value is movie
+    # a user's second image is still taken as the pair, fixed then moving
+    other = viewer.add_image(np.asarray(movie.data[0]), name="reference frame")
+    assert (reg._fixed.value, reg._moving.value) in ((movie, other), (other, movie))

@@ -152,15 +152,18 @@ def test_time_lapse_maps_are_per_frame_and_follow_the_step(viewer, qtbot):
     _wait_idle(qtbot, w)
     assert w._mode.value == "2D per plane"
     out = viewer.layers["similarity map"]
-    assert out.data.shape == stack.shape[1:]
-    np.testing.assert_allclose(out.data, _scipy_local_std(stack[0], 7), rtol=1e-4, atol=1e-5)
+    # the map of frame 0, placed on frame 0 (one plane of the time axis: napari shows it
+    # on that frame only)
+    assert out.data.shape == (1, *stack.shape[1:]) and out.translate[0] == 0
+    np.testing.assert_allclose(out.data[0], _scipy_local_std(stack[0], 7), rtol=1e-4, atol=1e-5)
 
     shown = w.results_shown
     viewer.dims.set_current_step(0, 4)  # the viewer moves to frame 4: the map follows
     _wait_idle(qtbot, w, shown + 1)
     np.testing.assert_allclose(
-        viewer.layers["similarity map"].data, _scipy_local_std(stack[4], 7), rtol=1e-4, atol=1e-5
+        viewer.layers["similarity map"].data[0], _scipy_local_std(stack[4], 7), rtol=1e-4, atol=1e-5
     )
+    assert viewer.layers["similarity map"].translate[0] == 4
     assert "(4,)" in w._status.value and "note" not in w._status.value
     shown = w.results_shown
     viewer.dims.order = (1, 0, 2)  # the viewer now shows (t, x): the map stays per frame
@@ -183,7 +186,7 @@ def test_two_layer_metric_per_frame_equals_the_frames_op(viewer, qtbot):
     qtbot.waitUntil(lambda: w._status.value.startswith("local NCC, window 5"), timeout=30000)
     ta, tb = (torch.from_numpy(np.ascontiguousarray(x[2]))[None, None] for x in (stack, moved))
     np.testing.assert_allclose(
-        viewer.layers["similarity map"].data,
+        viewer.layers["similarity map"].data[0],
         ops.local_ncc(ta, tb, window=5)[0, 0].numpy(),
         atol=1e-5,
     )
@@ -217,7 +220,7 @@ def test_lazy_layer_reads_only_the_plane_shown(viewer, qtbot):
     w._window.value = 5
     _wait_idle(qtbot, w)
     np.testing.assert_allclose(
-        viewer.layers["similarity map"].data, _scipy_local_std(stack[0], 5), rtol=1e-4, atol=1e-5
+        viewer.layers["similarity map"].data[0], _scipy_local_std(stack[0], 5), rtol=1e-4, atol=1e-5
     )
     worker_reads = [frames for main, frames in counting.reads if not main]
     assert worker_reads and all(frames == [0] for frames in worker_reads)
@@ -229,7 +232,7 @@ def test_lazy_layer_reads_only_the_plane_shown(viewer, qtbot):
     worker_reads = [frames for main, frames in counting.reads if not main]
     assert worker_reads and all(frames == [7] for frames in worker_reads)
     np.testing.assert_allclose(
-        viewer.layers["similarity map"].data, _scipy_local_std(stack[7], 5), rtol=1e-4, atol=1e-5
+        viewer.layers["similarity map"].data[0], _scipy_local_std(stack[7], 5), rtol=1e-4, atol=1e-5
     )
 
 
@@ -245,14 +248,14 @@ def test_multiscale_layer_uses_the_chosen_level(viewer, qtbot):
     w._window.value = 5
     _wait_idle(qtbot, w)
     np.testing.assert_allclose(
-        viewer.layers["similarity map"].data, _scipy_local_std(full[0], 5), rtol=1e-4, atol=1e-5
+        viewer.layers["similarity map"].data[0], _scipy_local_std(full[0], 5), rtol=1e-4, atol=1e-5
     )
     shown = w.results_shown
     w._level.value = 1
     _wait_idle(qtbot, w, shown + 1)
     out = viewer.layers["similarity map"]
-    np.testing.assert_allclose(out.data, _scipy_local_std(half[0], 5), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(out.scale, [2.0, 2.0])  # drawn over the full-resolution grid
+    np.testing.assert_allclose(out.data[0], _scipy_local_std(half[0], 5), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out.scale, [1.0, 2.0, 2.0])  # over the full-resolution grid
 
 
 def test_window_larger_than_an_axis_is_an_error_not_a_clip(viewer, qtbot, errors):

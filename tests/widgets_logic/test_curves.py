@@ -12,6 +12,7 @@ from napari_simwarp.registration.quality import RegistrationWarning
 from napari_simwarp.registration.transforms import AffineTransform
 from napari_simwarp.widgets_logic.curves import (
     FrameShifts,
+    empty_curve,
     frame_similarity_curve,
     shift_curve,
     similarity_curve,
@@ -108,3 +109,14 @@ def test_a_pair_run_plots_the_similarity_the_result_reports():
     value = run._similarity(res.transform, res.warped)
     assert value == pytest.approx(res.similarity, abs=2e-3)
     assert torch.is_tensor(run._similarity_inputs[0])
+
+
+def test_empty_curve_names_what_a_run_of_the_mode_will_plot():
+    pair = empty_curve("pair", "lncc")
+    assert (pair.x, pair.y) == ((), ())
+    assert (pair.x_label, pair.y_label) == ("iteration (all levels)", "similarity (ZNCC)")
+    assert empty_curve("pair", "mi").y_label == "similarity (normalized MI)"
+    drift = empty_curve("stack")
+    assert (drift.x_label, drift.y_label) == ("frame", "shift (px)")
+    with pytest.raises(ValueError, match="mode must be 'pair' or 'stack'"):
+        empty_curve("pairs")

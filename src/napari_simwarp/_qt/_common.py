@@ -214,6 +214,34 @@ def plane_geometry(layer, src) -> dict:
     return {"scale": scale, "translate": np.asarray(layer.translate)[-d:]}
 
 
+def on_its_plane(layer, plane, data: np.ndarray) -> tuple[np.ndarray, dict]:
+    """A map computed on ``plane`` (a :class:`~napari_simwarp.widgets_logic.planes.Plane`
+    of ``layer``: spatial ``S`` at ``plane.index`` of the leading axes ``L``) placed where
+    it belongs in the viewer: ``data`` (``S``) as a view ``(1, ..., 1, *S)`` with one axis
+    per leading axis of ``layer``, and the scale and translate that put it at that plane.
+
+    napari then shows it on that plane only: on any other frame or plane the layer's
+    slice is empty, so a map of frame t is never shown as the map of the frame the
+    viewer is on (issue 27: during playback, a map of an earlier frame stayed on screen
+    for the debounce and computation of the next). ``({data: ...}, {scale, translate})``
+    of ``layer``'s dimensionality; ``data`` unchanged and ``plane_geometry`` for a layer
+    without leading axes.
+    """
+    src = plane.source
+    geometry = plane_geometry(layer, src)
+    lead = len(plane.index)
+    if layer is None or lead == 0 or layer.ndim != lead + src.d:
+        return data, geometry
+    factors = np.asarray(src.factors[:lead], dtype=float)
+    scale = np.asarray(layer.scale)[:lead] * factors
+    translate = np.asarray(layer.translate)[:lead] + np.asarray(plane.index) * scale
+    view = data.reshape((1,) * lead + data.shape)
+    return view, {
+        "scale": np.concatenate([scale, geometry["scale"]]),
+        "translate": np.concatenate([translate, geometry["translate"]]),
+    }
+
+
 def level_choice(layer, spin, d: int) -> None:
     """Show ``spin`` (a level SpinBox) for a multiscale ``layer`` only, with its levels as
     the range and, as the value, the first level whose ``d``-D plane holds at most 2048²

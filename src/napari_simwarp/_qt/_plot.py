@@ -69,6 +69,7 @@ class LossPlot(QWidget):
         self._view.hideButtons()
         self._view.showGrid(x=True, y=True, alpha=0.15)
         self._series: dict[tuple, tuple] = {}  # (key, name) -> (line, markers)
+        self._spare: dict[int, tuple] = {}  # key -> (line, markers) of a series gone
         # the legend in one row over the plot, beside the title (the current value, to
         # the right): inside the axes it sat on the last level's points
         self._legend = pg.LegendItem(offset=(44, 1), colCount=5, labelTextSize="7pt")
@@ -118,10 +119,18 @@ class LossPlot(QWidget):
         keys = sorted(set(curve.levels), reverse=curve.x_label != "frame")
         series = [(key, curve.name(key)) for key in keys]
         for gone in set(self._series) - set(series):
+            # kept, hidden and empty, for the next run's series of that key: made anew,
+            # a series (two plot items, a legend entry) cost a pause at each run's start
             line, dots = self._series.pop(gone)
             self._legend.removeItem(dots)
-            plot.removeItem(line)
-            plot.removeItem(dots)
+            if gone[0] in self._spare:  # one spare per key
+                plot.removeItem(line)
+                plot.removeItem(dots)
+                continue
+            for item in (line, dots):
+                item.setData([], [])
+                item.hide()
+            self._spare[gone[0]] = (line, dots)
         for key, name in series:
             idx = [i for i, lv in enumerate(curve.levels) if lv == key]
             x = [curve.x[i] for i in idx]
@@ -143,6 +152,14 @@ class LossPlot(QWidget):
     def _new_series(self, level: int, name: str):
         """The line and the markers of a series (a pyramid level, an axis), and its legend
         entry ``name``."""
+        spare = self._spare.pop(level, None)
+        if spare is not None:
+            line, dots = spare
+            line.show()
+            dots.show()
+            self._legend.addItem(dots, name)
+            self._series[(level, name)] = spare
+            return spare
         color = LEVEL_COLORS[level % len(LEVEL_COLORS)]
         line = self._view.plot(pen=pg.mkPen(color, width=1.5))
         # markers as a data item of their own (no line): it follows the log axis too

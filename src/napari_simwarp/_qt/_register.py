@@ -24,6 +24,8 @@ from qtpy.QtCore import QTimer
 
 from ..registration.grid import Grid
 from ..registration.quality import MEASURES
+from ..widgets_logic._arrays import luminance_note
+from ..widgets_logic.curves import empty_curve
 from ..widgets_logic.geometry import (
     apply_transforms,
     for_moving_grid,
@@ -40,6 +42,7 @@ from ..widgets_logic.registration import (
     RunSettings,
     landmarks_from_layers,
 )
+from ..widgets_logic.result_names import is_result
 from ._common import (
     WorkerWidget,
     after_kernel_build,
@@ -202,10 +205,13 @@ class RegisterWidget(WorkerWidget):
             ]
         )
         self._plot = LossPlot()
+        self._show_empty_plot()
         self.native.layout().addWidget(self._plot)
         self.extend([self._save_btn, self._apply_to, self._apply_btn, self._affine_btn])
 
         self._mode.changed.connect(self._update_visibility)
+        self._mode.changed.connect(self._show_empty_plot)
+        self._metric.changed.connect(self._show_empty_plot)
         self._fixed.changed.connect(self._on_layers)
         self._moving.changed.connect(self._on_layers)
         self._geometry: dict = {}  # scale and translate of the results (the fixed grid's)
@@ -250,6 +256,10 @@ class RegisterWidget(WorkerWidget):
         self._on_layers()
         self._backend.refresh()
         _import_in_background("pandas")
+        # The engine's modules too: the first run imported them on the GUI thread, part of
+        # a 335 ms pause at its start from the Plugins menu (issue 27).
+        for module in ENGINE_MODULES:
+            _import_in_background(module)
         # A full collection now, as the widget opens: CPython runs one when enough objects
         # have outlived two collections since the last, and the first run's new layers (Qt
         # controls, vispy visuals, events) tipped it mid-run: 0.3-0.4 s with the GUI thread
@@ -280,11 +290,22 @@ class RegisterWidget(WorkerWidget):
         image layers, fixed then moving (magicgui alone put the first one in *moving* and
         left *fixed* empty)."""
         super().reset_choices(*args)
-        images = [layer for layer in self._moving.choices if layer is not None]
+        # never another widget's result (a "similarity map" added later became *moving*)
+        images = [
+            layer
+            for layer in self._moving.choices
+            if layer is not None and not is_result(layer.name)
+        ]
         if self.mode == "pair" and self._fixed.value is None and len(images) >= 2:
             self._fixed.value = images[0]
             if self._moving.value is images[0]:
                 self._moving.value = images[1]
+
+    def _show_empty_plot(self, *_):
+        """Before a first run (or a mode or metric change since): the axes the next run
+        will draw, titled, with no points."""
+        if getattr(self, "_run", None) is None or not self._plot.curve.x:
+            self._plot.set_curve(empty_curve(self.mode, self._metric.value))
 
     def _update_visibility(self, *_):
         stack = self.mode == "stack"
@@ -358,6 +379,11 @@ class RegisterWidget(WorkerWidget):
             self._on_error(exc)  # the status line says why, not a stale message
             return
         self._run, self._moving_layer = run, moving
+        self._rgb_note = luminance_note(
+            [("fixed", self._fixed.value if self.mode == "pair" else None), ("moving", moving)]
+        )
+        if self._rgb_note:
+            notify_info(self._rgb_note)
         self._on_step()  # the frame on screen is the one the live display warps
         self._fixed_layer = self._fixed.value if self.mode == "pair" else moving
         if not (self.mode == "pair" and run.settings.show_gradient):
@@ -368,7 +394,7 @@ class RegisterWidget(WorkerWidget):
         self._buffers = {}  # result layer name -> the array this run gave it, refilled
         self._moving_hidden = False  # hidden at the first registered image shown
         self._waiting, self._last_vectors, self._last_progress = None, -np.inf, -np.inf
-        self._plot.set_values([])
+        self._plot.set_curve(empty_curve(self.mode, self._metric.value))
         # napari's progress bar, advanced by the steps each snapshot covers (snapshots are
         # merged in the worker, so one yield may stand for several steps).
         desc = "Aligning frames" if self.mode == "stack" else "Registering"
@@ -743,6 +769,8 @@ class RegisterWidget(WorkerWidget):
                     f"{word}: {self._run.frame_total} frames aligned in {res.seconds:.1f} s "
                     f"on {res.device}; lowest frame similarity ({label}) {res.similarity:.3f}"
                 )
+            if getattr(self, "_rgb_note", ""):
+                status += f"; {self._rgb_note}"
             if res.warnings:
                 status += f"; ⚠ {len(res.warnings)} warning(s)"
                 for message in res.warnings:
@@ -878,6 +906,14 @@ def _plane_grid(layer, plane, role: str):
 def _snapshots(run):
     """The run's snapshots, in the worker thread."""
     yield from run.snapshots()
+
+
+#: what a first run imports (measured): imported as the widget opens, in a thread
+ENGINE_MODULES = (
+    "napari_simwarp.registration.pair",
+    "napari_simwarp.registration.stack",
+    "napari_simwarp.io.transform_files",
+)
 
 
 def _import_in_background(module: str) -> None:

@@ -41,7 +41,7 @@ from ._common import (
     keep_on_top,
     level_choice,
     notify_error,
-    plane_geometry,
+    on_its_plane,
     put_layer,
     remove_layer,
     selection_kept,
@@ -53,8 +53,15 @@ from ._common import (
 if TYPE_CHECKING:
     import napari
 
-DEBOUNCE_MS = 150
+#: the wait before a change is computed: none beyond the current turn of the event loop
+#: (events of one change coalesce). It was 150 ms, two thirds of a refresh at 1024² from
+#: the Plugins menu (issue 27); a slider dragged while a map computes is coalesced
+#: instead: one computation at a time, the latest change computed next.
+DEBOUNCE_MS = 0
 
+
+#: how long a map computes before the status says so (ms)
+BUSY_NOTE_MS = 250
 
 #: a new map's opacity: the image stays visible through it
 MAP_OPACITY = 0.7
@@ -128,9 +135,19 @@ class SimilarityMapWidget(WorkerWidget):
         self._timer.setSingleShot(True)
         self._timer.setInterval(DEBOUNCE_MS)
         self._timer.timeout.connect(self.compute)
+        # "computing…" only for a computation still running after BUSY_NOTE_MS: each
+        # change of the status text repaints the whole window, 40-60 ms under software
+        # OpenGL (Xvfb, VNC), more than a 1024² local std map takes (issue 27); until then
+        # the status names the map on screen (its metric, window and plane)
+        self._busy_note = QTimer()
+        self._busy_note.setSingleShot(True)
+        self._busy_note.setInterval(BUSY_NOTE_MS)
+        self._busy_note.timeout.connect(self._note_busy)
+        self._busy_text = ""
         self._pending = False
         self._watched: list = []
         self._planes: tuple | None = None  # the planes of the map shown or computing
+        self._limits_key = None  # what the map layer's contrast limits were set for
         self.results_shown = 0  # how many maps reached the layer (tests, benchmarks)
 
         for w in (self._metric, self._window, self._sigma, self._kernel, self._mode, self._level):
@@ -273,7 +290,8 @@ class SimilarityMapWidget(WorkerWidget):
         a, b = planes[0], (planes[1] if len(planes) > 1 else None)
         self._planes = planes
         request = self._model.new_request()
-        self._status.value = f"computing {params.metric}…"
+        self._busy_text = f"computing {params.metric}…"
+        self._busy_note.start()
         worker = create_worker(self._model.compute, request, a, b, params, _ignore_errors=True)
         worker.returned.connect(self._show)
         worker.errored.connect(self._on_error)
@@ -387,14 +405,24 @@ class SimilarityMapWidget(WorkerWidget):
         if self._closed or not self._model.is_current(result.request_id):
             return  # stale: a newer request supersedes it
         new = result.name not in self._viewer.layers
+        # the map on its own plane: shown on that frame only, never on another
+        data, geometry = on_its_plane(self._image.value, self._planes[0], result.data)
+        # Contrast limits are set for a new kind of map (metric, window, inputs), then
+        # kept from plane to plane: frames compare on one colour scale, and each set
+        # redraws napari's colour bar (15-20 ms of the GUI thread per map, issue 27).
+        scale_key = (result.params, self._image.value, self._second.value)
+        limits = {}
+        if new or scale_key != self._limits_key:
+            limits = {"contrast_limits": result.contrast_limits}
+            self._limits_key = scale_key
         layer = put_layer(
             self._viewer,
             "image",
             result.name,
-            result.data,
+            data,
             colormap=result.colormap,
-            contrast_limits=result.contrast_limits,
-            **plane_geometry(self._image.value, self._planes[0].source),
+            **limits,
+            **geometry,
         )
         if new:  # once (the user may change them): the values' scale beside the map, and
             # the image seen through it
@@ -419,7 +447,12 @@ class SimilarityMapWidget(WorkerWidget):
             return ""
         return f"; note: the map is over the layer's last {d} axes, the viewer shows axes {shown}"
 
+    def _note_busy(self):
+        if self._worker is not None and not self._closed:
+            self._status.value = self._busy_text
+
     def _on_finished(self):
+        self._busy_note.stop()
         super()._on_finished()
         if self._pending and not self._closed:
             self._pending = False
@@ -466,5 +499,6 @@ def _refresh_stopper(timer, dims, *callbacks):
                 emitter.disconnect(callback)
         with contextlib.suppress(RuntimeError):  # already deleted with the widget
             timer.stop()
+            widget._busy_note.stop()
 
     return stop

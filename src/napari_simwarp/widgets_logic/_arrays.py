@@ -24,10 +24,34 @@ def as_float_array(data, name: str) -> np.ndarray:
     return arr
 
 
+#: the weights of R, G and B in the luminance an RGB layer is used as (scikit-image's
+#: ``rgb2gray``, ITU-R BT.709)
+LUMA = (0.2125, 0.7154, 0.0721)
+
+
 def rgb_to_gray(data) -> np.ndarray:
-    """``(..., 3 or 4)`` RGB(A) → luminance ``(...)`` float32."""
+    """``(..., 3 or 4)`` RGB(A) → luminance ``(...)`` float32 (:data:`LUMA`; alpha unused)."""
     arr = np.asarray(data, dtype=np.float32)
-    return arr[..., :3] @ np.array([0.2125, 0.7154, 0.0721], np.float32)
+    return arr[..., :3] @ np.array(LUMA, np.float32)
+
+
+def luminance_note(layers) -> str:
+    """What the widgets say when they use an RGB layer: ``layers`` is ``((role, layer),
+    ...)`` (role: "fixed", "moving", ...); "" when none is RGB. RGB layers are converted
+    to luminance, explicitly: the message names each and the weights (issue 27: an RGB
+    fixed image was used as luminance without a word)."""
+    names = [
+        f"the {role} layer {layer.name!r}"
+        for role, layer in layers
+        if layer is not None and getattr(layer, "rgb", False)
+    ]
+    if not names:
+        return ""
+    r, g, b = LUMA
+    return (
+        f"{' and '.join(names)} {'is' if len(names) == 1 else 'are'} RGB: registered on "
+        f"luminance ({r} R + {g} G + {b} B)"
+    )
 
 
 class TensorCache:

@@ -104,6 +104,19 @@ def similarity_curve(iterations, values, levels, measure: str = "ZNCC", now="") 
     )
 
 
+def empty_curve(mode: str, metric: str | None = None) -> Curve:
+    """The plot before a run: no points, the axes a run of ``mode`` ("pair" or "stack")
+    will draw, titled as it will title them (a pair run: the similarity it reports for
+    ``metric``, ZNCC or normalized MI for "mi", per iteration; a drift run: the shift
+    per frame). A "loss" against "snapshot" here named what no run plots (issue 27)."""
+    if mode == "stack":
+        return shift_curve(np.empty((0, 2)))
+    if mode != "pair":
+        raise ValueError(f"mode must be 'pair' or 'stack', got {mode!r}")
+    label = "normalized MI" if metric == "mi" else "ZNCC"
+    return similarity_curve((), (), (), label)
+
+
 class FrameShifts:
     """A drift run's live curve: each frame's shift (pixels, per axis) so far; frames not
     reached yet are left out.
