@@ -1,4 +1,5 @@
-"""The optimization loop: coarse to fine, Adam with a plateau schedule, best-so-far kept.
+"""The optimization loop: coarse to fine, one level solver per level (:mod:`.solvers`:
+Adam with a plateau schedule per pair, L-BFGS, Gauss–Newton), best-so-far kept.
 
 Written as a generator so the same loop serves a blocking call with a callback, a
 napari ``thread_worker`` (which yields snapshots and cancels at a yield) and a script
@@ -13,7 +14,6 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from ..ops._lncc_pair import PairLocalNCCLoss
 from ..ops._validation import check_choice
@@ -21,6 +21,7 @@ from ..ops.losses import loss_for
 from . import _options, gauss_newton
 from ._names import LINEAR_MODELS
 from .models import READ_EVERY, READ_EVERY_DEFAULT, read_every  # noqa: F401 (the policy's home)
+from .progress import Progress  # noqa: F401 (its name here: every caller imports it from here)
 from .pyramid import level_anisotropy
 
 
@@ -66,51 +67,6 @@ class Schedule:
                 f"level, coarse to fine), got {self.iterations!r}"
             )
         return int(its[level])
-
-
-class Progress:
-    """One snapshot of a run: where it is and the best transform(s) so far.
-
-    ``transforms`` (one per image pair) and ``transform`` (the first) are computed on
-    first access by ``make_transforms``, from parameters copied when the snapshot was
-    taken. ``loss`` (the mean over the pairs) may be handed over as the ``(N,)`` losses
-    still on the device: their mean is read (a host sync) on first access only, so a
-    snapshot nobody looks at costs no wait.
-    """
-
-    def __init__(self, level, levels, iteration, loss, make_transforms):
-        self.level, self.levels, self.iteration = level, levels, iteration
-        self._loss = loss
-        self._make, self._transforms = make_transforms, None
-
-    @property
-    def loss(self) -> float:
-        if isinstance(self._loss, torch.Tensor):
-            self._loss = float(self._loss.mean())
-        return self._loss
-
-    @property
-    def pending_loss(self):
-        """The loss as handed over, unread: a float, or the ``(N,)`` losses still on the
-        device (for a snapshot passed on, e.g. as a :class:`~.stack.StackProgress`,
-        without a host sync)."""
-        return self._loss
-
-    @property
-    def transforms(self) -> list:
-        if self._transforms is None:
-            self._transforms = self._make()
-        return self._transforms
-
-    @property
-    def transform(self):
-        return self.transforms[0]
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(level={self.level + 1}/{self.levels}, "
-            f"iteration={self.iteration}, loss={self.loss:.6g})"
-        )
 
 
 @dataclass(kw_only=True)
@@ -177,316 +133,41 @@ def optimize(
     convergence test (Gauss–Newton); a pair that has converged stops moving while the
     others go on, and a level ends once every pair has.
     """
+    from .solvers import SOLVERS, Level
+
     levels = len(fixed_levels)
     full_shape = tuple(fixed_levels[-1].shape[2:])
     stopped = False
     best = None
-    for level in range(levels):
-        fixed, moving, weight = fixed_levels[level], moving_levels[level], weight_levels[level]
+    solve = SOLVERS[schedule.optimizer]
+    for index in range(levels):
+        fixed, moving, weight = fixed_levels[index], moving_levels[index], weight_levels[index]
         shape = tuple(fixed.shape[2:])
         # One level pixel is this many full-resolution pixels, the unit of the parameters.
         pixel = max(f / s for f, s in zip(full_shape, shape))
         model.set_level(shape)
         anisotropy = None if spacing is None else level_anisotropy(spacing, full_shape, shape)
-        loss_fn = level_loss(schedule, shape, anisotropy)
-        if schedule.optimizer == "gauss-newton":
-            stopped = yield from _gauss_newton_level(
-                model, fixed, moving, weight, loss_fn, schedule, history, level, levels,
-                pair_history,
-            )  # fmt: skip
-            best = model.snapshot()
-            if stopped:
-                break
-            continue
-        lr0 = schedule.lr * pixel * (1.0 if level == 0 else schedule.refine_lr_factor)
-        iterations = schedule.iterations_at(level, levels)
-        if schedule.optimizer == "lbfgs":
-            stopped, best = yield from _lbfgs_level(
-                model, fixed, moving, weight, shape, loss_fn, schedule, history, penalty,
-                level, levels, iterations, pair_history,
-            )  # fmt: skip
-        else:
-            stopped, best = yield from _adam_level(
-                model, fixed, moving, weight, shape, loss_fn, schedule, history, penalty,
-                level, levels, iterations, lr0, pair_history,
-            )  # fmt: skip
+        level = Level(
+            model=model,
+            fixed=fixed,
+            moving=moving,
+            weight=weight,
+            shape=shape,
+            loss_fn=level_loss(schedule, shape, anisotropy),
+            schedule=schedule,
+            history=history,
+            pair_history=pair_history,
+            penalty=penalty,
+            index=index,
+            count=levels,
+            iterations=schedule.iterations_at(index, levels),
+            lr0=schedule.lr * pixel * (1.0 if index == 0 else schedule.refine_lr_factor),
+        )
+        stopped, best = yield from solve(level)
         model.restore(best)
         if stopped:
             break
     return stopped, best
-
-
-def _level_loss_fn(model, fixed, moving, weight, shape, loss_fn, schedule, penalty):
-    """The per-pair loss ``(N,)`` at the model's current parameters (differentiable)."""
-
-    def evaluate():
-        warped, valid = model.warp(moving, shape)
-        w = valid if weight is None else valid * weight
-        per_pair = loss_fn(fixed, warped, w)
-        if schedule.reg_weight:  # (one launch: a + weight · b)
-            per_pair = torch.add(per_pair, model.regularizer(), alpha=schedule.reg_weight)
-        if penalty is not None:
-            per_pair = per_pair + penalty(shape).to(per_pair.device, per_pair.dtype)
-        return per_pair
-
-    return evaluate
-
-
-def make_adam(params, lr: float) -> torch.optim.Optimizer:
-    """Adam, fused where the device has the fused kernel (one launch per step and no host
-    sync: the plain form reads its step count back each step)."""
-    try:
-        return torch.optim.Adam(params, lr=lr, fused=True)
-    except (RuntimeError, ValueError):  # a device without the fused kernel
-        return torch.optim.Adam(params, lr=lr)
-
-
-def _not_finite():
-    return FloatingPointError("the loss became NaN or Inf; lower lr or check the inputs")
-
-
-def _adam_level(
-    model, fixed, moving, weight, shape, loss_fn, schedule, history, penalty,
-    level, levels, iterations, lr0, pair_history=None,
-):  # fmt: skip
-    """One level by Adam with a plateau schedule per pair (a generator returning
-    ``(stopped, best)``).
-
-    Nothing in an iteration waits on the host: the losses ``(N,)`` of each iteration stay
-    on the device, the parameters they belong to are copied into a ring of
-    :func:`read_every` slots, and the host reads the losses every :func:`read_every`
-    iterations. There it checks that they are finite, keeps the parameters of each pair's
-    lowest loss so far (:class:`_Best`, from the ring) and runs each pair's plateau
-    schedule over them in order (:class:`_Plateau`: halving the pair's step, ending the
-    pair). Progress snapshots hand the losses over unread.
-
-    Each pair has its own step size. Adam's step is linear in its learning rate, so the
-    optimizer runs at the largest step of the pairs still going and each pair's update is
-    scaled by its own step over that one (a pair that ended is scaled by 0: it stops
-    moving); the level ends once every pair has ended. While the pairs share one step (N =
-    1 always) nothing is scaled.
-    """
-    evaluate = _level_loss_fn(model, fixed, moving, weight, shape, loss_fn, schedule, penalty)
-    params = model.parameters()
-    pairs = params[0].shape[0]
-    optimizer = make_adam(params, lr0)
-    every = read_every(fixed.device)
-    best = _Best(model.snapshot(), every)
-    pending = []  # this level's losses ((N,), on the device) not read yet
-    plateaus = [_Plateau(lr0, schedule) for _ in range(pairs)]
-    back = None  # per parameter, 1 − each pair's step over the optimizer's; None: all 1
-    ones = None  # d(Σ losses)/d(losses), made once
-    for iteration in range(iterations):
-        optimizer.zero_grad(set_to_none=True)
-        per_pair = evaluate()
-        values = per_pair.detach()
-        # The loss belongs to the parameters before the step.
-        best.hold(len(pending), params)
-        pending.append(values)
-        if ones is None:
-            ones = torch.ones_like(values)
-        per_pair.backward(ones)
-        before = None if back is None else [p.detach().clone() for p in params]
-        optimizer.step()
-        if before is not None:
-            with torch.no_grad():  # p ← before + (own step / optimizer's) · (p − before)
-                for p, b, w in zip(params, before, back):
-                    p.lerp_(b, w)
-        end = False
-        if len(pending) >= every or iteration == iterations - 1:
-            rows = torch.stack(pending).tolist()  # (k, N): the one read
-            pending = []
-            for row in rows:
-                if not all(math.isfinite(v) for v in row):
-                    raise _not_finite()
-            best.take(rows)
-            for row in rows:
-                history.append(sum(row) / len(row))
-                if pair_history is not None:
-                    pair_history.append(list(row))
-                for plateau, value in zip(plateaus, row):
-                    plateau.update(value)
-            steps = [p.lr for p in plateaus]
-            lr = max(steps)
-            end = lr == 0.0
-            if not end:
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                back = None
-                if any(s != lr for s in steps):
-                    scale = torch.tensor([1.0 - s / lr for s in steps], dtype=params[0].dtype)
-                    scale = scale.to(params[0].device)
-                    back = [scale.view(-1, *([1] * (p.dim() - 1))) for p in params]
-        if end:
-            break
-        if schedule.report_every and iteration % schedule.report_every == 0:
-            loss = values if pending else history[-1]
-            signal = yield Progress(
-                level, levels, iteration, loss, lambda values=best.values: model.transforms(values)
-            )
-            if signal:
-                if pending:  # the best among the losses not read yet (one read)
-                    best.take(torch.stack(pending).tolist())
-                return True, best.values
-    return False, best.values
-
-
-class _Best:
-    """The parameters of each pair's lowest loss so far, picked on the host.
-
-    :meth:`hold` copies the parameters an iteration's loss belongs to into slot ``k`` of a
-    ring (one launch per parameter tensor); :meth:`take` reads which slot holds each pair's
-    lowest loss among those just read, and where it is lower than the pair's best so far,
-    takes the parameters from there (new tensors: a snapshot handed out keeps its values).
-    A NaN loss is never lower.
-    """
-
-    def __init__(self, start: list, slots: int):
-        self.values = start
-        self.loss = [math.inf] * start[0].shape[0]
-        self.ring = [v.new_empty((slots, *v.shape)) for v in start]
-
-    def hold(self, slot: int, params) -> None:
-        for r, p in zip(self.ring, params):
-            r[slot].copy_(p.detach())
-
-    def take(self, rows: list) -> None:
-        pick = {}  # pair → slot
-        for slot, row in enumerate(rows):
-            for pair, value in enumerate(row):
-                if value < self.loss[pair]:
-                    self.loss[pair], pick[pair] = value, slot
-        if not pick:
-            return
-        pairs = len(self.loss)
-        if len(pick) == pairs and len(set(pick.values())) == 1:  # one slot for all (N = 1)
-            slot = pick[0]
-            self.values = [r[slot].clone() for r in self.ring]
-            return
-        which = sorted(pick)
-        index = torch.tensor(which, device=self.ring[0].device)
-        slots = torch.tensor([pick[i] for i in which], device=self.ring[0].device)
-        updated = []
-        for r, v in zip(self.ring, self.values):
-            v = v.clone()
-            v[index] = r[slots, index]
-            updated.append(v)
-        self.values = updated
-
-
-class _Plateau:
-    """One pair's plateau schedule: its step ``lr`` is halved after ``patience`` losses
-    without a relative improvement of ``tol`` over the best so far, and set to 0 (the
-    pair has ended) once it falls below ``lr0 · min_lr_factor``."""
-
-    def __init__(self, lr0: float, schedule: Schedule):
-        self.lr, self.floor = lr0, lr0 * schedule.min_lr_factor
-        self.tol, self.patience = schedule.tol, schedule.patience
-        self.reference, self.since_progress = math.inf, 0
-
-    def update(self, value: float) -> None:
-        if self.lr == 0.0:
-            return
-        ref = self.reference
-        if not math.isfinite(ref) or value < ref - self.tol * max(abs(ref), 1e-6):
-            self.reference, self.since_progress = min(value, ref), 0
-        else:
-            self.since_progress += 1
-        if self.since_progress >= self.patience:
-            self.lr *= 0.5
-            self.since_progress = 0
-            if self.lr < self.floor:
-                self.lr = 0.0
-
-
-def _lbfgs_level(
-    model, fixed, moving, weight, shape, loss_fn, schedule, history, penalty,
-    level, levels, iterations, pair_history=None,
-):  # fmt: skip
-    """One level by L-BFGS with a strong-Wolfe line search (a generator returning
-    ``(stopped, best)``): the line search reads the loss at every evaluation."""
-    evaluate = _level_loss_fn(model, fixed, moving, weight, shape, loss_fn, schedule, penalty)
-    state = {"best": model.snapshot(), "best_loss": None, "total": math.inf}
-
-    def closure():
-        """Loss at the current parameters, with gradients; keeps the best per pair."""
-        optimizer.zero_grad(set_to_none=True)
-        per_pair = evaluate()
-        values = per_pair.detach()
-        if not torch.isfinite(values).all():
-            raise _not_finite()
-        if state["best_loss"] is None:
-            state["best_loss"], state["best"] = values.clone(), model.snapshot()
-        else:
-            better = values < state["best_loss"]
-            if bool(better.any()):
-                current = model.snapshot()
-                state["best"] = [
-                    torch.where(better.view(-1, *([1] * (c.dim() - 1))), c, b)
-                    for c, b in zip(current, state["best"])
-                ]
-                state["best_loss"] = torch.minimum(state["best_loss"], values)
-        row = values.tolist()
-        total = sum(row) / len(row)
-        history.append(total)
-        if pair_history is not None:
-            pair_history.append(row)
-        per_pair.sum().backward()
-        state["total"] = total
-        return values.sum()
-
-    optimizer = torch.optim.LBFGS(
-        model.parameters(),
-        lr=1.0,
-        max_iter=1,
-        history_size=10,
-        line_search_fn="strong_wolfe",
-        tolerance_grad=1e-12,
-        tolerance_change=1e-12,
-    )
-    reference = math.inf
-    since_progress = 0
-    for iteration in range(iterations):
-        optimizer.step(closure)
-        total = min(state["total"], float(state["best_loss"].mean()))
-        # Quasi-Newton: stop once an iteration gains (almost) nothing.
-        if total > reference - schedule.tol * max(abs(reference), 1e-6):
-            since_progress += 1
-            if since_progress >= 2:
-                break
-        else:
-            since_progress = 0
-        reference = min(reference, total)
-        if schedule.report_every and iteration % schedule.report_every == 0:
-            values = [b.clone() for b in state["best"]]
-            signal = yield Progress(
-                level, levels, iteration, total, lambda values=values: model.transforms(values)
-            )
-            if signal:
-                return True, state["best"]
-    return False, state["best"]
-
-
-def _gauss_newton_level(
-    model, fixed, moving, weight, loss_fn, schedule, history, level, levels, pair_history=None
-):
-    """One level by :func:`~.gauss_newton.run_level` (a generator returning ``stopped``)."""
-    iterations = schedule.iterations_at(level, levels)
-    if iterations == 0:
-        return False
-    problem = gauss_newton.level_problem(model, fixed, moving, weight, loss_fn, schedule.metric)
-
-    def progress(iteration, loss):
-        values = model.snapshot()
-        return Progress(
-            level, levels, iteration, loss, lambda values=values: model.transforms(values)
-        )
-
-    return (
-        yield from gauss_newton.run_level(
-            problem, iterations, history, schedule.report_every, progress, pair_history
-        )
-    )
 
 
 def level_loss(schedule: Schedule, shape, anisotropy=None):
