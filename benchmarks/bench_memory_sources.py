@@ -19,7 +19,8 @@ itself shifted by a frame), the last two stored frame by frame to a Zarr store.
 Usage: ``python benchmarks/bench_memory_sources.py [T N]`` (default 96 512), prints a
 Markdown table; ``SIMWARP_BENCH_MEMORY_SOURCES``, ``..._BUDGETS``, ``..._MODELS`` and
 ``..._PATHS`` (comma-separated) pick the rows, ``SIMWARP_BENCH_MEMORY_ITERATIONS`` the
-optimizer's iterations (default: register_stack's).
+optimizer's iterations (default: register_stack's), ``..._REFERENCE`` the reference
+(default "first").
 
 ``python benchmarks/bench_memory_sources.py cli [T N]``: the ``register-stack`` command on
 a TIFF, ``.npy`` and Zarr file of the same frames, output beside (``.zarr``, or ``.npy``
@@ -44,6 +45,7 @@ from napari_simwarp.registration import register_stack
 source, budget, model, T, N, folder, path, iterations = sys.argv[1:9]
 T, N = int(T), int(N)
 options = {} if iterations == "default" else {"iterations": int(iterations)}
+options["reference"] = os.environ.get("SIMWARP_BENCH_MEMORY_REFERENCE", "first")
 if source.endswith("+cluster"):  # computed by an in-process dask.distributed cluster
     from distributed import Client, LocalCluster
     client = Client(LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
