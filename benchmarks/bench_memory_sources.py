@@ -76,12 +76,12 @@ elif source == "dask-multi":
     data = da.map_blocks(block, chunks=(chunks, (N,), (N,)), dtype=np.uint16)
 elif source == "zarr-multi":
     import zarr
-    path = os.path.join(folder, "stack.zarr")
-    if not os.path.exists(path):
-        z = zarr.open_array(path, mode="w", shape=(T, N, N), chunks=(16, N, N), dtype=np.uint16)
+    store = os.path.join(folder, "stack.zarr")
+    if not os.path.exists(store):
+        z = zarr.open_array(store, mode="w", shape=(T, N, N), chunks=(16, N, N), dtype=np.uint16)
         for s in range(0, T, 16):
             z[s:s + 16] = frames(s, min(T, s + 16))
-    data = zarr.open_array(path, mode="r")
+    data = zarr.open_array(store, mode="r")
 else:
     raise SystemExit(f"unknown source {source}")
 
