@@ -136,3 +136,19 @@ def test_a_volume_map_holds_a_few_tiles_not_the_volume():
     window = np.abs(planes[:, None] + np.arange(-4, 5))
     window = np.where(window > 127, 254 - window, window) // 16
     assert np.isclose(got["total"], (window.std(axis=1) * 512 * 512).sum(), rtol=1e-4)
+
+
+def test_tiles_are_split_until_the_tasks_at_once_fit_the_budget(pair):
+    """One 40 × 52 frame per chunk: a local_ncc tile of the whole frame (with its halo)
+    takes 48 × 60 × 4 × 24 bytes (270 KiB), refused at a 200 KiB budget; now split (two
+    threads: 100 KiB each) into tiles that fit, with the whole-array values."""
+    import dask
+
+    a, b = pair
+    la, lb = da.from_array(a, chunks=(1, 40, 52)), da.from_array(b, chunks=(1, 40, 52))
+    with dask.config.set(scheduler="threads", num_workers=2):
+        got = maps.local_ncc(la, lb, window=9, axes="tyx", memory_budget=200 * 2**10)
+    tile = [(max(c) + 8) for c in got.chunks[1:]]
+    assert tile[0] * tile[1] * 4 * maps.MAPS_PER_PIXEL["local_ncc"] <= 100 * 2**10
+    expected = ops.local_ncc(_frames(a), _frames(b))[:, 0].numpy()
+    np.testing.assert_allclose(got.compute(), expected, atol=1e-6, rtol=0)

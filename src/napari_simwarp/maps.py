@@ -29,7 +29,7 @@ import numpy as np
 
 from .io import budget as _budget
 from .io import lazy, trim
-from .io.tasks import device_slot
+from .io.tasks import device_slot, local_tasks
 
 SPATIAL = "zyx"
 #: float32 maps per pixel of a tile alive while each map is computed (inputs, moment
@@ -182,11 +182,11 @@ def _no_thin_tiles(chunks, d: int, halo) -> tuple:
     return tuple(out)
 
 
-def _split_to_fit(chunks, d: int, halo, kind: str) -> tuple:
+def _split_to_fit(chunks, d: int, halo, kind: str, limit: int = TILE_WORK_BYTES) -> tuple:
     """``chunks`` with each spatial tile split evenly (halves, then quarters...) along its
-    longest side until one tile's working set fits :data:`TILE_WORK_BYTES`, sides staying
-    a window wide: a store's chunks (often 64 × 512² or whole planes) would otherwise make
-    tasks of a GiB each, two of them at once on two threads."""
+    longest side until one tile's working set fits ``limit`` bytes, sides staying a window
+    wide: a store's chunks (often 64 × 512² or whole planes) would otherwise make tasks of
+    a GiB each, two of them at once on two threads."""
     lead = len(chunks) - d
     parts = [1] * d
 
@@ -196,7 +196,7 @@ def _split_to_fit(chunks, d: int, halo, kind: str) -> tuple:
     def work():
         return math.prod(side(a) + 2 * h for a, h in enumerate(halo)) * 4 * MAPS_PER_PIXEL[kind]
 
-    while work() > TILE_WORK_BYTES:
+    while work() > limit:
         longest = max(range(d), key=side)
         if side(longest) // 2 < 2 * halo[longest] + 1:
             break
@@ -209,10 +209,10 @@ def _split_to_fit(chunks, d: int, halo, kind: str) -> tuple:
     return tuple(out)
 
 
-def _output_chunks(arrays, shape, d: int, chunks, halo, kind: str) -> tuple:
+def _output_chunks(arrays, shape, d: int, chunks, halo, kind: str, limit: int) -> tuple:
     """The map's chunks: one plane per leading axis; spatially, the lazy input's own
-    chunks (split to fit :data:`TILE_WORK_BYTES`) unless ``chunks`` is given (NumPy input:
-    ``chunks``, or :data:`TILE` split to fit)."""
+    chunks (split until a tile's work fits ``limit``) unless ``chunks`` is given (NumPy
+    input: ``chunks``, or :data:`TILE` split to fit)."""
     import dask.array as da
 
     first = next((a for a in arrays if lazy.is_lazy(a)), None)
@@ -223,7 +223,7 @@ def _output_chunks(arrays, shape, d: int, chunks, halo, kind: str) -> tuple:
         sizes = (1,) * (len(shape) - d) + tuple(own[len(shape) - d :])
     sizes = da.core.normalize_chunks(sizes, shape)
     if chunks is None:
-        sizes = _split_to_fit(sizes, d, halo, kind)
+        sizes = _split_to_fit(sizes, d, halo, kind, limit)
     return _no_thin_tiles(sizes, d, halo)
 
 
@@ -242,7 +242,8 @@ def tiled(kind, *arrays, window, axes, device="cpu", options, chunks=None, memor
 
     ``chunks``: the spatial tile shape (NumPy input; default :data:`TILE`) or, for dask and
     zarr input, a new spatial chunking (default: the input's own). ``memory_budget``: one
-    tile must fit (checked before anything is read).
+    tile must fit (checked before anything is read); the default tiles are split until
+    the tiles dask runs at once (its threads) fit it together.
 
     Each tile is one task that reads only its box (the tile widened by the halo, clipped
     to the image, where the operator's own padding applies as on the whole array) and
@@ -264,11 +265,14 @@ def tiled(kind, *arrays, window, axes, device="cpu", options, chunks=None, memor
     d = parse_axes(axes, len(shape))
     halo = (0,) * (len(shape) - d) + _halo(window, d)
     is_lazy = any(lazy.is_lazy(a) for a in arrays)
-    out_chunks = _output_chunks(arrays, shape, d, chunks, halo[len(shape) - d :], kind)
+    budget = _budget.memory_budget(memory_budget)
+    # the default tiles are split until the tiles dask runs at once fit the budget together
+    limit = min(TILE_WORK_BYTES, budget.bytes // local_tasks())
+    out_chunks = _output_chunks(arrays, shape, d, chunks, halo[len(shape) - d :], kind, limit)
     biggest = math.prod(max(c) + 2 * h for c, h in zip(out_chunks, halo))
     _budget.refuse(
         biggest * 4 * MAPS_PER_PIXEL[kind],
-        _budget.memory_budget(memory_budget),
+        budget,
         what=f"one tile of the {kind} map (with its halo)",
         advice="choose smaller chunks",
     )
