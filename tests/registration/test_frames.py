@@ -64,3 +64,19 @@ def test_nothing_is_kept_by_default_or_in_a_copy_sent_elsewhere():
     sent = pickle.loads(pickle.dumps(kept))  # as a dask.distributed worker receives it
     assert sent._kept == {} and sent._keep == 0
     np.testing.assert_array_equal(sent.raw(slice(0, 6)).numpy(), stack.astype(np.float32))
+
+
+@pytest.mark.parametrize("reference,model", [("first", "translation"), ("mean", "rigid")])
+def test_register_stack_reads_each_frame_of_a_lazy_stack_once(reference, model):
+    """The registration, the mean reference and the scores read the frames the budget
+    keeps once (the lazy aligned stack reads them again only when computed), with the same
+    result as a stack read anew at every pass."""
+    from napari_simwarp import register_stack
+    from tests.registration.cases import shifted_stack
+
+    stack = shifted_stack(np.random.default_rng(2), (48, 48), 6)[0].astype(np.float32)
+    data, reads = _counted(stack)
+    kept = register_stack(data, reference=reference, model=model, memory_budget="256MiB")
+    assert reads and max(reads.values()) == 1, dict(reads)
+    again = register_stack(stack, reference=reference, model=model)
+    np.testing.assert_allclose(kept.shifts, again.shifts, atol=1e-6)
