@@ -162,21 +162,7 @@ def register_iter(
     run; the last snapshot's ``transform`` is then the best so far.
     """
     started = time.perf_counter()
-    options = RunOptions.make(
-        model,
-        metric,
-        levels=levels,
-        iterations=iterations,
-        lr=lr,
-        tol=tol,
-        window=window,
-        grid_spacing=grid_spacing,
-        regularization=regularization,
-        steps=steps,
-        report_every=report_every,
-        optimizer=optimizer,
-        full_resolution=full_resolution,
-    )
+    options = RunOptions.from_arguments(locals())  # the options among the arguments
     fixed_list, moving_list, masks, inits, batched = _batch_inputs(
         fixed, moving, mask, init, landmarks
     )
@@ -444,30 +430,8 @@ def register(
         ``.physical_matrix`` in physical units), ``.warped`` (NumPy, fixed's shape: the
         moving image resampled onto the fixed grid), ``.loss_history``.
     """
-    run = register_iter(
-        fixed,
-        moving,
-        model=model,
-        metric=metric,
-        mask=mask,
-        fixed_spacing=fixed_spacing,
-        fixed_origin=fixed_origin,
-        moving_spacing=moving_spacing,
-        moving_origin=moving_origin,
-        levels=levels,
-        iterations=iterations,
-        lr=lr,
-        tol=tol,
-        window=window,
-        grid_spacing=grid_spacing,
-        regularization=regularization,
-        steps=steps,
-        init=init,
-        landmarks=landmarks,
-        landmark_weight=landmark_weight,
-        device=device,
-        report_every=report_every,
-        optimizer=optimizer,
-        full_resolution=full_resolution,
-    )
+    # every other argument of the signature, passed on by name (one list of options: the
+    # signature's)
+    arguments = {k: v for k, v in locals().items() if k not in ("fixed", "moving", "callback")}
+    run = register_iter(fixed, moving, **arguments)
     return drive(run, callback)

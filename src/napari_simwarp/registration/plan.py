@@ -110,6 +110,12 @@ class RunOptions:
             full_resolution=None if full_resolution is None else bool(full_resolution),
         )
 
+    @classmethod
+    def from_arguments(cls, arguments: dict) -> RunOptions:
+        """:meth:`make` from an entry point's arguments (its ``locals()``: the options
+        among them are taken by name, the rest left)."""
+        return cls.make(**{k: arguments[k] for k in cls.__dataclass_fields__ if k in arguments})
+
     def kwargs(self, *, stack: bool = False) -> dict:
         """The options as keyword arguments of :func:`~.pair.register` (``stack``: of
         :func:`~.stack.register_stack`, which takes no ``optimizer``: its routes choose)."""

@@ -175,27 +175,10 @@ def register_stack(
         ``moving_grid``, so ``.physical_matrix`` is in physical units), ``.warped``
         ``(T, *S)`` float32 (lazy for dask or zarr input), ``.shifts``.
     """
-    run = register_stack_iter(
-        stack,
-        reference=reference,
-        model=model,
-        metric=metric,
-        levels=levels,
-        iterations=iterations,
-        lr=lr,
-        tol=tol,
-        window=window,
-        grid_spacing=grid_spacing,
-        regularization=regularization,
-        steps=steps,
-        spacing=spacing,
-        origin=origin,
-        batch_size=batch_size,
-        device=device,
-        report_every=report_every,
-        full_resolution=full_resolution,
-        memory_budget=memory_budget,
-    )
+    # every other argument of the signature, passed on by name (one list of options: the
+    # signature's)
+    arguments = {k: v for k, v in locals().items() if k not in ("stack", "callback")}
+    run = register_stack_iter(stack, **arguments)
     return drive(run, callback)
 
 
@@ -227,20 +210,7 @@ def register_stack_iter(
     then returns (``StopIteration.value``) the :class:`StackRegistrationResult`.
     """
     start = time.perf_counter()
-    options = RunOptions.make(
-        model,
-        metric,
-        levels=levels,
-        iterations=iterations,
-        lr=lr,
-        tol=tol,
-        window=window,
-        grid_spacing=grid_spacing,
-        regularization=regularization,
-        steps=steps,
-        report_every=report_every,
-        full_resolution=full_resolution,
-    )
+    options = RunOptions.from_arguments(locals())  # the options among the arguments
     metric, dense = options.metric, options.dense
     dev = resolve_device(device)
     src = FrameSource(stack, dev)
