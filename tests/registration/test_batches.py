@@ -177,4 +177,5 @@ def test_a_task_budget_is_a_share_of_a_worker_memory_limit(case):
         given, _ = _budgets("3GiB", torch.device("cpu"), runner)
     assert isinstance(runner, _batches.ClusterBatches)
     assert ram.bytes == 2**30 // 2 // 2 and "dask worker" in ram.source  # half of 1 GiB / 2
-    assert given.bytes == 3 * 2**30  # a budget given is the task's budget
+    # a budget given bounds the worker: its 2 threads' tasks share it
+    assert given.bytes == 3 * 2**30 // 2 and "shared by a worker's 2 threads" in given.source

@@ -103,6 +103,10 @@ class LocalBatches:
         """No cap beyond this process's budget."""
         return None
 
+    def tasks_at_once(self) -> int:
+        """How many jobs hold memory at once in one process: one, here."""
+        return 1
+
 
 def _on_worker(src, device):
     """A copy of ``src`` reading onto this worker's device (resolved here: each worker
@@ -228,6 +232,11 @@ class ClusterBatches:
 
     def value(self, fn, *args):
         return self._submit(_run, fn, self.source, self.device, *args, priority=1)
+
+    def tasks_at_once(self) -> int:
+        """How many tasks a worker runs at once (its threads; the most of any worker)."""
+        workers = self.client.scheduler_info()["workers"].values()
+        return max([int(w.get("nthreads") or 1) for w in workers] or [1])
 
     def task_budget(self):
         """The RAM one task may hold by default: :data:`~napari_simwarp.io.budget.

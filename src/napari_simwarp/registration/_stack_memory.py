@@ -14,13 +14,19 @@ from ._frames import FrameSource
 def _budgets(memory_budget, device, runner) -> tuple[_budget.Budget, _budget.Budget]:
     """``(RAM, device)`` budgets; on the CPU they are one pool (the same budget).
 
-    On a cluster the default RAM budget is also capped by a worker thread's share of its
-    worker's memory limit (each task holds one batch, and a worker runs one per thread).
+    On a cluster each task holds one batch, and a worker runs one per thread: the default
+    RAM budget is also capped by a thread's share of its worker's memory limit, and a
+    budget given is shared by the tasks a worker runs at once (it bounds each worker).
     """
     ram = _budget.memory_budget(memory_budget, torch.device("cpu"))
     task = runner.task_budget() if memory_budget is None else None
     if task is not None and task.bytes < ram.bytes:
         ram = task
+    at_once = runner.tasks_at_once()
+    if memory_budget is not None and at_once > 1:
+        ram = _budget.Budget(
+            ram.bytes // at_once, f"{ram.source}, shared by a worker's {at_once} threads"
+        )
     return ram, (ram if device.type == "cpu" else _budget.memory_budget(memory_budget, device))
 
 

@@ -165,7 +165,8 @@ def register_stack(
     memory_budget : int or str, optional
         Bytes the run may hold at once ("2GiB"); default ``SIMWARP_MEMORY_BUDGET``, else
         half the free memory (:mod:`napari_simwarp.io.budget`). A run that cannot fit in
-        it is refused before any frame is read.
+        it is refused before any frame is read. On a ``dask.distributed`` cluster it bounds
+        each worker: the tasks a worker runs at once (its threads) share it.
     Other options as in :func:`~.register.register`.
 
     Returns
