@@ -179,3 +179,28 @@ def test_a_task_budget_is_a_share_of_a_worker_memory_limit(case):
     assert ram.bytes == 2**30 // 2 // 2 and "dask worker" in ram.source  # half of 1 GiB / 2
     # a budget given bounds the worker: its 2 threads' tasks share it
     assert given.bytes == 3 * 2**30 // 2 and "shared by a worker's 2 threads" in given.source
+
+
+def test_a_lazy_batch_trims_only_past_the_budget(monkeypatch):
+    """After a lazy batch the freed memory goes back to the system only once the resident
+    set has grown past the run's budget: a run well within it pays no trims (each makes
+    the next batch fault its pages in again)."""
+    import torch
+
+    from napari_simwarp.io import trim
+    from napari_simwarp.registration._frames import FrameSource
+
+    src = FrameSource(_lazy(np.zeros((4, SIDE, SIDE), np.float32)), torch.device("cpu"))
+    runner = _batches.LocalBatches(src)
+    resident = [100 * 2**20]
+    calls = []
+    monkeypatch.setattr(trim, "resident_bytes", lambda: resident[0])
+    monkeypatch.setattr(trim, "release", lambda: calls.append(1) or True)
+    runner.bound(64 * 2**20)
+    runner._release()
+    resident[0] += 32 * 2**20  # within the budget
+    runner._release()
+    assert calls == []
+    resident[0] += 48 * 2**20  # past it
+    runner._release()
+    assert calls == [1]

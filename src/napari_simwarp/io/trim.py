@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 
 
 @functools.cache
@@ -41,3 +42,13 @@ def release() -> bool:
         return False
     trim(0)
     return True
+
+
+def resident_bytes() -> int | None:
+    """This process's resident set in bytes (Linux ``/proc/self/statm``), or None."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None

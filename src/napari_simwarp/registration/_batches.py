@@ -53,14 +53,29 @@ class LocalBatches:
 
     def __init__(self, src):
         self.src = src
+        #: the resident set (bytes) above which a lazy batch is followed by a trim; None:
+        #: after every lazy batch
+        self.trim_above: int | None = None
+
+    def bound(self, budget_bytes: int) -> None:
+        """Trim only once the resident set exceeds what it is now by ``budget_bytes``: the
+        run's memory stays within its budget and a batch's garbage, and a run well within
+        its budget pays no trims (each makes the next batch fault its pages in again: a
+        lazy 20 x 512² stack ran in 1.65 s with a trim per batch, 0.82 s without)."""
+        now = trim.resident_bytes()
+        self.trim_above = None if now is None else now + int(budget_bytes)
 
     def _release(self) -> None:
         """A lazy stack's batch, read through dask's threads and freed: its memory back to
-        the system (io/trim.py). Not after a batch of an in-memory stack, which leaves
-        nothing in those threads' arenas: trimming then only makes the next batch fault its
-        pages in again (20 × 512² NumPy frames, translation: 0.31 -> 0.55 s)."""
-        if self.src.lazy:
-            trim.release()
+        the system (io/trim.py) once the resident set is past :attr:`trim_above`. Not after
+        a batch of an in-memory stack, which leaves nothing in those threads' arenas:
+        trimming then only makes the next batch fault its pages in again (20 × 512² NumPy
+        frames, translation: 0.31 -> 0.55 s)."""
+        if not self.src.lazy:
+            return
+        if self.trim_above is not None and (trim.resident_bytes() or 0) <= self.trim_above:
+            return
+        trim.release()
 
     def map(self, job, total, size, *shared, history, state, progress=None):
         """Run generator job ``job(src, sl, history, *shared)`` (it yields progress
@@ -232,6 +247,9 @@ class ClusterBatches:
 
     def value(self, fn, *args):
         return self._submit(_run, fn, self.source, self.device, *args, priority=1)
+
+    def bound(self, budget_bytes: int) -> None:
+        """Each task trims after its batch (its worker's memory is not this process's)."""
 
     def tasks_at_once(self) -> int:
         """How many tasks a worker runs at once (its threads; the most of any worker)."""

@@ -229,6 +229,7 @@ def register_stack_iter(
     work = batch * _frame_work(src, None if model == "translation" else metric, dense)
     held = _held_bytes(src, batch, dense) + (work if budgets[1] is budgets[0] else 0)
     src.keep(budgets[0].bytes - held)
+    runner.bound(budgets[0].bytes)  # trims only past the budget
     value_range = src.value_range()  # one range for the whole stack
     history: list[float] = []
     state = {"stopped": False}
