@@ -16,12 +16,11 @@ from .plan import RunOptions, build_model
 from .transforms import AffineTransform, DisplacementTransform
 
 
-def model_for(prep: PreparedPairs, options: RunOptions, starts: list, batch: int | None = None):
+def model_for(prep: PreparedPairs, options: RunOptions, starts: list):
     """The model of a run over ``prep``'s pairs, started from ``starts`` (one user ``init``
     per pair, or one for all; None entries: the grids' identity), each checked: a finite
     matrix or an AffineTransform for linear models; a finite displacement of the fixed
     image's shape or a Transform for dense ones."""
-    batch = prep.count if batch is None else batch
     grids = (prep.fixed_grid, prep.moving_grid)
     ndim = len(prep.shape)
     if options.dense:
@@ -35,7 +34,7 @@ def model_for(prep: PreparedPairs, options: RunOptions, starts: list, batch: int
         init = _stacked(matrices, prep.moving_grid.to_pixels() @ prep.fixed_grid.to_physical())
     return build_model(
         options,
-        batch,
+        prep.count,
         shape=prep.shape,
         fixed_grid=prep.fixed_grid,
         moving_grid=prep.moving_grid,

@@ -90,8 +90,10 @@ _MEMORY_ADVICE = (
 )
 
 
-def _check_stack_memory(src, batch, metric, dense, model, budgets, batch_given=True) -> None:
-    """Refuse, with the figures and before any frame is read, a run that cannot fit.
+def _check_stack_memory(src, batch, metric, dense, model, budgets, batch_given=True) -> int:
+    """Refuse, with the figures and before any frame is read, a run that cannot fit;
+    return the RAM budget's bytes the run leaves spare (what :meth:`~._frames.FrameSource.
+    keep` may hold).
 
     The advice names ``batch_size`` only when the caller gave one above 1: "auto" already
     chose the largest batch that fits (at least 1), and the widgets have no such setting.
@@ -113,6 +115,7 @@ def _check_stack_memory(src, batch, metric, dense, model, budgets, batch_given=T
     )
     if device is ram:
         _budget.refuse(work + held, ram, what=what, advice=advice)
-    else:
-        _budget.refuse(work, device, what=what + " on " + str(src.device), advice=advice)
-        _budget.refuse(held, ram, what=what + " in RAM", advice=advice)
+        return ram.bytes - work - held
+    _budget.refuse(work, device, what=what + " on " + str(src.device), advice=advice)
+    _budget.refuse(held, ram, what=what + " in RAM", advice=advice)
+    return ram.bytes - held

@@ -242,16 +242,17 @@ def run_pairs(prep: PreparedPairs, options: RunOptions, inits, landmarks=None,
                 initial_similarity=initial[i],
                 similarity_measure=measure,
                 overlap=overlap[i],
-                warnings=_assessed(i, prep.count, similarity, initial, overlap, options, folding),
+                warnings=_assessed(
+                    i, prep.count, similarity, initial, overlap, options, measure, folding
+                ),
                 seconds=seconds,
             )
         )
     return results
 
 
-def _assessed(i, count, similarity, initial, overlap, options, folding) -> list[str]:
+def _assessed(i, count, similarity, initial, overlap, options, measure, folding) -> list[str]:
     """Pair ``i``'s warnings, emitted; in a batch each names its pair."""
-    measure = measure_for(options.metric)
     found = problems(similarity[i], initial[i], overlap[i], options.dense, measure, folding)
     return emit([f"pair {i}: {m}" if count > 1 else m for m in found.values()])
 
@@ -271,7 +272,7 @@ def _similarities(prep: PreparedPairs, options: RunOptions, mdl, measure: str, s
     similarity = masked_nmi if measure == "nmi" else masked_zncc
     fixed, moving = prep.fixed[-1], prep.moving[-1]
     shape = tuple(fixed.shape[2:])
-    start = model_for(prep, options, starts, batch=mdl_batch(mdl))
+    start = model_for(prep, options, starts)
     start.set_level(shape)
     with torch.no_grad():
         warped, valid = mdl.warp(moving, shape)
@@ -284,17 +285,12 @@ def _similarities(prep: PreparedPairs, options: RunOptions, mdl, measure: str, s
         covered = valid.flatten(1).mean(1)
         if weight is not None:
             covered = covered / weight.flatten(1).mean(1)
-    n = mdl_batch(mdl)
+    n = prep.count
     return (
         [float(v) for v in final.expand(n).cpu()],
         [float(v) for v in initial.expand(n).cpu()],
         [float(v) for v in covered.expand(n).cpu()],
     )
-
-
-def mdl_batch(mdl) -> int:
-    """The number of pairs a model holds."""
-    return int(mdl.parameters()[0].shape[0])
 
 
 def register(

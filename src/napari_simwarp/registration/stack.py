@@ -45,7 +45,7 @@ from ._batches import runner_for
 from ._driver import drive
 from ._frames import FrameSource
 from ._stack_batches import StackProgress
-from ._stack_memory import _batch_size, _budgets, _check_stack_memory, _frame_work, _held_bytes
+from ._stack_memory import _batch_size, _budgets, _check_stack_memory
 from ._stack_optimizer import _optimizer_route
 from ._stack_output import _assess_frames, _finish, lazy_warped, warp_frames, warped_stack
 from ._stack_translation import _translation_route
@@ -223,12 +223,10 @@ def register_stack_iter(
     batch = _batch_size(
         batch_size, src, metric if dense or model != "translation" else None, dense, budgets
     )
-    _check_stack_memory(src, batch, metric, dense, model, budgets, batch_size != "auto")
+    spare = _check_stack_memory(src, batch, metric, dense, model, budgets, batch_size != "auto")
     # The budget's spare part keeps the frames a lazy stack's first pass reads, for the
     # passes after it (a slow store is read once where they fit).
-    work = batch * _frame_work(src, None if model == "translation" else metric, dense)
-    held = _held_bytes(src, batch, dense) + (work if budgets[1] is budgets[0] else 0)
-    src.keep(budgets[0].bytes - held)
+    src.keep(spare)
     runner.bound(budgets[0].bytes)  # trims only past the budget
     value_range = src.value_range()  # one range for the whole stack
     history: list[float] = []

@@ -261,8 +261,8 @@ class RegistrationRun:
         :func:`~..registration.optimize.level_iterations`)."""
         if self.settings.mode != "pair":
             return self.levels
-        its = self.options.iterations_per_level(self.shape, self.levels)
-        return max(1, sum(1 for n in its if n > 0))
+        spacing = self.fixed_grid.spacing if self.fixed_grid is not None else None
+        return self.options.optimized_levels(self.shape, spacing)
 
     def _iterations(self) -> int:
         """The most iterations of a level (of a pass over the frames, in drift mode)."""
