@@ -160,6 +160,40 @@ inline void moments5(const at::Tensor& centered, at::ArrayRef<double> taps, at::
   window("moments5", centered, sizes, /*pads=*/false, /*reserved=*/1);
 }
 
+// The fused 2-D SSIM (CUDA only, cuda/ssim.cpp): a and b (..., H, W) float32 of one shape,
+// a window of two odd sizes up to max_taps (the kernels' shared memory) and the axis.
+inline void ssim_fwd(const at::Tensor& a, const at::Tensor& b, at::ArrayRef<double> taps,
+                     at::IntArrayRef sizes, int64_t max_taps) {
+  TORCH_CHECK(a.scalar_type() == at::kFloat, "ssim_fwd: a must be float32, got ", a.scalar_type());
+  like_first("ssim_fwd", {{"a", a}, {"b", b}});
+  shape("ssim_fwd", {"b", b}, a.sizes());
+  TORCH_CHECK(sizes.size() == 2 && a.dim() >= 2, "ssim_fwd: a 2-D window over (..., H, W), got ",
+              "window ", sizes, " for shape ", a.sizes());
+  checks::taps("ssim_fwd", taps, sizes);
+  window("ssim_fwd", a, sizes, /*pads=*/false);
+  for (auto k : sizes)
+    TORCH_CHECK(k % 2 == 1 && k <= max_taps, "ssim_fwd: window sizes must be odd and at most ",
+                max_taps, ", got ", sizes);
+}
+
+// Its backward: grad one value or a's shape, partials (4, ...a), shifts (2, images, tiles
+// along H, tiles along W), all float32 on a's device.
+inline void ssim_bwd(const at::Tensor& grad, const at::Tensor& a, const at::Tensor& b,
+                     const at::Tensor& partials, const at::Tensor& shifts,
+                     at::ArrayRef<double> taps, at::IntArrayRef sizes, int64_t max_taps,
+                     int64_t tile) {
+  ssim_fwd(a, b, taps, sizes, max_taps);
+  like_first("ssim_bwd", {{"a", a}, {"grad", grad}, {"partials", partials}, {"shifts", shifts}});
+  TORCH_CHECK(grad.numel() == 1 || grad.sizes() == a.sizes(),
+              "ssim_bwd: grad must hold one value or have shape ", a.sizes(), ", got ", grad.sizes());
+  std::vector<int64_t> four = a.sizes().vec();
+  four.insert(four.begin(), 4);
+  shape("ssim_bwd", {"partials", partials}, four);
+  const int64_t H = a.size(-2), W = a.size(-1), images = H * W ? a.numel() / (H * W) : 0;
+  shape("ssim_bwd", {"shifts", shifts},
+        {2, images, (H + tile - 1) / tile, (W + tile - 1) / tile});
+}
+
 inline void local_std_fwd(const at::Tensor& xp, at::IntArrayRef window) {
   floating("local_std_fwd", {"xp", xp});
   some_window("local_std_fwd", window);

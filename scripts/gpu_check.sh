@@ -18,7 +18,9 @@
 #                 same machine's CPU, on known truth (2-D/3-D affine and deformable, drift,
 #                 2048² and 192³), and a batch of 16 pairs against one run per pair
 #   8. suite      the test suite without the Qt tests, on CUDA, in parallel; beside it,
-#                 compute-sanitizer memcheck of the parity tests
+#                 compute-sanitizer memcheck of the parity tests, then racecheck of the
+#                 kernels that share memory (the fused SSIM: the host shim runs one legal
+#                 order of a block's threads, so only the GPU can show a shared-memory race)
 #
 # Output: one folder ($SIMWARP_GPU_CHECK_OUT, default gpu-check/) with summary.md (the
 # step table, the versions, and the docs/benchmarks.md sections) and 7 logs: build,
@@ -168,7 +170,17 @@ if [ -x "$sanitizer" ] && [ "$box" -ge 10 ]; then
         PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -s INT -k 15 "$box" "$sanitizer" --tool memcheck \
             --error-exitcode 1 --target-processes all "$python" -m pytest -q -p no:cacheprovider \
             tests/csrc/test_host_shim.py -k cuda -x >>"$out/memcheck.log" 2>&1
-        echo "$? $((SECONDS - t0))" >"$scratch/memcheck.rc"
+        rc=$?
+        race_box=$((box - (SECONDS - t0)))
+        if [ "$rc" -eq 0 ] && [ "$race_box" -ge 20 ]; then
+            echo "== racecheck of the shared-memory kernels (time box ${race_box} s)" >>"$out/memcheck.log"
+            PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -s INT -k 15 "$race_box" "$sanitizer" \
+                --tool racecheck --error-exitcode 1 --target-processes all "$python" -m pytest \
+                -q -p no:cacheprovider tests/csrc/test_host_shim.py -k "fused and cuda" -x \
+                >>"$out/memcheck.log" 2>&1
+            rc=$?
+        fi
+        echo "$rc $((SECONDS - t0))" >"$scratch/memcheck.rc"
     ) &
     memcheck_pid=$!
 fi
@@ -181,7 +193,7 @@ if [ -n "$memcheck_pid" ]; then
     status=PASS
     [ "$rc" -eq 124 ] && status="TIMEOUT"
     [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && status="FAIL (exit $rc)"
-    record memcheck "$status" "$took" "compute-sanitizer memcheck of the parity tests"
+    record memcheck "$status" "$took" "compute-sanitizer memcheck of the parity tests, racecheck of the fused SSIM"
 elif [ -x "$sanitizer" ]; then
     record memcheck "SKIPPED (time box)" 0 ""
 else

@@ -22,8 +22,13 @@
 
 #ifdef SIMWARP_HOST_SHIM
 #define SIMWARP_CUDA_LIBRARY_IMPL(m) TORCH_LIBRARY_IMPL(simwarp_host_shim, CPU, m)
+#define SIMWARP_CUDA_ONLY_SCHEMAS(m) TORCH_LIBRARY_FRAGMENT(simwarp_host_shim, m)
 #else
 #define SIMWARP_CUDA_LIBRARY_IMPL(m) TORCH_LIBRARY_IMPL(simwarp, CUDA, m)
+// The schemas of the ops with a CUDA implementation only (no CPU twin: the CPU runs the
+// public op through other primitives), defined where they are implemented, so that the CPU
+// library never holds an op it cannot run (tests/csrc/test_cuda_sources.py: CUDA_ONLY).
+#define SIMWARP_CUDA_ONLY_SCHEMAS(m) TORCH_LIBRARY_FRAGMENT(simwarp, m)
 #endif
 
 namespace simwarp {

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.compiled import require_compiled
-from tests.csrc.test_cuda_sources import CPU_ONLY, defined_ops
+from tests.csrc.test_cuda_sources import CPU_ONLY, CUDA_ONLY, defined_ops
 
 pytestmark = pytest.mark.skipif(
     torch.version.cuda is None, reason="torch has no CUDA build (scripts/ci_cuda_build.sh has)"
@@ -37,6 +37,9 @@ def test_every_cuda_op_is_registered(cuda_build):
         has_cuda = torch._C._dispatch_has_kernel_for_dispatch_key(f"simwarp::{op}", "CUDA")
         assert has_cuda == (op not in CPU_ONLY), op
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"simwarp::{op}", "CPU"), op
+    for op in CUDA_ONLY:  # defined by the CUDA library itself, with no CPU kernel
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"simwarp::{op}", "CUDA"), op
+        assert not torch._C._dispatch_has_kernel_for_dispatch_key(f"simwarp::{op}", "CPU"), op
 
 
 def test_the_library_links_the_cuda_runtime_of_torch(cuda_build):

@@ -36,6 +36,15 @@ CPU_ONLY = {
 }
 
 
+#: ops with a CUDA implementation only, and why: their schemas are defined beside their
+#: binding (SIMWARP_CUDA_ONLY_SCHEMAS, cuda/binding.h), never in the CPU library.
+CUDA_ONLY = {
+    # The fused 2-D SSIM; the CPU runs ssim through moments5 and correlate in float64.
+    "ssim_fwd": "fused SSIM forward, float32 on GPUs",
+    "ssim_bwd": "fused SSIM backward, float32 on GPUs",
+}
+
+
 def _code(path: Path) -> str:
     """The file's text without // comments (they mention op names too)."""
     return re.sub(r"//[^\n]*", "", path.read_text())
@@ -78,6 +87,15 @@ def registrations(key: str, files: list[Path]) -> dict[str, list[str]]:
     return found
 
 
+def cuda_only_ops() -> list[str]:
+    """The op names the CUDA bindings define themselves (SIMWARP_CUDA_ONLY_SCHEMAS)."""
+    ops = []
+    for path in CUDA_BINDINGS:
+        for body in _blocks(_code(path), "SIMWARP_CUDA_ONLY_SCHEMAS(m)"):
+            ops += re.findall(r'm\.def\(\s*"(\w+)\(', body)
+    return ops
+
+
 def file_stem(op: str) -> str:
     return re.sub(r"_(fwd|bwd)$", "", op)
 
@@ -101,6 +119,8 @@ def test_schemas_define_ops_once_for_both_libraries():
 def test_every_op_is_registered_once_in_its_own_file(key, folder):
     found = registrations(key, sorted((CSRC / folder).glob("*.cpp")))
     expected = [op for op in defined_ops() if key == "CPU" or op not in CPU_ONLY]
+    if key == "CUDA":
+        expected += cuda_only_ops()
     assert set(found) == set(expected), (
         f"{key} registrations {sorted(found)} differ from the ops of ops.cpp {sorted(expected)}"
         + ("" if key == "CPU" else f" (less the CPU-only {sorted(CPU_ONLY)})")
@@ -113,7 +133,7 @@ def test_every_op_is_registered_once_in_its_own_file(key, folder):
 def test_bindings_run_the_shared_checks(folder):
     """Each binding calls checks::<op> from checks.h, the same function on both sides."""
     checks = _code(CSRC / "checks.h")
-    for op in defined_ops():
+    for op in defined_ops() + (cuda_only_ops() if folder == "cuda" else []):
         if folder == "cuda" and op in CPU_ONLY:
             continue
         assert re.search(rf"inline void {op}\(", checks), f"checks.h has no checks::{op}"
@@ -123,8 +143,15 @@ def test_bindings_run_the_shared_checks(folder):
         )
 
 
+def test_cuda_only_ops_are_defined_beside_their_binding_only():
+    assert sorted(cuda_only_ops()) == sorted(CUDA_ONLY)
+    assert not set(CUDA_ONLY) & set(defined_ops()), "a CUDA-only op in the CPU library"
+    for path in sorted((CSRC / "cpu").glob("*.cpp")) + [CSRC / "ops.cpp"]:
+        assert "SIMWARP_CUDA_ONLY_SCHEMAS" not in _code(path), path.name
+
+
 def test_every_cuda_op_has_kernels_launchers_and_a_binding():
-    stems = {file_stem(op) for op in defined_ops() if op not in CPU_ONLY}
+    stems = {file_stem(op) for op in defined_ops() + cuda_only_ops() if op not in CPU_ONLY}
     for stem in stems:
         for suffix in (".cu", ".h", ".cpp"):
             assert (CSRC / "cuda" / f"{stem}{suffix}").is_file(), f"cuda/{stem}{suffix} missing"

@@ -3,22 +3,36 @@ on every run, and on the GPU where there is one.
 
 csrc/host_shim/cuda_runtime.h runs every block and every thread of a launch in turn, with
 atomics as plain adds: one legal CUDA schedule, exact for kernels without shared memory,
-barriers or warp intrinsics (the kernels use none, and the shim defines none). So the CUDA
-side's indexing, chunking, borders, tap blocks, pass order and per-element maths run on
-every CI run, op by op against the CPU kernels (themselves held to SciPy and float64 in
-test_compiled_kernels.py), over sizes, borders, dtypes and 1D/2D/3D windows; float32
-results are also held to the CPU's float64 ones. With a GPU the same tests run the real
-kernels ("cuda" side; scripts/gpu_check.sh runs them under compute-sanitizer too).
+barriers or warp intrinsics. Kernels that share memory and meet at __syncthreads() (the
+fused SSIM, cuda/ssim.cu) are launched cooperatively: the threads of a block run as fibers
+that switch at each barrier, none passing it before all have reached it, with the block's
+dynamic shared memory NaN-filled at its start (the barrier tests below prove both). So the
+CUDA side's indexing, chunking, borders, tap blocks, pass order, barriers and per-element
+maths run on every CI run, op by op against the CPU kernels (themselves held to SciPy and
+float64 in test_compiled_kernels.py), over sizes, borders, dtypes and 1D/2D/3D windows;
+float32 results are also held to the CPU's float64 ones; the fused SSIM, which has no CPU
+twin, is held to scikit-image and to the float64 pure torch path. With a GPU the same tests
+run the real kernels ("cuda" side; scripts/gpu_check.sh runs them under compute-sanitizer
+too).
 """
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 import torch
+from skimage.metrics import structural_similarity
 
-from napari_simwarp.ops._kernels import calls
+from napari_simwarp.ops._kernels import _reference, calls
+from napari_simwarp.ops._moments import _MomentMap
+from napari_simwarp.ops._windows import make_window
+from tests import images
 from tests.csrc.conftest import require_host_shim
+
+#: the module (napari_simwarp.ops.ssim is also the name of the function it exports)
+ssim_module = importlib.import_module("napari_simwarp.ops.ssim")
 
 CPU = torch.ops.simwarp
 SIDES = ["host_shim"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -289,3 +303,228 @@ def test_splat_forward_raises_the_nondeterminism_alert(side):
         side.splat_bwd(out, den, image, disp, out, den, True, 1e-6)
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+# ---- the shim's barrier ---------------------------------------------------------------
+
+
+def _block_sums(x: np.ndarray, threads: int) -> np.ndarray:
+    padded = np.zeros(-(-x.size // threads) * threads)
+    padded[: x.size] = x
+    return padded.reshape(-1, threads).sum(1)
+
+
+@pytest.mark.parametrize("threads", [64, 256])
+def test_the_cooperative_launch_enforces_the_barrier(host_shim, threads):
+    """A tree reduction in shared memory: right with the barrier, NaN without it (thread 0
+    reads its partners' slots before they write them: the shim's NaN fill), so the right
+    sums come from the barrier holding every thread, not from the order threads run in."""
+    x = np.random.default_rng(0).standard_normal(1000)
+    with_barrier = host_shim.barrier_probe(torch.from_numpy(x), threads, 1).numpy()
+    np.testing.assert_allclose(with_barrier, _block_sums(x, threads), rtol=1e-12, atol=1e-12)
+    without = host_shim.barrier_probe(torch.from_numpy(x), threads, 0).numpy()
+    assert np.isnan(without).all(), without
+
+
+def test_a_barrier_the_shim_cannot_honour_fails_the_launch(host_shim):
+    x = torch.ones(512, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="launch failure"):  # only some threads meet it
+        host_shim.barrier_probe(x, 256, 2)
+    with pytest.raises(RuntimeError, match="launch failure"):  # under the plain launch()
+        host_shim.barrier_probe(x, 256, 3)
+    torch.testing.assert_close(
+        host_shim.barrier_probe(x, 256, 1), torch.full((2,), 256.0, dtype=torch.float64)
+    )
+
+
+# ---- the fused SSIM (cuda/ssim.cu) -------------------------------------------------------
+
+
+@pytest.fixture(params=SIDES)
+def fused(request):
+    """(library, device) of the fused SSIM ops: the host shim's on CPU tensors, or the CUDA
+    build's on the GPU."""
+    if request.param == "host_shim":
+        require_host_shim()
+        from napari_simwarp.ops._kernels._registrations import register_fused_ssim_fakes
+
+        register_fused_ssim_fakes("simwarp_host_shim")
+        return torch.ops.simwarp_host_shim, torch.device("cpu")
+    _require_cuda_kernels()
+    return None, torch.device("cuda")
+
+
+def _constants(data_range: float) -> tuple[float, float]:
+    return (0.01 * data_range) ** 2, (0.03 * data_range) ** 2
+
+
+def _fused_with_gradients(fused, a, b, window, data_range, reduction, upstream):
+    """The fused map (or mean) and both gradients under ``upstream``, on the side's device,
+    as float64 CPU tensors."""
+    library, device = fused
+    a32 = torch.as_tensor(a, dtype=torch.float32, device=device).requires_grad_()
+    b32 = torch.as_tensor(b, dtype=torch.float32, device=device).requires_grad_()
+    out = ssim_module.fused_ssim(a32, b32, window, *_constants(data_range), reduction, library)
+    assert out.dtype == torch.float32 and out.device == device
+    loss = out if reduction == "mean" else (out * upstream.to(device, torch.float32)).sum()
+    loss.backward()
+    return [t.detach().cpu().double() for t in (out, a32.grad, b32.grad)]
+
+
+def _float64_with_gradients(a, b, window, data_range, reduction, upstream):
+    """The moment engine's pure torch path in float64 (the reference of the float32 paths)."""
+    a64 = torch.as_tensor(a, dtype=torch.float64).requires_grad_()
+    b64 = torch.as_tensor(b, dtype=torch.float64).requires_grad_()
+    metric = ssim_module._SSIMMetric(*_constants(data_range))
+    out = _MomentMap.apply(a64, b64, window, metric, reduction, _reference, None)
+    (out if reduction == "mean" else (out * upstream).sum()).backward()
+    return [t.detach() for t in (out, a64.grad, b64.grad)]
+
+
+def _microscopy_pair(rng, shape):
+    """Offset camera-like images (tests/images.py), held as float32 values."""
+    lead, spatial = shape[:-2], shape[-2:]
+    pairs = [images.microscopy(rng, spatial) for _ in range(2 * int(np.prod(lead)))]
+    stack = np.stack(pairs).astype(np.float32).astype(np.float64)
+    return stack[0::2].reshape(shape), stack[1::2].reshape(shape)
+
+
+#: (N, C, H, W), window, sigma: sizes that are no multiple of the 16² tiles, batches and
+#: channels, per-axis windows, a window as long as its axis (both mirrors in one tile),
+#: one row.
+FUSED_CASES = [
+    ((1, 1, 37, 45), 11, 1.5),
+    ((2, 3, 40, 33), (7, 11), (1.0, 2.0)),
+    ((1, 2, 11, 70), 11, 1.5),
+    ((1, 1, 5, 9), (5, 9), (1.0, 3.0)),
+    ((2, 1, 1, 23), (1, 7), (1.0, 1.5)),
+]
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+@pytest.mark.parametrize("shape,size,sigma", FUSED_CASES)
+def test_fused_ssim_matches_float64_on_offset_data(fused, shape, size, sigma, reduction):
+    """Map and both gradients against the float64 pure torch path, within the float32
+    guarantees of tests/ops/test_ssim.py (TestFloat32Path: 1e-4 on the map, 1e-4 of the
+    largest gradient), on microscopy-like data (offset 1000, background, blobs, noise)."""
+    rng = np.random.default_rng(7)
+    a, b = _microscopy_pair(rng, shape)
+    window = make_window("gaussian", *[(v, v) if np.isscalar(v) else v for v in (size, sigma)])
+    upstream = torch.as_tensor(rng.standard_normal(shape))
+    ours = _fused_with_gradients(fused, a, b, window, 50.0, reduction, upstream)
+    expected = _float64_with_gradients(a, b, window, 50.0, reduction, upstream)
+    assert ours[0].shape == expected[0].shape
+    assert (ours[0] - expected[0]).abs().max() <= 1e-4
+    for got, want in zip(ours[1:], expected[1:]):
+        assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+
+
+def test_fused_ssim_matches_skimage_and_the_float32_torch_path(fused, monkeypatch):
+    """The map against scikit-image (float64, the same float32 values) and against the pure
+    torch float32 path of the GPU's policy (tiles centred, risky tiles in float64)."""
+    from napari_simwarp.ops import _numerics
+
+    rng = np.random.default_rng(3)
+    a, b = _microscopy_pair(rng, (1, 1, 150, 140))
+    window = make_window("gaussian", (11, 11), (1.5, 1.5))
+    data_range = float(max(a.max(), b.max()) - min(a.min(), b.min()))
+    ours = _fused_with_gradients(fused, a, b, window, data_range, "mean", None)
+    _, full = structural_similarity(
+        a[0, 0],
+        b[0, 0],
+        full=True,
+        gaussian_weights=True,
+        sigma=1.5,
+        use_sample_covariance=False,
+        data_range=data_range,
+    )
+    library, device = fused
+    a32 = torch.as_tensor(a, dtype=torch.float32, device=device)
+    b32 = torch.as_tensor(b, dtype=torch.float32, device=device)
+    c1, c2 = _constants(data_range)
+    out = ssim_module.fused_ssim(a32, b32, window, c1, c2, "none", library).cpu().double()
+    np.testing.assert_allclose(out[0, 0].numpy(), full, rtol=0, atol=1e-4)
+    assert abs(ours[0].item() - full.mean()) <= 1e-5
+    types = _numerics.FLOAT32_MOMENT_DEVICE_TYPES | {"cpu"}
+    monkeypatch.setattr(_numerics, "FLOAT32_MOMENT_DEVICE_TYPES", types)
+    monkeypatch.setenv("SIMWARP_BACKEND", "torch")
+    torch_path = ssim_module.ssim(a32.cpu(), b32.cpu(), data_range=data_range)
+    np.testing.assert_allclose(out.numpy(), torch_path.double().numpy(), rtol=0, atol=1e-4)
+
+
+def test_fused_ssim_redoes_step_edges(fused):
+    """A step of 2000 counts across a tile, noise 0.5 (windows whose sum of squares about
+    the tile's mean is ~10^6 times their variance): those windows are redone two-pass in
+    the kernel. Map within 1e-4 of float64; the gradients within 2e-4 of the largest (the
+    unfused float32 path: 1.1e-4 here, from the centring of the backward, which both share)."""
+    rng = np.random.default_rng(5)
+    a = np.full((1, 1, 48, 48), 1000.0)
+    a[..., 20:] = 3000.0
+    a = (a + rng.standard_normal(a.shape) * 0.5).astype(np.float32).astype(np.float64)
+    b = (a + rng.standard_normal(a.shape) * 0.5).astype(np.float32).astype(np.float64)
+    window = make_window("gaussian", (11, 11), (1.5, 1.5))
+    upstream = torch.ones(a.shape, dtype=torch.float64)
+    ours = _fused_with_gradients(fused, a, b, window, 4000.0, "none", upstream)
+    expected = _float64_with_gradients(a, b, window, 4000.0, "none", upstream)
+    assert (ours[0] - expected[0]).abs().max() <= 1e-4
+    for got, want in zip(ours[1:], expected[1:]):
+        assert (got - want).abs().max() <= 2e-4 * want.abs().max()
+
+
+def test_fused_ssim_nan_where_a_window_sees_one(fused):
+    rng = np.random.default_rng(11)
+    a, b = _microscopy_pair(rng, (1, 1, 40, 37))
+    a[0, 0, 3, 30] = np.nan
+    b[0, 0, 25, 2] = np.inf
+    window = make_window("gaussian", (7, 7), (1.5, 1.5))
+    library, device = fused
+    a32 = torch.as_tensor(a, dtype=torch.float32, device=device)
+    b32 = torch.as_tensor(b, dtype=torch.float32, device=device)
+    out = ssim_module.fused_ssim(a32, b32, window, *_constants(50.0), "none", library).cpu()
+    metric = ssim_module._SSIMMetric(*_constants(50.0))
+    from napari_simwarp.ops._moments import moment_map
+
+    expected = moment_map(torch.as_tensor(a), torch.as_tensor(b), window, metric, "none")
+    assert torch.equal(out.isnan(), expected.isnan())
+    assert out.isnan().any() and not out.isnan().all()
+    finite = ~expected.isnan()
+    assert (out.double()[finite] - expected[finite]).abs().max() <= 1e-4
+
+
+def test_fused_ssim_ops_refuse_what_they_cannot_run(fused):
+    library, device = fused
+    x = torch.rand(1, 1, 40, 40, device=device)
+    taps = [tuple(make_window("gaussian", (11, 11), (1.5, 1.5)).taps[0])] * 2
+    with pytest.raises(TypeError, match="ssim_fwd: a must be float32, got Double"):
+        calls.ssim_fwd(x.double(), x.double(), taps, 1e-4, 9e-4, True, library)
+    wide = [tuple(make_window("gaussian", (33, 33), (5.0, 5.0)).taps[0])] * 2
+    with pytest.raises(ValueError, match="window sizes must be odd and at most 31"):
+        calls.ssim_fwd(x, x, wide, 1e-4, 9e-4, True, library)
+    with pytest.raises(ValueError, match="ssim_fwd: b must have shape"):
+        calls.ssim_fwd(x, x[..., :-1], taps, 1e-4, 9e-4, True, library)
+    # ... and the binding itself refuses them too, with the same message.
+    lib = library if library is not None else torch.ops.simwarp
+    flat = [t for axis in wide for t in axis]
+    with pytest.raises(RuntimeError, match="window sizes must be odd and at most 31"):
+        lib.ssim_fwd(x, x, flat, [33, 33], 1e-4, 9e-4, True)
+
+
+def test_fused_ssim_opcheck(fused):
+    library, device = fused
+    lib = library if library is not None else torch.ops.simwarp
+    rng = np.random.default_rng(2)
+    a, b = (
+        torch.as_tensor(v, dtype=torch.float32, device=device)
+        for v in _microscopy_pair(rng, (2, 1, 20, 18))
+    )
+    flat = list(make_window("gaussian", (5, 7), (1.0, 1.5)).taps[0]) + list(
+        make_window("gaussian", (5, 7), (1.0, 1.5)).taps[1]
+    )
+    args = (a, b, flat, [5, 7], 0.25, 2.25)
+    torch.library.opcheck(lib.ssim_fwd.default, (*args, True))
+    torch.library.opcheck(lib.ssim_fwd.default, (*args, False))
+    _, partials, shifts = lib.ssim_fwd(*args, True)
+    grad = torch.randn(a.shape, device=device)
+    torch.library.opcheck(lib.ssim_bwd.default, (grad, a, b, partials, shifts, flat, [5, 7]))
+    one = torch.full((1,), 0.5, device=device)
+    torch.library.opcheck(lib.ssim_bwd.default, (one, a, b, partials, shifts, flat, [5, 7]))

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.compiled import require_compiled
+from tests.csrc.test_cuda_sources import CUDA_ONLY
 
 LAYOUTS = ("contiguous", "transposed", "sliced", "channels_last")
 DTYPES = (torch.float32, torch.float64)
@@ -176,10 +177,11 @@ def test_opcheck(compiled, op, make_args, layout, dtype):
 
 
 def test_every_op_is_checked(compiled):
-    """A new op in csrc/ops.cpp needs a case here."""
+    """A new op in csrc/ops.cpp needs a case here. The CUDA-only ops (defined by the CUDA
+    build where it is loaded) are opchecked by tests/csrc/test_host_shim.py."""
     schemas = {
         s.name.removeprefix("simwarp::")
         for s in torch._C._jit_get_all_schemas()
         if s.name.startswith("simwarp::")
     }
-    assert schemas == {op for _, op, _ in CASES}
+    assert schemas - set(CUDA_ONLY) == {op for _, op, _ in CASES}

@@ -2,6 +2,12 @@
 
 The five Gaussian moments, the one-pass backward and the padding live in ``_moments``;
 this module holds the per-pixel SSIM maths and its partials.
+
+On CUDA, float32 (and half) 2-D images with windows of at most 31 taps per axis take the
+fused kernels instead (``csrc/cuda/ssim.cu``: one forward and one backward kernel, tiles
+with their halos in shared memory, the reflection applied to the index, each tile centred
+on its own mean, risky windows redone two-pass in float32): :func:`fused_ssim`. 3-D
+images, float64 data, wider windows and every other device keep the ``_moments`` path.
 """
 
 from __future__ import annotations
@@ -10,9 +16,14 @@ from collections.abc import Sequence
 
 import torch
 
+from . import _kernels
+from ._autograd import first_order_backward
+from ._kernels import calls
 from ._moments import MomentMetric, check_moment_inputs, moment_map
+from ._nonfinite import fill_nonfinite, nonfinite_mask, windows_seeing
+from ._numerics import compute_dtype, moment_dtype
 from ._validation import check_positive, check_sigma
-from ._windows import make_window
+from ._windows import Window, make_window
 
 
 class _SSIMMetric(MomentMetric):
@@ -126,5 +137,91 @@ def ssim(
     data_range = check_positive(data_range, "data_range")
     k1 = check_positive(k1, "k1")
     k2 = check_positive(k2, "k2")
-    metric = _SSIMMetric((k1 * data_range) ** 2, (k2 * data_range) ** 2)
-    return moment_map(a, b, make_window("gaussian", sizes, sigmas), metric, reduction)
+    c1, c2 = (k1 * data_range) ** 2, (k2 * data_range) ** 2
+    window = make_window("gaussian", sizes, sigmas)
+    if _fused_applies(a, b, window):
+        return fused_ssim(a, b, window, c1, c2, reduction)
+    return moment_map(a, b, window, _SSIMMetric(c1, c2), reduction)
+
+
+def _fused_applies(a: torch.Tensor, b: torch.Tensor, window: Window) -> bool:
+    """Whether :func:`ssim` runs the fused kernels on these (validated) inputs: CUDA, 2-D,
+    float32 sums (the device's policy), a window they take, the compiled ssim chosen there
+    (built and self-checked, ``_kernels.implementation``) and its fused ops loaded."""
+    if a.device.type != "cuda" or a.dim() != 4 or max(window.sizes) > calls.SSIM_MAX_TAPS:
+        return False
+    dtype = compute_dtype(torch.promote_types(a.dtype, b.dtype))
+    if dtype != torch.float32 or moment_dtype(dtype, a.device) != torch.float32:
+        return False
+    if _kernels.implementation("ssim", a) is not calls:
+        return False
+    return hasattr(torch.ops.simwarp, "ssim_fwd")
+
+
+class _FusedSSIM(torch.autograd.Function):
+    """``(a, b) -> SSIM map`` (or its mean) through the fused kernels; float32 ``(N, C, H,
+    W)`` contiguous inputs. The backward is one kernel: the forward's partial maps and tile
+    shifts, the window's adjoint with the reflection folded into its taps."""
+
+    @staticmethod
+    def forward(ctx, a, b, taps, c1: float, c2: float, reduction: str, library):
+        need = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        out, partials, shifts = calls.ssim_fwd(a, b, taps, c1, c2, need, library)
+        ctx.taps, ctx.library, ctx.reduction, ctx.numel = taps, library, reduction, out.numel()
+        if need:
+            ctx.save_for_backward(a, b, partials, shifts)
+        return out.mean() if reduction == "mean" else out
+
+    @staticmethod
+    @first_order_backward("ssim")
+    def backward(ctx, grad_out):
+        a, b, partials, shifts = ctx.saved_tensors
+        if ctx.reduction == "mean":  # one value on the device: no sync, no expanded map
+            grad = (grad_out.to(a.dtype) / ctx.numel).reshape(1)
+        else:
+            grad = grad_out.to(a.dtype).contiguous()
+        grad_a, grad_b = calls.ssim_bwd(grad, a, b, partials, shifts, ctx.taps, ctx.library)
+        return (
+            grad_a if ctx.needs_input_grad[0] else None,
+            grad_b if ctx.needs_input_grad[1] else None,
+            *(None,) * 5,
+        )
+
+
+def fused_ssim(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    window: Window,
+    c1: float,
+    c2: float,
+    reduction: str,
+    library=None,
+) -> torch.Tensor:
+    """:func:`ssim` through the fused 2-D kernels (``csrc/cuda/ssim.cu``), in float32.
+
+    ``a``, ``b`` ``(N, C, H, W)`` validated, ``window`` Gaussian, 2-D, at most 31 taps per
+    axis. Non-finite pixels as :func:`~._moments.moment_map`: NaN exactly where a window
+    (through the reflected border) sees one. ``library`` is ``torch.ops.simwarp`` (default,
+    CUDA tensors) or ``torch.ops.simwarp_host_shim`` (the same kernels as host code on CPU
+    tensors, tests/csrc/test_host_shim.py). Returns ``(N, C, H, W)`` or ``()`` in the
+    promoted input dtype.
+    """
+    out_dtype = torch.promote_types(a.dtype, b.dtype)
+    invalid_a, invalid_b = nonfinite_mask(a), nonfinite_mask(b)
+    if invalid_a is not None:
+        a = fill_nonfinite(a, invalid_a)
+    if invalid_b is not None:
+        b = fill_nonfinite(b, invalid_b)
+    a32 = a.to(torch.float32).contiguous()
+    b32 = b.to(torch.float32).contiguous()
+    taps = [tuple(t) for t in window.taps]
+    invalid = (
+        invalid_a
+        if invalid_b is None
+        else (invalid_b if invalid_a is None else invalid_a | invalid_b)
+    )
+    if invalid is None:
+        return _FusedSSIM.apply(a32, b32, taps, c1, c2, reduction, library).to(out_dtype)
+    out = _FusedSSIM.apply(a32, b32, taps, c1, c2, "none", library)
+    out = out.masked_fill(windows_seeing(invalid, window.sizes, "reflect"), float("nan"))
+    return (out.mean() if reduction == "mean" else out).to(out_dtype)

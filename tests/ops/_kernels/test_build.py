@@ -168,7 +168,10 @@ def test_host_shim_sources_are_the_cuda_sources_and_its_library(tmp_path):
     root = _build.csrc_root()
     cuda = _build.sources("cuda")
     assert [p for p in cuda if p.suffix == ".cu"] and all(p.parent == root / "cuda" for p in cuda)
-    assert _build.sources("host_shim") == [root / "host_shim" / "library.cpp", *cuda]
+    # The shim's library first (it defines the library), then its test ops, then the CUDA sources.
+    shim = _build.sources("host_shim")
+    assert shim[0] == root / "host_shim" / "library.cpp" and shim[-len(cuda) :] == cuda
+    assert root / "host_shim" / "barrier_probe.cpp" in shim[1 : len(shim) - len(cuda)]
     with pytest.raises(ValueError, match="kind must be one of cpu, cuda, host_shim, got 'gpu'"):
         _build.sources("gpu")
     # The .cu files reach the host compiler through a wrapper that includes them, rewritten

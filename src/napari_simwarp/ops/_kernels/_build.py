@@ -8,7 +8,8 @@ torch has CUDA and a matching ``nvcc`` is found, ``cuda`` (``csrc/cuda/*.cu`` ke
 build differ (sources, torch, flags, CPU; for CUDA also the compiler and architectures).
 
 A third, ``host_shim``, is for tests: the CUDA sources compiled as host C++ against the
-shim in ``csrc/host_shim/`` (every block and thread run in turn), registered as the CPU
+shim in ``csrc/host_shim/`` (every block in turn, its threads in turn or, for kernels
+with barriers, as fibers that switch at each barrier), registered as the CPU
 implementation of the ``simwarp_host_shim`` library, so that the CUDA kernels' logic is
 compared with the CPU kernels on machines without a GPU (``tests/csrc/test_host_shim.py``).
 """
@@ -56,7 +57,12 @@ def sources(kind: str) -> list[pathlib.Path]:
     if kind == "cpu":
         return [root / "ops.cpp", *sorted((root / "cpu").glob("*.cpp"))]
     cuda = sorted((root / "cuda").glob("*.cu")) + sorted((root / "cuda").glob("*.cpp"))
-    return cuda if kind == "cuda" else [root / "host_shim" / "library.cpp", *cuda]
+    if kind == "cuda":
+        return cuda
+    # library.cpp first (it defines the library); then the shim's test ops (barrier_probe).
+    shim = [root / "host_shim" / "library.cpp"]
+    shim += [f for f in sorted((root / "host_shim").glob("*.cpp")) if f.name != "library.cpp"]
+    return [*shim, *cuda]
 
 
 def _host_source(directory: pathlib.Path, source: pathlib.Path) -> pathlib.Path:

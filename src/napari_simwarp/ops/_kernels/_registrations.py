@@ -160,3 +160,30 @@ def register_fakes_and_autograd() -> None:
         "simwarp::local_std_2d_fwd", _local_std_2d_backward, setup_context=_local_std_2d_setup
     )
     _registered = True
+
+
+_fused_registered: set[str] = set()
+
+
+def register_fused_ssim_fakes(namespace: str) -> None:
+    """Fakes of the CUDA-only fused SSIM ops ``<namespace>::ssim_fwd`` / ``ssim_bwd``
+    ("simwarp" once the CUDA build is loaded, "simwarp_host_shim" for the host shim's
+    build), idempotent. Their autograd is ``ops.ssim._FusedSSIM``'s."""
+    if namespace in _fused_registered:
+        return
+    tile = 16  # csrc/cuda/ssim.h kSsimTile
+
+    @torch.library.register_fake(f"{namespace}::ssim_fwd")
+    def _ssim_fwd_fake(a, b, taps, sizes, c1, c2, need_partials):
+        if not need_partials:
+            return a.new_empty(a.shape), a.new_empty((0,)), a.new_empty((0,))
+        H, W = a.shape[-2], a.shape[-1]
+        images = a.numel() // (H * W)
+        shifts = (2, images, (H + tile - 1) // tile, (W + tile - 1) // tile)
+        return a.new_empty(a.shape), a.new_empty((4, *a.shape)), a.new_empty(shifts)
+
+    @torch.library.register_fake(f"{namespace}::ssim_bwd")
+    def _ssim_bwd_fake(grad, a, b, partials, shifts, taps, sizes):
+        return a.new_empty(a.shape), a.new_empty(a.shape)
+
+    _fused_registered.add(namespace)

@@ -131,3 +131,36 @@ def local_std_2d(
         x, window, padding, float(eps), bool(normalize), factor
     )
     return out
+
+
+#: the fused SSIM kernels' limits (csrc/cuda/ssim.h): taps per window axis, tile edge.
+SSIM_MAX_TAPS = 31
+SSIM_TILE = 16
+
+
+def ssim_fwd(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    taps: Sequence[Sequence[float]],
+    c1: float,
+    c2: float,
+    need_partials: bool,
+    library=None,
+):
+    """Fused 2-D Gaussian SSIM of float32 ``a``, ``b`` ``(..., H, W)`` (CUDA only),
+    SciPy "reflect" padding: ``(map (..., H, W), partials (4, ..., H, W), shifts (2,
+    images, tiles_y, tiles_x))``, the last two empty unless ``need_partials``.
+    ``library`` is ``torch.ops.simwarp`` (default) or the host shim's."""
+    flat, sizes = _flat_list(taps)
+    preconditions.ssim_fwd(a, b, flat, sizes, SSIM_MAX_TAPS)
+    library = torch.ops.simwarp if library is None else library
+    return library.ssim_fwd(a, b, flat, sizes, float(c1), float(c2), bool(need_partials))
+
+
+def ssim_bwd(grad, a, b, partials, shifts, taps: Sequence[Sequence[float]], library=None):
+    """Gradients ``(grad_a, grad_b)`` of the fused SSIM, ``grad`` one value (a mean's) or a
+    map of ``a``'s shape."""
+    flat, sizes = _flat_list(taps)
+    preconditions.ssim_bwd(grad, a, b, partials, shifts, flat, sizes, SSIM_MAX_TAPS, SSIM_TILE)
+    library = torch.ops.simwarp if library is None else library
+    return library.ssim_bwd(grad, a, b, partials, shifts, flat, sizes)

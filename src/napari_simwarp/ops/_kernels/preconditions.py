@@ -147,3 +147,40 @@ def splat_fwd(image: torch.Tensor, displacement: torch.Tensor) -> None:
             f"splat: image must be (N, C, H, W) or (N, C, D, H, W), got shape {_sizes(image.shape)}"
         )
     shape("splat", "displacement", displacement, (image.shape[0], d, *image.shape[2:]))
+
+
+def ssim_fwd(
+    a: torch.Tensor, b: torch.Tensor, values: Sequence[float], sizes: Sequence[int], max_taps: int
+) -> None:
+    """The fused 2-D SSIM (CUDA only): float32 ``a``, ``b`` of one shape ``(..., H, W)``."""
+    if a.dtype != torch.float32:
+        raise TypeError(f"ssim_fwd: a must be float32, got {_type_name(a.dtype)}")
+    like_first("ssim_fwd", [("a", a), ("b", b)])
+    shape("ssim_fwd", "b", b, a.shape)
+    if len(sizes) != 2 or a.dim() < 2:
+        raise ValueError(
+            "ssim_fwd: a 2-D window over (..., H, W), got window "
+            f"{_sizes(sizes)} for shape {_sizes(a.shape)}"
+        )
+    taps("ssim_fwd", values, sizes)
+    window("ssim_fwd", a, sizes, pads=False)
+    if any(k % 2 != 1 or k > max_taps for k in sizes):
+        raise ValueError(
+            f"ssim_fwd: window sizes must be odd and at most {max_taps}, got {_sizes(sizes)}"
+        )
+
+
+def ssim_bwd(grad, a, b, partials, shifts, values, sizes, max_taps: int, tile: int) -> None:
+    """Its backward: grad one value or ``a``'s shape, partials ``(4, *a.shape)``, shifts
+    ``(2, images, tiles along H, tiles along W)``."""
+    ssim_fwd(a, b, values, sizes, max_taps)
+    like_first("ssim_bwd", [("a", a), ("grad", grad), ("partials", partials), ("shifts", shifts)])
+    if grad.numel() != 1 and tuple(grad.shape) != tuple(a.shape):
+        raise ValueError(
+            f"ssim_bwd: grad must hold one value or have shape {_sizes(a.shape)}, "
+            f"got {_sizes(grad.shape)}"
+        )
+    shape("ssim_bwd", "partials", partials, (4, *a.shape))
+    H, W = a.shape[-2:]
+    images = a.numel() // (H * W) if H * W else 0
+    shape("ssim_bwd", "shifts", shifts, (2, images, -(-H // tile), -(-W // tile)))

@@ -36,7 +36,7 @@ TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-10}
 #: the primitives (torch.ops.simwarp) each public op with kernels calls.
 PRIMITIVES = {
     "local_std": ("local_std",),
-    "ssim": ("moments5", "correlate", "box_sum"),
+    "ssim": ("moments5", "correlate", "box_sum", "ssim_fused"),
     "local_ncc": ("moments5", "correlate", "box_sum"),
     "splat": ("splat",),
 }
@@ -201,6 +201,34 @@ def _check_splat(device, dtype, gen) -> float:
     return max(errors)
 
 
+def _check_ssim_fused(device, dtype, gen) -> float:
+    """The fused 2-D SSIM (CUDA, float32 only; nothing to check elsewhere) against the
+    moment engine's pure torch path in float64, values and both gradients, on offset
+    data whose size is no multiple of the tiles, "none" and "mean"."""
+    if device.type != "cuda" or dtype != torch.float32:
+        return 0.0
+    from .._moments import _MomentMap
+    from .._windows import make_window
+    from ..ssim import _SSIMMetric, fused_ssim
+
+    window = make_window("gaussian", (11, 7), (1.5, 1.0))
+    metric, errors = _SSIMMetric(0.01**2 * 25.0, 0.03**2 * 25.0), []
+    a = _random(gen, (2, 2, 37, 45), device, dtype, grad=True, offset=100.0)
+    b = (a.detach() + _random(gen, a.shape, device, dtype)).requires_grad_()
+    for reduction in ("none", "mean"):
+        errors.append(
+            _compare_with_gradients(
+                lambda x, y, r=reduction: fused_ssim(x, y, window, metric.c1, metric.c2, r),
+                lambda x, y, r=reduction: _MomentMap.apply(
+                    x.double(), y.double(), window, metric, r, _reference, None
+                ).float(),
+                [a, b],
+                seed=2,
+            )
+        )
+    return max(errors)
+
+
 #: primitive -> its check: a function of (device, dtype, generator) giving the largest
 #: relative difference from the twin.
 PRIMITIVE_CHECKS = {
@@ -209,6 +237,7 @@ PRIMITIVE_CHECKS = {
     "moments5": _check_moments5,
     "local_std": _check_local_std,
     "splat": _check_splat,
+    "ssim_fused": _check_ssim_fused,
 }
 
 
