@@ -107,15 +107,27 @@ def _kernels(size: int) -> list[Kernel]:
     gauss = [float(w) for w in torch.signal.windows.gaussian(g, std=1.5)]
     gauss = [w / sum(gauss) for w in gauss] * 2
 
+    def fused_library(device):
+        """The fused SSIM's ops: CUDA's, or elsewhere (--smoke) the host shim's build of
+        the same kernels (built on first use)."""
+        if device.type == "cuda":
+            return ops
+        from napari_simwarp.ops._kernels import _build
+
+        _build.build("host_shim")
+        return torch.ops.simwarp_host_shim
+
     def ssim_fwd(device):
         a, b = torch.rand(2, 1, 1, size, size, device=device)
-        return lambda: ops.ssim_fwd(a, b, gauss, [g, g], 1e-4, 9e-4, True)
+        lib = fused_library(device)
+        return lambda: lib.ssim_fwd(a, b, gauss, [g, g], 1e-4, 9e-4, True)
 
     def ssim_bwd(device):
         a, b = torch.rand(2, 1, 1, size, size, device=device)
-        _, partials, shifts = ops.ssim_fwd(a, b, gauss, [g, g], 1e-4, 9e-4, True)
+        lib = fused_library(device)
+        _, partials, shifts = lib.ssim_fwd(a, b, gauss, [g, g], 1e-4, 9e-4, True)
         grad = torch.randn_like(a)
-        return lambda: ops.ssim_bwd(grad, a, b, partials, shifts, gauss, [g, g])
+        return lambda: lib.ssim_bwd(grad, a, b, partials, shifts, gauss, [g, g])
 
     # maps moved, per pass (window_pass.h, local_std.cu, moments5.cu, correlate.cu, splat.cu,
     # ssim.cu):
@@ -315,6 +327,8 @@ def op_cases(device: torch.device, smoke: bool):
 
     n = 64 if smoke else 4096
     ssim_shape = (2, 1, 48, 64) if smoke else (5, 1, 1080, 1920)
+    # fussim's and fused-ssim's own benchmark shape (three channels, portrait)
+    rgb_shape = (1, 3, 64, 48) if smoke else (1, 3, 1920, 1080)
     lncc_side = 24 if smoke else 160
     return [
         # read x and the upstream gradient, write the map and the image gradient
@@ -332,6 +346,13 @@ def op_cases(device: torch.device, smoke: bool):
             lambda a, b: ops.ssim(a, b, window=11, reduction="mean"),
             _peer_ssim(),
             images(*ssim_shape),
+        ),
+        (
+            f"ssim {rgb_shape} w11, mean",
+            4,
+            lambda a, b: ops.ssim(a, b, window=11, reduction="mean"),
+            _peer_ssim(),
+            images(*rgb_shape),
         ),
         (
             f"local_ncc {lncc_side}³ w9, mean",
