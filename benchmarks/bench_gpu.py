@@ -107,6 +107,20 @@ def _kernels(size: int) -> list[Kernel]:
     gauss = [float(w) for w in torch.signal.windows.gaussian(g, std=1.5)]
     gauss = [w / sum(gauss) for w in gauss] * 2
 
+    def std_fused_fwd(device):
+        x = torch.randn(1, 1, size, size, device=device) + 1000.0
+        lib, shift = fused_library(device), x.mean((-2, -1)).reshape(-1)
+        return lambda: lib.local_std_fused_fwd(x, shift, [k, k], "reflect", 0.0, True, 2.3e-13)
+
+    def std_fused_bwd(device):
+        x = torch.randn(1, 1, size, size, device=device) + 1000.0
+        lib, shift = fused_library(device), x.mean((-2, -1)).reshape(-1)
+        out, s1, flat = lib.local_std_fused_fwd(x, shift, [k, k], "reflect", 0.0, True, 2.3e-13)
+        grad = torch.randn_like(out)
+        return lambda: lib.local_std_fused_bwd(
+            grad, out, s1, flat, x, shift, [k, k], "reflect", True
+        )
+
     def fused_library(device):
         """The fused SSIM's ops: CUDA's, or elsewhere (--smoke) the host shim's build of
         the same kernels (built on first use)."""
@@ -153,6 +167,11 @@ def _kernels(size: int) -> list[Kernel]:
         # backward reads the upstream gradient, a, b and the 4 partials, writes 2 gradients.
         Kernel("ssim_fwd fused 2D w11", 2 + 5, 2 + 5, f32, ssim_fwd),
         Kernel("ssim_bwd fused 2D w11", 7 + 2, 7 + 2, f32, ssim_bwd),
+        # fused local std (padding and centring on load): forward reads x, writes out, s1
+        # and the 1-byte flat mask; backward reads grad, out, s1, flat and x, writes dx.
+        # The operator adds one read of x for its mean (a torch reduction).
+        Kernel("local_std_fused_fwd 2D w15", 1 + 2.25, 1 + 2.25, f32, std_fused_fwd),
+        Kernel("local_std_fused_bwd 2D w15", 4.25 + 1, 4.25 + 1, f32, std_fused_bwd),
     ]
 
 
@@ -219,16 +238,16 @@ def targets_note(kernels: list[Kernel], bandwidth: float, size: int) -> str:
     """What the predictions say of the issue's targets, before any measurement."""
     t = {k.name: k.predicted(bandwidth) for k in kernels}
     map_s = kernels[0].map_bytes / bandwidth
-    local_std = t["local_std_fwd 2D w15"] + t["local_std_bwd 2D w15"]
+    local_std = t["local_std_fused_fwd 2D w15"] + t["local_std_fused_bwd 2D w15"]
     return (
-        f"Targets. local_std forward+backward at {size}²: its two "
-        f"kernels are predicted at {local_std * 1e6:.0f} µs, {local_std / (4 * map_s):.1f}× the "
+        f"Targets. local_std forward+backward at {size}² (2-D float32 on CUDA: the fused "
+        f"kernels, padding and centring on load): its two kernels are predicted at "
+        f"{local_std * 1e6:.0f} µs, {local_std / (4 * map_s):.1f}× the "
         f"read-once/write-once floor of the op ({4 * map_s * 1e6:.0f} µs: x and the upstream "
         "gradient read, the map and the image gradient written; the target is 3×), before the "
-        "operator's own padded, centered copy of the image and its non-finite check (about 3 "
-        "more maps, ops/local_std.py). Reaching 3× needs the forward to write only its map "
-        "(S1 and the flat mask recomputed by the backward) and the padding done in the "
-        "first pass, as the CPU's local_std_2d does. SSIM and local NCC on CUDA run their "
+        "operator's mean of the image and its non-finite check (about 2 more maps, "
+        "ops/local_std.py). Reaching 3× needs the forward to write only its map (S1 and the "
+        "flat mask recomputed by the backward). SSIM and local NCC on CUDA run their "
         "moments in float32, each output tile centered on its own mean (ops/_tiles.py: the "
         "tiles' inputs, halos included, are one more copy of both images, about 1.6× their "
         "size in 2D and 2× in 3D; tiles at risk of cancellation are redone in float64), and "

@@ -194,6 +194,36 @@ inline void ssim_bwd(const at::Tensor& grad, const at::Tensor& a, const at::Tens
         {2, images, (H + tile - 1) / tile, (W + tile - 1) / tile});
 }
 
+// The fused 2-D local std (CUDA only, cuda/local_std_fused.cpp): x (..., H, W) float32, its
+// images' shifts (images,), an odd box window up to max_window and the axis, SciPy's
+// padding names.
+inline void local_std_fused_fwd(const at::Tensor& x, const at::Tensor& shift,
+                                at::IntArrayRef window, c10::string_view padding,
+                                int64_t max_window) {
+  const char* op = "local_std_fused";
+  TORCH_CHECK(x.scalar_type() == at::kFloat, op, ": x must be float32, got ", x.scalar_type());
+  like_first(op, {{"x", x}, {"shift", shift}});
+  TORCH_CHECK(x.dim() >= 2 && window.size() == 2, op, ": x must be (..., H, W), window (kh, kw)");
+  checks::window(op, x, window, /*pads=*/false);
+  for (auto k : window)
+    TORCH_CHECK(k % 2 == 1 && k <= max_window, op, ": window sizes must be odd and at most ",
+                max_window, ", got ", window);
+  TORCH_CHECK(padding == "reflect" || padding == "mirror" || padding == "nearest" ||
+                  padding == "constant",
+              op, ": padding must be reflect, mirror, nearest or constant, got ", padding);
+  const int64_t plane = x.size(-1) * x.size(-2);
+  shape(op, {"shift", shift}, {plane ? x.numel() / plane : 0});
+}
+
+inline void local_std_fused_bwd(const at::Tensor& grad, const at::Tensor& out,
+                                const at::Tensor& s1, const at::Tensor& flat,
+                                const at::Tensor& x, const at::Tensor& shift,
+                                at::IntArrayRef window, c10::string_view padding,
+                                int64_t max_window) {
+  local_std_fused_fwd(x, shift, window, padding, max_window);
+  local_std_saved("local_std_fused", grad, out, s1, flat, x, x.sizes());
+}
+
 inline void local_std_fwd(const at::Tensor& xp, at::IntArrayRef window) {
   floating("local_std_fwd", {"xp", xp});
   some_window("local_std_fwd", window);

@@ -19,7 +19,7 @@
 #                 2048² and 192³), and a batch of 16 pairs against one run per pair
 #   8. suite      the test suite without the Qt tests, on CUDA, in parallel; beside it,
 #                 compute-sanitizer memcheck of the parity tests, then racecheck of the
-#                 kernels that share memory (the fused SSIM: the host shim runs one legal
+#                 kernels that share memory (fused SSIM, local std: the shim runs one legal
 #                 order of a block's threads, so only the GPU can show a shared-memory race)
 #
 # Output: one folder ($SIMWARP_GPU_CHECK_OUT, default gpu-check/) with summary.md (the
@@ -193,7 +193,7 @@ if [ -n "$memcheck_pid" ]; then
     status=PASS
     [ "$rc" -eq 124 ] && status="TIMEOUT"
     [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && status="FAIL (exit $rc)"
-    record memcheck "$status" "$took" "compute-sanitizer memcheck of the parity tests, racecheck of the fused SSIM"
+    record memcheck "$status" "$took" "compute-sanitizer memcheck of the parity tests, racecheck of the fused kernels"
 elif [ -x "$sanitizer" ]; then
     record memcheck "SKIPPED (time box)" 0 ""
 else

@@ -42,6 +42,9 @@ CUDA_ONLY = {
     # The fused 2-D SSIM; the CPU runs ssim through moments5 and correlate in float64.
     "ssim_fwd": "fused SSIM forward, float32 on GPUs",
     "ssim_bwd": "fused SSIM backward, float32 on GPUs",
+    # The fused 2-D local std of CUDA; the CPU has its own (local_std_2d_*, CPU only).
+    "local_std_fused_fwd": "fused 2-D local std forward, float32 on GPUs",
+    "local_std_fused_bwd": "fused 2-D local std backward, float32 on GPUs",
 }
 
 

@@ -4,16 +4,17 @@ on every run, and on the GPU where there is one.
 csrc/host_shim/cuda_runtime.h runs every block and every thread of a launch in turn, with
 atomics as plain adds: one legal CUDA schedule, exact for kernels without shared memory,
 barriers or warp intrinsics. Kernels that share memory and meet at __syncthreads() (the
-fused SSIM, cuda/ssim.cu) are launched cooperatively: the threads of a block run as fibers
-that switch at each barrier, none passing it before all have reached it, with the block's
-dynamic shared memory NaN-filled at its start (the barrier tests below prove both). So the
-CUDA side's indexing, chunking, borders, tap blocks, pass order, barriers and per-element
-maths run on every CI run, op by op against the CPU kernels (themselves held to SciPy and
-float64 in test_compiled_kernels.py), over sizes, borders, dtypes and 1D/2D/3D windows;
-float32 results are also held to the CPU's float64 ones; the fused SSIM, which has no CPU
-twin, is held to scikit-image and to the float64 pure torch path. With a GPU the same tests
-run the real kernels ("cuda" side; scripts/gpu_check.sh runs them under compute-sanitizer
-too).
+fused SSIM and local std, cuda/ssim.cu, cuda/local_std_fused.cu) are launched
+cooperatively: the threads of a block run as fibers that switch at each barrier, none
+passing it before all have reached it, with the block's dynamic shared memory NaN-filled
+at its start (the barrier tests below prove both). So the CUDA side's indexing, chunking,
+borders, tap blocks, pass order, barriers and per-element maths run on every CI run, op by
+op against the CPU kernels (themselves held to SciPy and float64 in
+test_compiled_kernels.py), over sizes, borders, dtypes and 1D/2D/3D windows; float32
+results are also held to the CPU's float64 ones; the fused kernels, which have no CPU
+twin, are held to scikit-image and to the float64 pure torch path. With a GPU the same
+tests run the real kernels ("cuda" side; scripts/gpu_check.sh runs them under
+compute-sanitizer too, and racecheck on the fused ones).
 """
 
 from __future__ import annotations
@@ -529,3 +530,119 @@ def test_fused_ssim_opcheck(fused):
     torch.library.opcheck(lib.ssim_bwd.default, (grad, a, b, partials, shifts, flat, [5, 7]))
     one = torch.full((1,), 0.5, device=device)
     torch.library.opcheck(lib.ssim_bwd.default, (one, a, b, partials, shifts, flat, [5, 7]))
+
+
+# ---- the fused 2-D local std (cuda/local_std_fused.cu) -----------------------------------
+
+
+@pytest.fixture(params=SIDES)
+def fused_std(request):
+    """(library, device) of the fused local std ops, as :func:`fused`."""
+    if request.param == "host_shim":
+        require_host_shim()
+        from napari_simwarp.ops._kernels._registrations import register_fused_local_std_fakes
+
+        register_fused_local_std_fakes("simwarp_host_shim")
+        return torch.ops.simwarp_host_shim, torch.device("cpu")
+    _require_cuda_kernels()
+    return None, torch.device("cuda")
+
+
+def _offset_image_with_flats(shape, seed):
+    """Offset noisy images (1000 + 5·U), each with an exactly constant 12 x 12 patch (flat
+    windows, whatever the padding) and float32 values."""
+    rng = np.random.default_rng(seed)
+    x = rng.random(shape) * 5.0 + 1000.0
+    x[..., 1:13, 2:14] = 1003.0
+    return x.astype(np.float32).astype(np.float64)
+
+
+#: (N, C, H, W), window: sizes that are no multiple of the 16² tiles, batches, windows as
+#: long as their axis, one row; the flat patch is seen whole by windows up to 5 x 5 only.
+FUSED_STD_CASES = [
+    ((1, 1, 37, 45), (15, 15)),
+    ((2, 3, 20, 33), (5, 9)),
+    ((1, 2, 7, 9), (7, 9)),
+    ((1, 1, 1, 20), (1, 5)),
+    ((1, 1, 40, 40), (3, 3)),
+]
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("padding", ["reflect", "mirror", "nearest", "constant"])
+@pytest.mark.parametrize("shape,window", FUSED_STD_CASES)
+def test_fused_local_std_matches_float64_and_the_unfused_kernels(
+    fused_std, shape, window, padding, normalize
+):
+    """Values and gradients against the float64 pure torch path (1e-5 of the largest; the
+    unfused CUDA kernels' guarantee, test_local_std_float32_holds_offset_data), and the
+    flat windows (0, or sqrt(eps) unnormalized, no gradient) exactly where the padded
+    image is constant over the window. (The unfused kernels' running sums miss some of
+    those beside a "constant" border: a window's rounding there holds the -mean values that
+    left it, 6e-5 instead of 0; the fused kernel sums each window afresh.)"""
+    from napari_simwarp.ops._reference.local_std import center_and_pad
+    from napari_simwarp.ops.local_std import fused_local_std
+
+    library, device = fused_std
+    lib = library if library is not None else torch.ops.simwarp
+    x = _offset_image_with_flats(shape, seed=sum(shape))
+    upstream = torch.as_tensor(np.random.default_rng(1).standard_normal(shape))
+    x32 = torch.as_tensor(x, dtype=torch.float32, device=device).requires_grad_()
+    out = fused_local_std(x32, window, padding, 1e-6, normalize, library=library)
+    (out * upstream.to(device, torch.float32)).sum().backward()
+    x64 = torch.as_tensor(x).requires_grad_()
+    expected = _reference.local_std_2d(x64, window, padding, 1e-6, normalize)
+    (expected * upstream).sum().backward()
+    ours, grad = out.detach().cpu().double(), x32.grad.cpu().double()
+    assert (ours - expected.detach()).abs().max() <= 1e-5 * expected.abs().max()
+    assert (grad - x64.grad).abs().max() <= 1e-5 * x64.grad.abs().max()
+    factor = calls.COMPENSATED_FLOAT32_FLAT_FACTOR
+    x_in = x32.detach()
+    shift = x_in.mean((-2, -1)).reshape(-1)
+    _, _, flat = lib.local_std_fused_fwd(
+        x_in, shift, list(window), padding, 1e-6, normalize, factor
+    )
+    xp = center_and_pad(torch.as_tensor(x), [(k // 2, k // 2) for k in window], padding)
+    xp = xp.reshape(-1, 1, *xp.shape[-2:])
+    spread = torch.nn.functional.max_pool2d(xp, window, stride=1) + torch.nn.functional.max_pool2d(
+        -xp, window, stride=1
+    )
+    constant = (spread == 0).reshape(shape)
+    assert torch.equal(flat.cpu(), constant)
+    if max(window) <= 5 and shape[-2] > 12:
+        assert constant.any()  # the case holds flat windows
+        level = torch.tensor(0.0 if normalize else 1e-6**0.5, dtype=torch.float32).double()
+        assert (ours[constant] == level).all()
+
+
+def test_fused_local_std_refuses_what_it_cannot_run(fused_std):
+    library, device = fused_std
+    x = torch.rand(1, 1, 40, 40, device=device)
+    shift = x.mean((-2, -1)).reshape(-1)
+    args = (1e-6, True, 1e-13, library)
+    with pytest.raises(TypeError, match="local_std_fused: x must be float32, got Double"):
+        calls.local_std_fused_fwd(x.double(), shift.double(), [5, 5], "reflect", *args)
+    with pytest.raises(ValueError, match="window sizes must be odd and at most 31"):
+        calls.local_std_fused_fwd(x, shift, [33, 33], "reflect", *args)
+    with pytest.raises(ValueError, match="padding must be reflect, mirror, nearest or constant"):
+        calls.local_std_fused_fwd(x, shift, [5, 5], "valid", *args)
+    with pytest.raises(ValueError, match="shift must have shape"):
+        calls.local_std_fused_fwd(x, shift[:0], [5, 5], "reflect", *args)
+    lib = library if library is not None else torch.ops.simwarp
+    with pytest.raises(RuntimeError, match="window sizes must be odd and at most 31"):
+        lib.local_std_fused_fwd(x, shift, [33, 33], "reflect", 1e-6, True, 1e-13)
+
+
+def test_fused_local_std_opcheck(fused_std):
+    library, device = fused_std
+    lib = library if library is not None else torch.ops.simwarp
+    x = torch.as_tensor(_offset_image_with_flats((2, 1, 20, 18), 4), dtype=torch.float32)
+    x = x.to(device)
+    shift = x.mean((-2, -1)).reshape(-1)
+    for padding in ("reflect", "constant"):
+        args = (x, shift, [5, 7], padding, 1e-6, True, 1e-13)
+        torch.library.opcheck(lib.local_std_fused_fwd.default, args)
+        out, s1, flat = lib.local_std_fused_fwd(*args)
+        grad = torch.randn(x.shape, device=device)
+        bwd = (grad, out, s1, flat, x, shift, [5, 7], padding, True)
+        torch.library.opcheck(lib.local_std_fused_bwd.default, bwd)

@@ -187,3 +187,21 @@ def register_fused_ssim_fakes(namespace: str) -> None:
         return a.new_empty(a.shape), a.new_empty(a.shape)
 
     _fused_registered.add(namespace)
+
+
+def register_fused_local_std_fakes(namespace: str) -> None:
+    """Fakes of the CUDA-only ``<namespace>::local_std_fused_fwd`` / ``_bwd`` (as
+    :func:`register_fused_ssim_fakes`); their autograd is ``ops.local_std``'s."""
+    key = f"{namespace}/local_std"
+    if key in _fused_registered:
+        return
+
+    @torch.library.register_fake(f"{namespace}::local_std_fused_fwd")
+    def _fwd_fake(x, shift, window, padding, eps, normalize, flat_factor):
+        return x.new_empty(x.shape), x.new_empty(x.shape), x.new_empty(x.shape, dtype=torch.bool)
+
+    @torch.library.register_fake(f"{namespace}::local_std_fused_bwd")
+    def _bwd_fake(grad, out, s1, flat, x, shift, window, padding, normalize):
+        return x.new_empty(x.shape)
+
+    _fused_registered.add(key)

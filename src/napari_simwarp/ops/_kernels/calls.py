@@ -164,3 +164,31 @@ def ssim_bwd(grad, a, b, partials, shifts, taps: Sequence[Sequence[float]], libr
     preconditions.ssim_bwd(grad, a, b, partials, shifts, flat, sizes, SSIM_MAX_TAPS, SSIM_TILE)
     library = torch.ops.simwarp if library is None else library
     return library.ssim_bwd(grad, a, b, partials, shifts, flat, sizes)
+
+
+#: the fused 2-D local std's limit (csrc/cuda/local_std_fused.h): window size per axis.
+LOCAL_STD_MAX_WINDOW = 31
+
+
+def local_std_fused_fwd(x, shift, window, padding, eps, normalize, flat_factor, library=None):
+    """Fused 2-D local std of float32 ``x (..., H, W)`` (CUDA only), each image centred on
+    ``shift (images,)`` and padded inside the kernel: ``(out, s1, flat)``, as
+    ``local_std_fwd`` on the padded, centred image. ``library`` as :func:`ssim_fwd`'s."""
+    window = [int(k) for k in window]
+    preconditions.local_std_fused_fwd(x, shift, window, padding, LOCAL_STD_MAX_WINDOW)
+    library = torch.ops.simwarp if library is None else library
+    return library.local_std_fused_fwd(
+        x, shift, window, padding, float(eps), bool(normalize), float(flat_factor)
+    )
+
+
+def local_std_fused_bwd(grad, out, s1, flat, x, shift, window, padding, normalize, library=None):
+    """``∂L/∂x`` of the fused 2-D local std from ``grad`` and the forward's results."""
+    window = [int(k) for k in window]
+    preconditions.local_std_fused_bwd(
+        grad, out, s1, flat, x, shift, window, padding, LOCAL_STD_MAX_WINDOW
+    )
+    library = torch.ops.simwarp if library is None else library
+    return library.local_std_fused_bwd(
+        grad, out, s1, flat, x, shift, window, padding, bool(normalize)
+    )

@@ -184,3 +184,36 @@ def ssim_bwd(grad, a, b, partials, shifts, values, sizes, max_taps: int, tile: i
     H, W = a.shape[-2:]
     images = a.numel() // (H * W) if H * W else 0
     shape("ssim_bwd", "shifts", shifts, (2, images, -(-H // tile), -(-W // tile)))
+
+
+def local_std_fused_fwd(x, shift, sizes: Sequence[int], padding: str, max_window: int) -> None:
+    """The fused 2-D local std (CUDA only): float32 ``x (..., H, W)``, ``shift (images,)``."""
+    op = "local_std_fused"
+    if x.dtype != torch.float32:
+        raise TypeError(f"{op}: x must be float32, got {_type_name(x.dtype)}")
+    like_first(op, [("x", x), ("shift", shift)])
+    if x.dim() < 2 or len(sizes) != 2:
+        raise ValueError(f"{op}: x must be (..., H, W), window (kh, kw)")
+    window(op, x, sizes, pads=False)
+    if any(k % 2 != 1 or k > max_window for k in sizes):
+        raise ValueError(
+            f"{op}: window sizes must be odd and at most {max_window}, got {_sizes(sizes)}"
+        )
+    if padding not in ("reflect", "mirror", "nearest", "constant"):
+        raise ValueError(
+            f"{op}: padding must be reflect, mirror, nearest or constant, got {padding}"
+        )
+    plane = x.shape[-1] * x.shape[-2]
+    shape(op, "shift", shift, (x.numel() // plane if plane else 0,))
+
+
+def local_std_fused_bwd(grad, out, s1, flat, x, shift, sizes, padding, max_window) -> None:
+    local_std_fused_fwd(x, shift, sizes, padding, max_window)
+    op = "local_std_fused"
+    like_first(op, [("x", x), ("grad", grad), ("out", out), ("s1", s1)])
+    if flat.device != x.device:
+        raise ValueError(f"{op}: flat is on {flat.device} but x is on {x.device}")
+    if flat.dtype != torch.bool:
+        raise TypeError(f"{op}: flat must be bool, got {_type_name(flat.dtype)}")
+    for name, t in (("grad", grad), ("out", out), ("s1", s1), ("flat", flat)):
+        shape(op, name, t, x.shape)

@@ -35,7 +35,7 @@ TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-10}
 
 #: the primitives (torch.ops.simwarp) each public op with kernels calls.
 PRIMITIVES = {
-    "local_std": ("local_std",),
+    "local_std": ("local_std", "local_std_fused"),
     "ssim": ("moments5", "correlate", "box_sum", "ssim_fused"),
     "local_ncc": ("moments5", "correlate", "box_sum"),
     "splat": ("splat",),
@@ -229,6 +229,31 @@ def _check_ssim_fused(device, dtype, gen) -> float:
     return max(errors)
 
 
+def _check_local_std_fused(device, dtype, gen) -> float:
+    """The fused 2-D local std (CUDA, float32 only; nothing to check elsewhere) against the
+    pure torch path in float64, values and gradients, every padding, both normalizations,
+    on offset data whose size is no multiple of the tiles."""
+    if device.type != "cuda" or dtype != torch.float32:
+        return 0.0
+    from ..local_std import fused_local_std
+
+    errors = []
+    x = _random(gen, (2, 2, 37, 45), device, dtype, grad=True, offset=100.0)
+    for padding in ("reflect", "mirror", "nearest", "constant"):
+        for normalize in (True, False):
+            errors.append(
+                _compare_with_gradients(
+                    lambda t, p=padding, n=normalize: fused_local_std(t, (7, 9), p, 1e-6, n),
+                    lambda t, p=padding, n=normalize: _reference.local_std_2d(
+                        t.double(), (7, 9), p, 1e-6, n
+                    ).float(),
+                    [x],
+                    seed=3,
+                )
+            )
+    return max(errors)
+
+
 #: primitive -> its check: a function of (device, dtype, generator) giving the largest
 #: relative difference from the twin.
 PRIMITIVE_CHECKS = {
@@ -238,6 +263,7 @@ PRIMITIVE_CHECKS = {
     "local_std": _check_local_std,
     "splat": _check_splat,
     "ssim_fused": _check_ssim_fused,
+    "local_std_fused": _check_local_std_fused,
 }
 
 
