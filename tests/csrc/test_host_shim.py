@@ -646,3 +646,36 @@ def test_fused_local_std_opcheck(fused_std):
         grad = torch.randn(x.shape, device=device)
         bwd = (grad, out, s1, flat, x, shift, [5, 7], padding, True)
         torch.library.opcheck(lib.local_std_fused_bwd.default, bwd)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the dispatch to CUDA needs a GPU")
+def test_cuda_ssim_and_local_std_take_the_fused_kernels_where_they_apply():
+    _require_cuda_kernels()
+    from napari_simwarp.ops import local_std as local_std_op
+    from napari_simwarp.ops import ssim as ssim_op
+
+    std_module = importlib.import_module("napari_simwarp.ops.local_std")
+    a, b = torch.rand(2, 1, 2, 40, 37, device="cuda")
+    window = make_window("gaussian", (11, 11), (1.5, 1.5))
+    assert ssim_module._fused_applies(a, b, window)
+    assert ssim_module._fused_applies(a.half(), b.half(), window)
+    assert not ssim_module._fused_applies(a.double(), b.double(), window)
+    assert not ssim_module._fused_applies(a, b, make_window("gaussian", (33, 33), (5.0, 5.0)))
+    volume = torch.rand(1, 1, 9, 10, 11, device="cuda")
+    assert not ssim_module._fused_applies(volume, volume, make_window("gaussian", (3,) * 3, 1.0))
+    torch.testing.assert_close(
+        ssim_op(a, b, window=11),
+        ssim_module.fused_ssim(a, b, window, 1e-4, 9e-4, "none"),
+        rtol=0,
+        atol=0,
+    )
+    calls_impl = calls
+    assert std_module._fused_applies(a, (15, 15), calls_impl)
+    assert not std_module._fused_applies(a.double(), (15, 15), calls_impl)
+    assert not std_module._fused_applies(a, (33, 33), calls_impl)
+    torch.testing.assert_close(
+        local_std_op(a, window=15),
+        std_module.fused_local_std(a, (15, 15), "reflect", 1e-12, True),
+        rtol=0,
+        atol=0,
+    )
