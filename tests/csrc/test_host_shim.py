@@ -325,6 +325,9 @@ def test_the_cooperative_launch_enforces_the_barrier(host_shim, threads):
     np.testing.assert_allclose(with_barrier, _block_sums(x, threads), rtol=1e-12, atol=1e-12)
     without = host_shim.barrier_probe(torch.from_numpy(x), threads, 0).numpy()
     assert np.isnan(without).all(), without
+    # A static __shared__ array (one per OS thread, shared by the block's fibers) works too.
+    static = host_shim.barrier_probe(torch.from_numpy(x), threads, 4).numpy()
+    np.testing.assert_allclose(static, _block_sums(x, threads), rtol=1e-12, atol=1e-12)
 
 
 def test_a_barrier_the_shim_cannot_honour_fails_the_launch(host_shim):
