@@ -194,7 +194,9 @@ def test_mutual_information_gradient_matches_autograd(kind, fixed_shape, kernel,
     mask = torch.ones_like(fixed)
     for corner in itertools.product(*[(0, n - 1) for n in fixed_shape]):
         mask[(0, 0, *corner)] = 1e-9
-    problem = gn.level_problem(model, fixed, moving, mask, loss_fn, "mi")
+    # the host problem (the Gaussian window's; the B-spline's runs on the device:
+    # tests/registration/test_gauss_newton_mi.py)
+    problem = gn.MutualInformationProblem(model, fixed, moving, mask, loss_fn, "mi")
     samples = problem.sample()
     hessian, gradient = problem.normal_equations(samples)
 
@@ -227,7 +229,7 @@ def test_mutual_information_losses_are_the_run_loss(normalize, kernel):
     moving = torch.from_numpy(rng.standard_normal((2, 1, 60, 68)))
     fixed = torch.sin(3.0 * torch.from_numpy(rng.standard_normal((1, 1, *shape))))
     loss_fn = loss_for("mi", reduction="none", bins=16, normalize=normalize, kernel=kernel)
-    problem = gn.level_problem(model, fixed, moving, None, loss_fn, "mi")
+    problem = gn.MutualInformationProblem(model, fixed, moving, None, loss_fn, "mi")
     samples = problem.sample()
     own = samples[1]
     half = own * torch.from_numpy(rng.uniform(0.5, 1.0, own.shape))  # the same frames
@@ -364,7 +366,11 @@ def test_a_batch_of_pairs_converges_each_to_its_own_shift(rng, metric):
         )
     )
     assert not stopped
-    np.testing.assert_allclose(model.matrix()[:, :2, 2].detach().numpy(), shifts, atol=0.01)
+    # "mi" ends a level once a step moves no corner by MI_TOLERANCE (0.02 px): what is left
+    # is about a third of that. On four other draws of this pair the device's "mi" (issue
+    # 24) left 0.0070 to 0.0096 px, the host's before it 0.0075 to 0.0105 px.
+    atol = 0.012 if metric == "mi" else 0.01
+    np.testing.assert_allclose(model.matrix()[:, :2, 2].detach().numpy(), shifts, atol=atol)
     assert history[-1] < history[0]
 
 

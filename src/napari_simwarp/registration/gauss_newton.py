@@ -20,8 +20,9 @@ retried; a pair is done once a step moves no corner of the fixed level by
 a step shorter than :data:`REFUSED_TOLERANCE`. Near the optimum the convergence is
 quadratic: a few steps per level where Adam takes tens.
 
-``metric="mi"`` runs the same steps with another system: :class:`MutualInformationProblem`
-builds the gradient and a positive semi-definite approximate Hessian of the loss from the
+``metric="mi"`` runs the same steps with another system, on the device
+(:class:`DeviceMutualInformationProblem`; the Gaussian window on the host,
+:class:`MutualInformationProblem`): it builds the gradient and a positive semi-definite approximate Hessian of the loss from the
 derivatives of the Parzen joint histogram (docs/maths.md §6.4, §10.3).
 """
 
@@ -33,6 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..ops._numerics import moment_dtype
 from ..ops._sampling import affine_grid, grid_sample, level_matrix
 from ..ops.mutual_information import (
     _Parzen,
@@ -45,6 +47,7 @@ from ..ops.mutual_information import (
     joint_jacobian,
     parzen_frames,
     pixel_derivatives,
+    score_and_gradient,
     score_curvature,
     score_of_joint,
 )
@@ -656,6 +659,15 @@ class SquaresProblem:
             self._remember(kept, phi)
         return kept
 
+    def select(self, better: torch.Tensor, trial, samples):
+        """The samples (from :meth:`sample`) ``trial`` where ``better`` ``(N,)``, else
+        ``samples``: the samples the next step starts from."""
+        keep = better.view(-1, *([1] * (samples[0].dim() - 1)))
+        return (
+            torch.where(keep, trial[0], samples[0]),
+            torch.where(keep, trial[1], samples[1]),
+        )
+
     def start(self) -> torch.Tensor:
         """The model's parameters ``θ`` ``(N, P)``, detached, in the problem's dtype."""
         m = self.model
@@ -783,6 +795,165 @@ class SquaresProblem:
         return torch.linalg.vector_norm(self.corners @ delta.transpose(1, 2), dim=-1).amax(1)
 
 
+class DeviceMutualInformationProblem(SquaresProblem):
+    """``metric="mi"`` (the B-spline Parzen window) on the device, for
+    :func:`_run_on_device`: the Newton-type system of :class:`MutualInformationProblem`
+    (the same gradient and pixel curvature, the histogram's own curvature on levels of
+    at most :data:`COUPLING_PIXELS` pixels) with no host read and no float64 on a GPU.
+
+    The histogram's frames are the level's, fixed for the level (as elastix's Mattes
+    metric fixes them for a run): the fixed level's range over its pixels of positive
+    weight and the moving level's whole range, which holds every value the warped level
+    can take (linear interpolation). The loss is then a continuous function of ``θ``: no
+    frame that moves with the overlap (:class:`MutualInformationProblem`'s frames follow
+    the pixels of positive weight, read back to test whether they changed), and the
+    fixed image's taps (:func:`~..ops.mutual_information.cell_taps`) are made once.
+
+    Per step: one pass for the trial's two histograms (over its own weight and over the
+    weight of the point it starts from), their scores in closed form
+    (:func:`~..ops.mutual_information.score_and_gradient`, float32 on a GPU, float64 on
+    the CPU as :func:`~..ops._numerics.moment_dtype` has it); the system of the point
+    kept from its histogram's gradient, kept with it (:meth:`select`). The matrix is
+    positive semi-definite by construction: each pixel's curvature counts where it is
+    positive, and the histogram's own curvature joins it only where the sum stays positive
+    definite (a Cholesky factorization's status, tested on the device), where
+    :class:`MutualInformationProblem` raises its eigenvalues (``eigh`` reads its status
+    back on a GPU: a sync).
+    """
+
+    tolerance = MI_TOLERANCE
+
+    def __init__(self, model, fixed, moving, weight, loss_fn, metric: str):
+        super().__init__(model, fixed, moving, weight, loss_fn, metric)
+        bins = self.bins = loss_fn.bins
+        self.normalize = loss_fn.normalize
+        n = self.pairs
+        dtype = self.channels.dtype
+        with torch.no_grad():
+            fixed_rows = self.fixed_rows.to(dtype).expand(n, -1)
+            own = self.weight.reshape(self.weight.shape[0], -1).expand(n, -1)
+            lo, hi = frame_of(fixed_rows, own > 0)
+            #: the fixed level's bin coordinates ``(N, P)`` and B-spline taps
+            self.xi_fixed = bin_coordinates(fixed_rows, lo, hi, bins, 1.0)[0]
+            self.fixed_taps = cell_taps(self.xi_fixed, bins)
+            values = moving.reshape(moving.shape[0], -1).to(dtype)
+            low = values.amin(1, keepdim=True).expand(n, 1)
+            span = values.amax(1, keepdim=True).expand(n, 1) - low
+            span = torch.where(span > 0, span, torch.ones_like(span))
+            #: ``∂ξ/∂w`` ``(N, 1)`` in the moving frame, and the bin coordinate 1 (its low
+            #: end) as a tensor (:meth:`_bin_coordinates`)
+            self.moving_slope = (bins - 3) / span
+            self._one = torch.ones((), dtype=dtype, device=low.device)
+            # The warped level is sampled less the frame's low end (interpolation
+            # commutes with the shift; the derivatives are the same): its bin coordinates
+            # are then one product, without the rounding of a far-off low end.
+            channels = self.channels.clone()
+            channels[:, :1] -= low[: channels.shape[0]].view(-1, 1, *[1] * (channels.dim() - 2))
+            self.channels = channels
+        #: (sampled tensor, ξ (N, P), joint (N, bins, bins)) of the samples the next
+        #: system is built at, and of the last trial (:meth:`losses`, :meth:`select`)
+        self._kept = self._trial = None
+
+    def _bin_coordinates(self, sampled) -> torch.Tensor:
+        """The warped level's bin coordinates ``(N, P)`` in the level's moving frame."""
+        n = sampled.shape[0]
+        warped = sampled[:, 0].reshape(n, -1)  # less the frame's low end
+        xi = torch.addcmul(self._one, warped, self.moving_slope)
+        return xi.clamp_(1.0, self.bins - 2.0)
+
+    def _weight_rows(self, weight) -> torch.Tensor:
+        return weight.reshape(weight.shape[0], -1).expand(self.pairs, -1)
+
+    def _histograms(self, xi, weights) -> list:
+        return bspline_histograms(self.fixed_taps, xi, weights, self.bins)
+
+    def _scores(self, joint):
+        """``(loss, ∂loss/∂J)`` of joint histograms ``(K, bins, bins)``: the loss ``(K,)``
+        ``−MI`` (or ``2 − NMI``) in the problem's dtype, its gradient in the dtype the
+        entropies run in (:func:`~..ops._numerics.moment_dtype`)."""
+        wide = moment_dtype(joint.dtype, joint.device)
+        score, grad = score_and_gradient(joint.to(wide), self.normalize, negate=True)
+        loss = 2.0 - score if self.normalize else -score
+        return loss.to(self.small), grad
+
+    def loss(self, samples) -> torch.Tensor:
+        """The loss ``(N,)`` of ``samples`` over their own weight (what the system at
+        them needs kept for :meth:`normal_equations`)."""
+        with torch.no_grad():
+            xi = self._bin_coordinates(samples[0])
+            joint = self._histograms(xi, [self._weight_rows(samples[1])])[0]
+            loss, grad = self._scores(joint)
+            self._kept = (samples[0], xi, grad)
+            return loss
+
+    def losses(self, samples, other_weight) -> torch.Tensor:
+        """The loss of ``samples`` over their own weight and over ``other_weight``:
+        ``(2, N)``, both histograms in one pass, their scores in one call."""
+        n = self.pairs
+        with torch.no_grad():
+            xi = self._bin_coordinates(samples[0])
+            weights = [self._weight_rows(samples[1]), self._weight_rows(other_weight)]
+            joints = torch.stack(self._histograms(xi, weights))  # (2, N, bins, bins)
+            loss, grad = self._scores(joints.view(2 * n, self.bins, self.bins))
+            self._trial = (samples[0], xi, grad[:n])
+            return loss.view(2, n)
+
+    def select(self, better, trial, samples):
+        """:meth:`SquaresProblem.select`, with what the system needs of the kept samples
+        (their bin coordinates, the loss's gradient in their histogram): :meth:`losses`'
+        trial's where ``better``."""
+        out = super().select(better, trial, samples)
+        kept, tried = self._kept, self._trial
+        if (
+            kept is not None
+            and tried is not None
+            and tried[0] is trial[0]
+            and kept[0] is samples[0]
+        ):
+            xi = torch.where(better[:, None], tried[1], kept[1])
+            grad = torch.where(better[:, None, None], tried[2], kept[2])
+            self._kept = (out[0], xi, grad)
+        return out
+
+    def normal_equations(self, samples, theta):
+        """``(H (N, P, P), b (N, P))`` at ``θ``, in the problem's dtype: ``b`` the
+        gradient of the loss, ``H`` (:class:`MutualInformationProblem`) positive
+        semi-definite."""
+        sampled, w = samples
+        with torch.no_grad():
+            if self._kept is None or self._kept[0] is not sampled:
+                self.loss(samples)
+            _, xi, grad_joint = self._kept
+            n, d = sampled.shape[0], self.ndim
+            weight = self._weight_rows(w)
+            first, second = bspline_pixel_derivatives(
+                self.fixed_taps, xi, self.moving_slope, weight, grad_joint, self.bins
+            )
+            # each pixel's curvature where it is positive: a positive semi-definite sum
+            second = second.clamp_min_(0.0)
+            grad = sampled[:, 1:].reshape(n, d, -1)
+            rows = (grad[:, :, None] * self.coords).reshape(n, d * (d + 1), -1)
+            gradient = torch.bmm(rows, first.unsqueeze(-1)).to(self.small)
+            hessian = torch.bmm(rows * second.unsqueeze(1), rows.transpose(1, 2))
+            hessian = hessian.to(self.small)
+            chain = self.chain(theta)
+            chain_t = chain.transpose(1, 2)
+            hessian = chain_t @ hessian @ chain
+            gradient = (chain_t @ gradient)[..., 0]
+            if xi.shape[1] <= COUPLING_PIXELS:
+                joint = self._histograms(xi, [weight])[0]
+                parzen = _Parzen("bspline", self.bins, self.loss_fn.sigma)
+                moves = joint_jacobian(self.xi_fixed, xi, self.moving_slope, weight, parzen, rows)
+                curvature = score_curvature(joint, moves, self.normalize).to(self.small)
+                coupled = hessian - chain_t @ curvature @ chain
+                # The histogram's own curvature is no part of the matrix where it makes it
+                # indefinite (a Cholesky factorization fails): a test on the device, where
+                # MutualInformationProblem's eigenvalues are read back.
+                info = torch.linalg.cholesky_ex(coupled)[1]
+                hessian = torch.where((info == 0)[:, None, None], coupled, hessian)
+        return hessian, gradient
+
+
 def _ncc_as_squares(fixed, moving, weight) -> torch.Tensor:
     """``1 −`` the weighted ZNCC of each row of ``moving`` ``(M, P)`` with ``fixed`` ``(1 or
     M, P)`` over ``weight`` ``(M, P)``, as half the weighted sum of squared differences of
@@ -820,8 +991,11 @@ def _fit(moving, fixed, weight):
 
 def level_problem(model, fixed, moving, weight, loss_fn, metric: str):
     """The problem of ``metric`` (one of :data:`METRICS`): :class:`SquaresProblem` for the
-    sums of squares, :class:`MutualInformationProblem` for "mi"."""
-    if metric == "mi":
+    sums of squares, :class:`DeviceMutualInformationProblem` for "mi" with the B-spline
+    window (the run's), :class:`MutualInformationProblem` with the Gaussian."""
+    if metric == "mi" and loss_fn.kernel == "bspline":
+        return DeviceMutualInformationProblem(model, fixed, moving, weight, loss_fn, metric)
+    if metric == "mi":  # the Gaussian window (every bin a tap): on the host
         return MutualInformationProblem(model, fixed, moving, weight, loss_fn, metric)
     return SquaresProblem(model, fixed, moving, weight, loss_fn, metric)
 
@@ -982,11 +1156,7 @@ def _run_on_device(
         # a step that is not finite ends the pair too.
         settled = moved < torch.where(better, tolerance, refused)
         done = torch.where(moved < math.inf, done | settled | (damping > most), true)
-        keep = better.view(-1, *([1] * (samples[0].dim() - 1)))
-        samples = (
-            torch.where(keep, trial[0], samples[0]),
-            torch.where(keep, trial[1], samples[1]),
-        )
+        samples = problem.select(better, trial, samples)
         loss = torch.where(better, own, loss)
         # Where the host is the device a read costs nothing: skip the system when no step
         # was kept (it is the one already held); elsewhere rebuild it without asking.
