@@ -109,6 +109,7 @@ def _inside_model(rng, kind, fixed_shape, pairs, dtype, linear):
     "kind,fixed_shape",
     [
         ("rigid", (14, 18)),
+        ("rigid", (8, 9, 10)),
         ("affine", (14, 18)),
         ("similarity", (8, 9, 10)),
         ("similarity", (14, 18)),
@@ -444,16 +445,26 @@ def test_axis_gradients_are_numpys_and_zero_across_one_pixel(shape):
         np.testing.assert_allclose(g.numpy(), expected, atol=1e-15)
 
 
-@pytest.mark.parametrize("kind", ["rigid", "similarity", "affine", "translation"])
-def test_the_device_problem_samples_as_the_host_problem(kind):
+@pytest.mark.parametrize(
+    "kind,fixed_shape",
+    [
+        ("rigid", (14, 18)),
+        ("similarity", (14, 18)),
+        ("affine", (14, 18)),
+        ("translation", (14, 18)),
+        ("rigid", (8, 9, 10)),  # φ(θ) by Rodrigues' formula
+        ("similarity", (8, 9, 10)),
+    ],
+)
+def test_the_device_problem_samples_as_the_host_problem(kind, fixed_shape):
     """SquaresProblem's one-product maps of θ (for 2-D rigid and similarity, of the affine
     parameters φ(θ) of the same matrix, from a complex exponential) against LevelProblem's
     matrices (matrix exponentials): the same samples, weights and corner motion."""
     rng = np.random.default_rng(3)
-    fixed_shape = (14, 18)
     model = _inside_model(rng, kind, fixed_shape, 2, torch.float32, 0.3)
     fixed = torch.from_numpy(rng.uniform(0, 1, (1, 1, *fixed_shape))).float()
-    moving = torch.from_numpy(rng.uniform(0, 1, (1, 1, 28, 36))).float()
+    moving_shape = tuple(2 * n for n in fixed_shape)
+    moving = torch.from_numpy(rng.uniform(0, 1, (1, 1, *moving_shape))).float()
     weight = (torch.from_numpy(rng.uniform(0, 1, (1, 1, *fixed_shape))) > 0.2).float()
     loss_fn = loss_for("ncc", reduction="none")
     host = gn.LevelProblem(model, fixed, moving, weight, loss_fn, "ncc")
@@ -471,6 +482,13 @@ def test_the_device_problem_samples_as_the_host_problem(kind):
         host.corner_motion(before, after),
         rtol=1e-5,
         atol=1e-6,
+    )
+    # the chain rule ∂A/∂θ at the moved parameters (model.matrix_jacobian's, in float64)
+    chain = host._jacobian_rows(host.sample())[4]
+    device_theta = after_theta.to(device.small)
+    device.features(device_theta) if device.feature_map is not None else None
+    torch.testing.assert_close(
+        device.chain(device_theta).double(), chain, rtol=1e-5, atol=1e-5 * chain.abs().max()
     )
 
 

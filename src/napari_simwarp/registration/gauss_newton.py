@@ -22,8 +22,9 @@ quadratic: a few steps per level where Adam takes tens.
 
 ``metric="mi"`` runs the same steps with another system, on the device
 (:class:`DeviceMutualInformationProblem`; the Gaussian window on the host,
-:class:`MutualInformationProblem`): it builds the gradient and a positive semi-definite approximate Hessian of the loss from the
-derivatives of the Parzen joint histogram (docs/maths.md §6.4, §10.3).
+:class:`MutualInformationProblem`): it builds the gradient and a positive semi-definite
+approximate Hessian of the loss from the derivatives of the Parzen joint histogram
+(docs/maths.md §6.4, §10.3).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ from ..ops.mutual_information import (
     score_curvature,
     score_of_joint,
 )
-from .models import read_every, wide_dtype
+from .models import read_every, rotation_generators, wide_dtype
+from .models import rotation_series as models_rotation_series
 
 #: metrics whose loss is a sum of squares over the pixels (after the intensity fit for NCC),
 #: and the mutual information (a Fisher-information matrix in place of ``JᵀWJ``)
@@ -556,8 +558,11 @@ class SquaresProblem:
         self.feature_map = None
         self._features = {}  # id(θ) → (θ, φ(θ)): see features()
         self._ones = self._ncc_chain = None  # made on first use
+        self.space = None
         if model.kind in ("rigid", "similarity") and d == 2:
             self._plane_features(model, n, shift_part, p_full, q_full, before, after, corners)
+        elif model.kind in ("rigid", "similarity"):
+            self._space_features(model, n, shift_part, p_full, q_full, before, after, corners)
         extra = 2 if metric == "ncc" else 0
         # (α, β) pass through the chain rule unchanged: the identity in the last rows
         tail = np.zeros((n, extra, self.params + extra))
@@ -632,12 +637,91 @@ class SquaresProblem:
         )
         self.jacobian_map = (const(jac0.reshape(1, -1)), const(jac_map))
 
+    def _space_features(self, model, n, shift_part, p_full, q_full, before, after, corners):
+        """3-D rigid and similarity: as :meth:`_plane_features`, ``C(θ)`` is linear in
+        ``φ = (shift, R · vec(L − I))`` (12 numbers), whose maps the affine model's are;
+        ``L = e^σ exp([v]×)`` (``v``, ``σ``: the parameters over ``R``) by Rodrigues'
+        formula with its coefficients' series (:func:`~.models.rodrigues`), ``φ`` and
+        ``∂φ/∂θ`` together in about fifteen launches (:meth:`_space_terms`), where the
+        matrix exponentials took about ninety and read the matrix norm back on a GPU."""
+        d, radius = 3, model.radius
+        small, device = self.small, self.corners.device
+
+        def const(x):
+            return torch.as_tensor(np.ascontiguousarray(x), dtype=small, device=device)
+
+        basis = np.zeros((n, 9, d + 1, d + 1))
+        basis[:, :, :d, :d] = np.eye(9).reshape(9, d, d) / radius
+        core = np.concatenate([shift_part, basis], axis=1)  # ∂C/∂φ, (N, 12, 4, 4)
+        q = 12
+        chain_phi = self._chain(const(core))  # (N, D(D+1), 12)
+        # the shift's columns of ∂A/∂θ are constant: ∂φ/∂shift = [I | 0]
+        self.chain_phi = (chain_phi[:, :, :d].contiguous(), chain_phi[:, :, d:].contiguous())
+        p_theta, q_theta = before @ p_full, q_full @ after
+        self.theta_map = (
+            const((p_theta @ q_theta)[:, None, :d].reshape(n, 1, -1)),
+            const((p_theta[:, None] @ core @ q_theta)[:, :, :d].reshape(n, q, -1)),
+        )
+        corner_rows = (p_full[:, None] @ core @ q_full)[:, :, :d]
+        self.motion_map = const(corner_rows @ corners.T).reshape(n, q, -1)
+        self.feature_map = "space"
+        # the coefficients' rows [[1, a, b], [1, −b, c], [0, R a, R b]] of (I, K, K²) for
+        # (L, the right Jacobian J, R (L − I)), K = [θ_rot]× = R [v]×: a, b, c of v = θ/R
+        series = np.asarray(models_rotation_series())  # (T, 3) in t = |v|²
+        scale = radius ** (-2.0 * np.arange(len(series)))[:, None]  # t = |θ_rot|² / R²
+        a, b, c = (series[:, i] * scale[:, 0] for i in range(3))
+        rows = np.zeros((len(series), 9))
+        rows[:, 1], rows[:, 2] = a / radius, b / radius**2
+        rows[:, 4], rows[:, 5] = -b / radius, c / radius**2
+        rows[:, 7], rows[:, 8] = a, b / radius
+        bias = np.zeros(9)
+        bias[[0, 3]] = 1.0
+        gens = np.asarray(rotation_generators(3).reshape(3, 9))
+        self.space = dict(
+            rows=const(rows),
+            bias=const(bias),
+            powers=const(np.arange(len(series), dtype=float)),
+            gens=const(gens),
+            eye=const(np.eye(3).reshape(1, 1, 9)),
+            radius=radius,
+            similarity=model.kind == "similarity",
+        )
+
+    def _space_terms(self, theta):
+        """``(φ (N, 12), ∂φ/∂θ_lin (N, 9, K))`` of a 3-D rigid or similarity ``θ`` (see
+        :meth:`_space_features`; the shift's part of ``∂φ/∂θ`` is constant)."""
+        sp = self.space
+        n, d = theta.shape[0], self.ndim
+        rot = theta[:, d : d + 3]
+        t = torch.linalg.vecdot(rot, rot)
+        coef = torch.addmm(sp["bias"], t[:, None].pow(sp["powers"]), sp["rows"])
+        k = rot @ sp["gens"]  # (N, 9): R [v]×
+        k2 = torch.bmm(k.view(n, 3, 3), k.view(n, 3, 3)).view(n, 1, 9)
+        basis = torch.cat([sp["eye"].expand(n, 1, 9), k.view(n, 1, 9), k2], dim=1)
+        terms = torch.bmm(coef.view(n, 3, 3), basis)  # (N, 3, 9): L, J, R (L − I)
+        lin, right, moved = terms.unbind(1)
+        # ∂(R (L − I))/∂θ_k = L [J e_k]× (R ∂L/∂v_k / R)
+        skews = right.view(n, 3, 3).transpose(1, 2) @ sp["gens"]  # (N, 3, 9)
+        jac = torch.bmm(
+            lin.view(n, 1, 3, 3).expand(n, 3, 3, 3).reshape(n * 3, 3, 3), skews.reshape(n * 3, 3, 3)
+        ).view(n, 3, 9)
+        if sp["similarity"]:  # L e^σ: R (e^σ L − I), its derivatives times e^σ, and L
+            grow = torch.exp(theta[:, d + 3 : d + 4] / sp["radius"])  # (N, 1)
+            moved = torch.addcmul(moved, lin, grow, value=sp["radius"]).sub_(lin * sp["radius"])
+            jac = torch.cat([jac, lin.view(n, 1, 9)], dim=1) * grow[:, :, None]
+        phi = torch.cat([theta[:, :d], moved], dim=1)
+        return phi, jac.transpose(1, 2)
+
     def features(self, theta: torch.Tensor) -> torch.Tensor:
         """``φ(θ)`` ``(N, 6)`` (see :meth:`_plane_features`), worked out once per ``θ``
         tensor."""
         hit = self._features.get(id(theta))
         if hit is not None and hit[0] is theta:
             return hit[1]
+        if self.space is not None:
+            phi, jac = self._space_terms(theta)
+            self._remember(theta, phi, jac)
+            return phi
         bias, linear, spread = self.feature_map
         both = torch.addmm(bias, theta, linear)  # [(σ, α) | θ · keep + φ0]
         turn = torch.view_as_real(torch.exp(torch.view_as_complex(both[:, :2])))
@@ -645,8 +729,8 @@ class SquaresProblem:
         self._remember(theta, phi)
         return phi
 
-    def _remember(self, theta, phi) -> None:
-        self._features[id(theta)] = (theta, phi)
+    def _remember(self, theta, phi, jac=None) -> None:
+        self._features[id(theta)] = (theta, phi, jac)
         while len(self._features) > 4:  # the loop holds at most θ, the trial, the kept
             self._features.pop(next(iter(self._features)))
 
@@ -656,7 +740,11 @@ class SquaresProblem:
         kept = torch.where(better[:, None], trial, theta)
         if self.feature_map is not None:
             phi = torch.where(better[:, None], self.features(trial), self.features(theta))
-            self._remember(kept, phi)
+            jac = None
+            if self.space is not None:  # and ∂φ/∂θ, worked out with φ
+                jacs = [self._features[id(x)][2] for x in (trial, theta)]
+                jac = torch.where(better[:, None, None], *jacs)
+            self._remember(kept, phi, jac)
         return kept
 
     def select(self, better: torch.Tensor, trial, samples):
@@ -687,6 +775,11 @@ class SquaresProblem:
         """``∂A/∂θ`` at ``θ`` (see :meth:`_chain`)."""
         if self.chain_const is not None:
             return self.chain_const
+        if self.space is not None:  # ∂A/∂φ · ∂φ/∂θ: the shift's columns constant
+            self.features(theta)
+            jac = self._features[id(theta)][2]
+            turn = torch.bmm(self.chain_phi[1], jac)
+            return torch.cat([self.chain_phi[0], turn], dim=2)
         if self.feature_map is not None:  # ∂A/∂φ · ∂φ/∂θ, the latter linear in φ
             n = theta.shape[0]
             jac = torch.addmm(self.jacobian_map[0], self.features(theta), self.jacobian_map[1])
