@@ -15,7 +15,6 @@ import math
 import torch
 
 from ._autograd import first_order_backward
-from ._nonfinite import fill_nonfinite, nonfinite_mask
 from ._numerics import moment_dtype
 from ._validation import check_bool, check_choice, check_pair, check_positive
 
@@ -282,19 +281,47 @@ def _taps_in(taps_a, chunk, bins: int):
     return rows[:, chunk], weights[:, :, chunk]
 
 
+def moving_taps(xi: torch.Tensor, bins: int):
+    """``(cell (M, P) int64, taps (12, M, P))``: :func:`_bspline3_cells` of bin
+    coordinates ``xi`` ``(M, P)`` with both derivatives, kept whole (the weights, slopes
+    and curvatures are rows 0…3, 4…7, 8…11 of ``taps``), for :func:`bspline_histograms`
+    and :func:`bspline_pixel_derivatives` to share."""
+    cell, weights, _, _ = _bspline3_cells(xi, bins, 2)
+    return cell, weights.as_strided((12, *weights.shape[1:]), weights.stride())
+
+
+def _moving_in(taps_b, chunk, bins: int, derivative: int):
+    """:func:`_bspline3_cells` of the pixels ``chunk``, from bin coordinates ``(M, P)``
+    or from :func:`moving_taps` kept whole."""
+    if isinstance(taps_b, torch.Tensor):
+        return _bspline3_cells(taps_b[:, chunk], bins, derivative)
+    cell, taps = taps_b
+    taps = taps[:, :, chunk]
+    return cell[:, chunk], taps[:4], taps[4:8], taps[8:12]
+
+
+def taps_device(taps_b) -> torch.device:
+    return taps_b.device if isinstance(taps_b, torch.Tensor) else taps_b[0].device
+
+
+def _shape_of(taps_b):
+    return taps_b.shape if isinstance(taps_b, torch.Tensor) else taps_b[0].shape
+
+
 def bspline_histograms(taps_a, xi_b, weights, bins: int) -> list:
     """The B-spline joint histograms ``(M, bins, bins)`` of the fixed taps ``taps_a``
     (:func:`cell_taps`, or the fixed bin coordinates ``(M, P)``) and bin coordinates
-    ``xi_b`` ``(M, P)``, one per pixel weight in ``weights`` (each ``(M, P)`` or None),
-    in one pass: each pixel's 16 tap pairs are formed once and counted at the column of
-    its pair of cells, 16 rows per weight (:func:`_cell_rows`), then spread onto the
-    bins (:func:`_spread_cells`)."""
-    m, p = xi_b.shape
+    ``xi_b`` ``(M, P)`` (or their :func:`moving_taps`), one per pixel weight in
+    ``weights`` (each ``(M, P)`` or None), in one pass: each pixel's 16 tap pairs are
+    formed once and counted at the column of its pair of cells, 16 rows per weight
+    (:func:`_cell_rows`), then spread onto the bins (:func:`_spread_cells`)."""
+    m, p = _shape_of(xi_b)
     k = len(weights)
-    counts = xi_b.new_zeros(k * 16, m * bins * bins)
+    dtype = xi_b.dtype if isinstance(xi_b, torch.Tensor) else xi_b[1].dtype
+    counts = torch.zeros(k * 16, m * bins * bins, dtype=dtype, device=taps_device(xi_b))
     for chunk in _chunks(p, m * 16 * k):
         rows_a, wa = _taps_in(taps_a, chunk, bins)
-        cell_b, wb, _, _ = _bspline3_cells(xi_b[:, chunk], bins)
+        cell_b, wb, _, _ = _moving_in(xi_b, chunk, bins, 0)
         if k == 1:  # (K, 4, M, p): the fixed taps under each weight
             wa = (wa if weights[0] is None else wa * weights[0][:, chunk]).unsqueeze(0)
         elif all(w is not None for w in weights):  # one product for every weight
@@ -309,20 +336,25 @@ def bspline_histograms(taps_a, xi_b, weights, bins: int) -> list:
 
 def bspline_pixel_derivatives(taps_a, xi_b, slope, weight, grad_joint, bins: int):
     """:func:`pixel_derivatives` for the B-spline window from the fixed taps ``taps_a``
-    (:func:`cell_taps`, or the fixed bin coordinates): first and second derivatives
-    ``(M, P)`` each."""
-    m, p = xi_b.shape
-    patches = _cell_patches(grad_joint.to(xi_b.dtype), bins)
+    (:func:`cell_taps`, or the fixed bin coordinates) and the moving bin coordinates
+    ``xi_b`` (or their :func:`moving_taps`): first and second derivatives ``(M, P)``
+    each; ``slope`` ``(M, 1)``, or ``(2, M, 1)`` holding ``∂ξ/∂b`` and its square."""
+    m, p = _shape_of(xi_b)
+    dtype = xi_b.dtype if isinstance(xi_b, torch.Tensor) else xi_b[1].dtype
+    patches = _cell_patches(grad_joint.to(dtype), bins)
     parts = []
     for chunk in _chunks(p, m * 16):
         rows_a, wa = _taps_in(taps_a, chunk, bins)
-        cell_b, _, slopes, _ = _bspline3_cells(xi_b[:, chunk], bins, 2)
+        cell_b, _, slopes, _ = _moving_in(xi_b, chunk, bins, 2)
         g = _seen(patches, rows_a + cell_b)  # (4, 4, M, p)
         seen = (g * wa[:, None]).sum(0)  # (4, M, p): G seen by b's taps, over a's taps
         # slopes and curvatures are rows 4…11 of one tensor: both sums in one launch
         both = _slopes_and_curves(slopes)
         parts.append((both * seen).sum(1))  # (2, M, p)
     out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+    if slope.dim() == 3:  # (∂ξ/∂b, (∂ξ/∂b)²) given: one product each
+        out = out.mul_(slope) if weight is None else out.mul_(weight).mul_(slope)
+        return out[0], out[1]
     scale = slope if weight is None else weight * slope
     out = out.mul_(scale)
     out[1].mul_(slope)
@@ -491,6 +523,30 @@ def score_and_gradient(
         scale = scale.neg_()
     grad = (log_ab * score.view(m, 1, 1) - log_a - log_b) / scale.view(m, 1, 1)
     return score, grad.masked_fill_(flat.view(m, 1, 1), 0.0)
+
+
+class _Score(torch.autograd.Function):
+    """:func:`score_of_joint` ``(M,)`` of joint histograms ``(M, bins, bins)``, its
+    gradient from :func:`score_and_gradient`'s closed form, made in the forward (no
+    autograd graph through the entropies: about twenty launches fewer per call, issue 24).
+    In :func:`~._numerics.moment_dtype`; the score in the histograms' dtype."""
+
+    @staticmethod
+    def forward(ctx, joint, normalize: bool):
+        wide = moment_dtype(joint.dtype, joint.device)
+        need = ctx.needs_input_grad[0]
+        score, grad = score_and_gradient(joint.to(wide), normalize, gradient=need)
+        ctx.save_for_backward(grad)
+        return score.to(joint.dtype)
+
+    @staticmethod
+    @first_order_backward("mutual_information")
+    def backward(ctx, grad_score):
+        (grad,) = ctx.saved_tensors
+        if grad is None:
+            return None, None
+        out = grad * grad_score.to(grad.dtype).view(-1, 1, 1)
+        return out.to(grad_score.dtype), None
 
 
 def score_curvature(joint: torch.Tensor, moves: torch.Tensor, normalize: bool) -> torch.Tensor:
@@ -736,8 +792,12 @@ def mutual_information(
     check_bool(normalize, "normalize")
 
     n, c = a.shape[:2]
-    invalid = [nonfinite_mask(x) for x in (a, b)]
-    a, b = (x if m is None else fill_nonfinite(x, m) for x, m in zip((a, b), invalid))
+    # The NaN rule on the device, with no host read (issue 24: two syncs per call in a
+    # registration's loop): an image and channel with a non-finite pixel scores NaN; its
+    # non-finite pixels count as 0 meanwhile (its own frame and histogram only).
+    # (x − x is 0 exactly where x is finite: two launches where isfinite takes four)
+    finite = (a.detach() - a.detach()).add_(b.detach() - b.detach()).flatten(2).eq(0).all(-1)
+    a, b = (torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0) for x in (a, b))
     xa = a.to(dtype).reshape(n * c, -1)
     xb = b.to(dtype).reshape(n * c, -1)
     if weight is None:
@@ -749,8 +809,5 @@ def mutual_information(
     xi_a = _bin_coordinates(xa, valid, value_range, bins, pad)[0]
     xi_b = _bin_coordinates(xb, valid, value_range, bins, pad)[0]
     joint = _JointHistogram.apply(xi_a, xi_b, w, _Parzen(kernel, bins, sigma))
-    score = score_of_joint(joint, normalize).reshape(n, c)
-    for m in invalid:
-        if m is not None:
-            score = score.masked_fill(m.flatten(2).any(-1), float("nan"))
-    return score.to(out_dtype)
+    score = _Score.apply(joint, normalize).reshape(n, c)
+    return torch.where(finite, score, math.nan).to(out_dtype)

@@ -46,6 +46,7 @@ from ..ops.mutual_information import (
     frame_of,
     joint_histogram,
     joint_jacobian,
+    moving_taps,
     parzen_frames,
     pixel_derivatives,
     score_and_gradient,
@@ -665,6 +666,14 @@ class SquaresProblem:
         corner_rows = (p_full[:, None] @ core @ q_full)[:, :, :d]
         self.motion_map = const(corner_rows @ corners.T).reshape(n, q, -1)
         self.feature_map = "space"
+        if model.kind == "similarity":
+            # its features carry R e^σ L where φ has R (e^σ L − I): the maps' constants
+            # take the offset (R I) instead (corner motion takes differences: none there)
+            offset = np.zeros((n, 1, q))
+            offset[:, 0, d:] = radius * np.eye(3).reshape(9)
+            theta0 = (p_theta @ q_theta)[:, None, :d].reshape(n, 1, -1)
+            theta1 = (p_theta[:, None] @ core @ q_theta)[:, :, :d].reshape(n, q, -1)
+            self.theta_map = (const(theta0 - offset @ theta1), self.theta_map[1])
         # the coefficients' rows [[1, a, b], [1, −b, c], [0, R a, R b]] of (I, K, K²) for
         # (L, the right Jacobian J, R (L − I)), K = [θ_rot]× = R [v]×: a, b, c of v = θ/R
         series = np.asarray(models_rotation_series())  # (T, 3) in t = |v|²
@@ -676,41 +685,50 @@ class SquaresProblem:
         rows[:, 7], rows[:, 8] = a, b / radius
         bias = np.zeros(9)
         bias[[0, 3]] = 1.0
+        similarity = model.kind == "similarity"
+        if similarity:  # the third row R L (its I: R), scaled with L by e^σ
+            bias[6] = radius
         gens = np.asarray(rotation_generators(3).reshape(3, 9))
         self.space = dict(
             rows=const(rows),
             bias=const(bias),
             powers=const(np.arange(len(series), dtype=float)),
             gens=const(gens),
+            skews=const(gens.T.copy()),  # (9, 3): [x]× = skews @ x
             eye=const(np.eye(3).reshape(1, 1, 9)),
+            grow=math.exp(1.0 / radius),  # e^σ = grow^θ
+            scaled=const(np.repeat([1.0, 0.0, 1.0], 3)),  # the rows L and R L: × e^σ
+            unscaled=const(np.repeat([0.0, 1.0, 0.0], 3)),
             radius=radius,
-            similarity=model.kind == "similarity",
+            similarity=similarity,
         )
 
     def _space_terms(self, theta):
-        """``(φ (N, 12), ∂φ/∂θ_lin (N, 9, K))`` of a 3-D rigid or similarity ``θ`` (see
-        :meth:`_space_features`; the shift's part of ``∂φ/∂θ`` is constant)."""
+        """``[φ | ∂φ/∂θ_lin]`` ``(N, 12 + 9 K)`` of a 3-D rigid or similarity ``θ`` (see
+        :meth:`_space_features`; ``∂φ/∂θ_lin`` ``(N, 9, K)`` flattened, the shift's part
+        of ``∂φ/∂θ`` is constant)."""
         sp = self.space
         n, d = theta.shape[0], self.ndim
         rot = theta[:, d : d + 3]
-        t = torch.linalg.vecdot(rot, rot)
-        coef = torch.addmm(sp["bias"], t[:, None].pow(sp["powers"]), sp["rows"])
+        t = torch.bmm(rot.unsqueeze(1), rot.unsqueeze(2)).view(n, 1)  # |θ_rot|²
+        coef = torch.addmm(sp["bias"], t.pow(sp["powers"]), sp["rows"])
+        if sp["similarity"]:  # e^σ L: the rows of L and R L scaled
+            grow = torch.pow(sp["grow"], theta[:, d + 3 : d + 4])  # (N, 1)
+            coef = coef * torch.addcmul(sp["unscaled"], grow, sp["scaled"])
         k = rot @ sp["gens"]  # (N, 9): R [v]×
         k2 = torch.bmm(k.view(n, 3, 3), k.view(n, 3, 3)).view(n, 1, 9)
         basis = torch.cat([sp["eye"].expand(n, 1, 9), k.view(n, 1, 9), k2], dim=1)
-        terms = torch.bmm(coef.view(n, 3, 3), basis)  # (N, 3, 9): L, J, R (L − I)
+        # (N, 3, 9): L (e^σ L), J, R (L − I) (similarity: R e^σ L; see _space_features)
+        terms = torch.bmm(coef.view(n, 3, 3), basis)
         lin, right, moved = terms.unbind(1)
-        # ∂(R (L − I))/∂θ_k = L [J e_k]× (R ∂L/∂v_k / R)
-        skews = right.view(n, 3, 3).transpose(1, 2) @ sp["gens"]  # (N, 3, 9)
-        jac = torch.bmm(
-            lin.view(n, 1, 3, 3).expand(n, 3, 3, 3).reshape(n * 3, 3, 3), skews.reshape(n * 3, 3, 3)
-        ).view(n, 3, 9)
-        if sp["similarity"]:  # L e^σ: R (e^σ L − I), its derivatives times e^σ, and L
-            grow = torch.exp(theta[:, d + 3 : d + 4] / sp["radius"])  # (N, 1)
-            moved = torch.addcmul(moved, lin, grow, value=sp["radius"]).sub_(lin * sp["radius"])
-            jac = torch.cat([jac, lin.view(n, 1, 9)], dim=1) * grow[:, :, None]
-        phi = torch.cat([theta[:, :d], moved], dim=1)
-        return phi, jac.transpose(1, 2)
+        # ∂(R (L − I))/∂θ_k = L [J e_k]× (R ∂L/∂v_k / R): [J e_k]× for every k in one
+        # product ((N, 9 (i, j), 3 k)), then L times them ((N, 9 (a, j), 3 k))
+        skews = torch.matmul(sp["skews"], right.view(n, 3, 3))
+        jac = torch.bmm(lin.view(n, 3, 3), skews.view(n, 3, 9)).view(n, 9, 3)
+        if sp["similarity"]:  # ∂/∂θ_σ: e^σ L
+            jac = torch.cat([jac, lin.view(n, 9, 1)], dim=2)
+        # φ and ∂φ/∂θ side by side: one tensor for keep() to select
+        return torch.cat([theta[:, :d], moved, jac.flatten(1)], dim=1)
 
     def features(self, theta: torch.Tensor) -> torch.Tensor:
         """``φ(θ)`` ``(N, 6)`` (see :meth:`_plane_features`), worked out once per ``θ``
@@ -719,9 +737,9 @@ class SquaresProblem:
         if hit is not None and hit[0] is theta:
             return hit[1]
         if self.space is not None:
-            phi, jac = self._space_terms(theta)
-            self._remember(theta, phi, jac)
-            return phi
+            both = self._space_terms(theta)
+            self._remember(theta, both[:, :12], both)
+            return both[:, :12]
         bias, linear, spread = self.feature_map
         both = torch.addmm(bias, theta, linear)  # [(σ, α) | θ · keep + φ0]
         turn = torch.view_as_real(torch.exp(torch.view_as_complex(both[:, :2])))
@@ -738,13 +756,14 @@ class SquaresProblem:
         """``θ`` ``(N, P)`` where ``better`` ``(N,)``, else the ``trial`` (its features
         carried along, not worked out again)."""
         kept = torch.where(better[:, None], trial, theta)
-        if self.feature_map is not None:
+        if self.space is not None:  # φ and ∂φ/∂θ, worked out together
+            self.features(trial), self.features(theta)
+            both = [self._features[id(x)][2] for x in (trial, theta)]
+            both = torch.where(better[:, None], *both)
+            self._remember(kept, both[:, :12], both)
+        elif self.feature_map is not None:
             phi = torch.where(better[:, None], self.features(trial), self.features(theta))
-            jac = None
-            if self.space is not None:  # and ∂φ/∂θ, worked out with φ
-                jacs = [self._features[id(x)][2] for x in (trial, theta)]
-                jac = torch.where(better[:, None, None], *jacs)
-            self._remember(kept, phi, jac)
+            self._remember(kept, phi)
         return kept
 
     def select(self, better: torch.Tensor, trial, samples):
@@ -777,7 +796,8 @@ class SquaresProblem:
             return self.chain_const
         if self.space is not None:  # ∂A/∂φ · ∂φ/∂θ: the shift's columns constant
             self.features(theta)
-            jac = self._features[id(theta)][2]
+            n = theta.shape[0]
+            jac = self._features[id(theta)][2][:, 12:].view(n, 9, -1)
             turn = torch.bmm(self.chain_phi[1], jac)
             return torch.cat([self.chain_phi[0], turn], dim=2)
         if self.feature_map is not None:  # ∂A/∂φ · ∂φ/∂θ, the latter linear in φ
@@ -936,6 +956,7 @@ class DeviceMutualInformationProblem(SquaresProblem):
             #: ``∂ξ/∂w`` ``(N, 1)`` in the moving frame, and the bin coordinate 1 (its low
             #: end) as a tensor (:meth:`_bin_coordinates`)
             self.moving_slope = (bins - 3) / span
+            self._slopes = torch.stack([self.moving_slope, self.moving_slope**2])
             self._one = torch.ones((), dtype=dtype, device=low.device)
             # The warped level is sampled less the frame's low end (interpolation
             # commutes with the shift; the derivatives are the same): its bin coordinates
@@ -948,11 +969,12 @@ class DeviceMutualInformationProblem(SquaresProblem):
         self._kept = self._trial = None
 
     def _bin_coordinates(self, sampled) -> torch.Tensor:
-        """The warped level's bin coordinates ``(N, P)`` in the level's moving frame."""
+        """The warped level's bin coordinates ``(N, P)`` in the level's moving frame
+        (linear interpolation keeps every sample within it: not clamped; a rounding
+        outside moves a tap weight by an ulp, :func:`_bspline3_cells` clamps the cell)."""
         n = sampled.shape[0]
         warped = sampled[:, 0].reshape(n, -1)  # less the frame's low end
-        xi = torch.addcmul(self._one, warped, self.moving_slope)
-        return xi.clamp_(1.0, self.bins - 2.0)
+        return torch.addcmul(self._one, warped, self.moving_slope)
 
     def _weight_rows(self, weight) -> torch.Tensor:
         return weight.reshape(weight.shape[0], -1).expand(self.pairs, -1)
@@ -974,9 +996,10 @@ class DeviceMutualInformationProblem(SquaresProblem):
         them needs kept for :meth:`normal_equations`)."""
         with torch.no_grad():
             xi = self._bin_coordinates(samples[0])
-            joint = self._histograms(xi, [self._weight_rows(samples[1])])[0]
+            taps = moving_taps(xi, self.bins)
+            joint = self._histograms(taps, [self._weight_rows(samples[1])])[0]
             loss, grad = self._scores(joint)
-            self._kept = (samples[0], xi, grad)
+            self._kept = (samples[0], xi, taps, grad)
             return loss
 
     def losses(self, samples, other_weight) -> torch.Tensor:
@@ -985,10 +1008,11 @@ class DeviceMutualInformationProblem(SquaresProblem):
         n = self.pairs
         with torch.no_grad():
             xi = self._bin_coordinates(samples[0])
+            taps = moving_taps(xi, self.bins)  # kept for the system, where the step is
             weights = [self._weight_rows(samples[1]), self._weight_rows(other_weight)]
-            joints = torch.stack(self._histograms(xi, weights))  # (2, N, bins, bins)
+            joints = torch.stack(self._histograms(taps, weights))  # (2, N, bins, bins)
             loss, grad = self._scores(joints.view(2 * n, self.bins, self.bins))
-            self._trial = (samples[0], xi, grad[:n])
+            self._trial = (samples[0], xi, taps, grad[:n])
             return loss.view(2, n)
 
     def select(self, better, trial, samples):
@@ -1003,9 +1027,13 @@ class DeviceMutualInformationProblem(SquaresProblem):
             and tried[0] is trial[0]
             and kept[0] is samples[0]
         ):
-            xi = torch.where(better[:, None], tried[1], kept[1])
-            grad = torch.where(better[:, None, None], tried[2], kept[2])
-            self._kept = (out[0], xi, grad)
+            # ξ only where the histogram's own curvature needs it (the coarse levels)
+            coupled = kept[2][0].shape[1] <= COUPLING_PIXELS
+            xi = torch.where(better[:, None], tried[1], kept[1]) if coupled else None
+            cell = torch.where(better[:, None], tried[2][0], kept[2][0])
+            taps = torch.where(better[:, None], tried[2][1], kept[2][1])
+            grad = torch.where(better[:, None, None], tried[3], kept[3])
+            self._kept = (out[0], xi, (cell, taps), grad)
         return out
 
     def normal_equations(self, samples, theta):
@@ -1016,11 +1044,11 @@ class DeviceMutualInformationProblem(SquaresProblem):
         with torch.no_grad():
             if self._kept is None or self._kept[0] is not sampled:
                 self.loss(samples)
-            _, xi, grad_joint = self._kept
+            _, xi, taps, grad_joint = self._kept
             n, d = sampled.shape[0], self.ndim
             weight = self._weight_rows(w)
             first, second = bspline_pixel_derivatives(
-                self.fixed_taps, xi, self.moving_slope, weight, grad_joint, self.bins
+                self.fixed_taps, taps, self._slopes, weight, grad_joint, self.bins
             )
             # each pixel's curvature where it is positive: a positive semi-definite sum
             second = second.clamp_min_(0.0)
@@ -1033,8 +1061,8 @@ class DeviceMutualInformationProblem(SquaresProblem):
             chain_t = chain.transpose(1, 2)
             hessian = chain_t @ hessian @ chain
             gradient = (chain_t @ gradient)[..., 0]
-            if xi.shape[1] <= COUPLING_PIXELS:
-                joint = self._histograms(xi, [weight])[0]
+            if weight.shape[1] <= COUPLING_PIXELS:
+                joint = self._histograms(taps, [weight])[0]
                 parzen = _Parzen("bspline", self.bins, self.loss_fn.sigma)
                 moves = joint_jacobian(self.xi_fixed, xi, self.moving_slope, weight, parzen, rows)
                 curvature = score_curvature(joint, moves, self.normalize).to(self.small)
@@ -1072,14 +1100,16 @@ def _ncc_as_squares(fixed, moving, weight) -> torch.Tensor:
 
 def _fit(moving, fixed, weight):
     """:func:`intensity_fit` in the pixels' dtype (two passes: means, then centered sums)."""
-    total = weight.sum(1).clamp_min(1e-12)
-    mean_m = (weight * moving).sum(1) / total
-    mean_f = (weight * fixed).sum(1) / total
-    mc = moving - mean_m[:, None]
-    wmc = weight * mc
-    var = (wmc * mc).sum(1).clamp_min(1e-30)
-    alpha = (wmc * (fixed - mean_f[:, None])).sum(1) / var
-    return alpha, mean_f - alpha * mean_m
+    fixed = fixed.expand_as(moving)
+    # each pass's weighted sums of both images in one product (issue 24: 21 -> 14 launches)
+    total = weight.sum(1, keepdim=True).clamp_min(1e-12)
+    means = torch.bmm(weight.unsqueeze(1), torch.stack([moving, fixed], dim=2))[:, 0] / total
+    centered = torch.stack([moving, fixed], dim=1) - means.unsqueeze(2)  # (N, 2, P)
+    wmc = (weight * centered[:, 0]).unsqueeze(1)
+    var, cov = torch.bmm(wmc, centered.transpose(1, 2))[:, 0].unbind(1)
+    alpha = cov / var.clamp_min(1e-30)
+    mean_m, mean_f = means.unbind(1)
+    return alpha, torch.addcmul(mean_f, alpha, mean_m, value=-1.0)
 
 
 def level_problem(model, fixed, moving, weight, loss_fn, metric: str):
@@ -1109,8 +1139,9 @@ def damped_step(hessian, gradient, damping, p: int, frozen=None, sign: int = 1) 
     system = hessian + torch.diag_embed(torch.add(damp, ridge, alpha=1e-12))
     step, info = torch.linalg.solve_ex(system, gradient if sign < 0 else -gradient)
     step = step[:, :p]
-    # (|x| < inf is false for NaN and ±inf: one test where isfinite takes four launches)
-    bad = (info != 0) | ~(step.abs().amax(dim=1) < math.inf)
+    # (a sum times 0 is 0 unless a component is NaN or ±inf: three launches for the test,
+    # where isfinite takes four and abs().amax() < inf four)
+    bad = (info != 0) | (step.sum(dim=1).mul_(0.0) != 0)
     if frozen is not None:
         bad = bad | frozen
     return step.masked_fill(bad[:, None], 0.0)
@@ -1241,7 +1272,7 @@ def _run_on_device(
         moved = problem.corner_motion(theta, trial_theta)
         trial = problem.sample(trial_theta)
         own, over_start = problem.losses(trial, samples[1])
-        better = (over_start < loss) & ~done
+        better = (over_start < loss) > done  # (a > b is a & ~b for bools: one launch less)
         theta = problem.keep(better, trial_theta, theta)
         damping = torch.mul(damping, torch.where(better, shrink, grow)).clamp_min_(1e-12)
         # Done: a step too small to matter, or a small step the loss refuses (the loss
