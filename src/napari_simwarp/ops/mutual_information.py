@@ -73,17 +73,22 @@ def _bspline3_cells(xi: torch.Tensor, bins: int, derivative: int = 0):
     where the twelve polynomials in Horner form took about twenty-five (issue 24). In
     float32 the power form's terms are at most 2/3 for ``f ∈ [0, 1]``: each tap is within
     a few 1e-7 of Horner's."""
-    # ξ ≥ 1 > 0: truncation is the floor (one launch less than floor, then a cast)
-    cell = xi.detach().to(torch.int64).clamp_(1, bins - 3)
-    f = xi.detach() - cell
-    basis, exponents = _basis(f.dtype, f.device)
-    rows = 4 * (1 + min(max(derivative, 0), 2))
-    powers = f.reshape(1, -1).pow(exponents)  # (4, M·P)
-    taps = (basis[:rows] @ powers).view(rows, *xi.shape)
+    cell, taps = _bspline3_taps(xi, bins, 4 * (1 + min(max(derivative, 0), 2)))
     weights = taps[:4]
     slopes = taps[4:8] if derivative >= 1 else None
     curves = taps[8:12] if derivative >= 2 else None
     return cell, weights, slopes, curves
+
+
+def _bspline3_taps(xi: torch.Tensor, bins: int, rows: int):
+    """``(cell (M, P) int64, taps (rows, M, P))``: the first ``rows`` (4, 8 or 12) rows
+    of :data:`_BSPLINE3_BASIS` at bin coordinates ``xi`` (see :func:`_bspline3_cells`)."""
+    # ξ ≥ 1 > 0: truncation is the floor (one launch less than floor, then a cast)
+    cell = xi.detach().to(torch.int64).clamp_(1, bins - 3)
+    f = xi.detach() - cell
+    basis, exponents = _basis(f.dtype, f.device)
+    powers = f.reshape(1, -1).pow(exponents)  # (4, M·P)
+    return cell, (basis[:rows] @ powers).view(rows, *xi.shape)
 
 
 def _cell_rows(cell_a: torch.Tensor, cell_b: torch.Tensor, bins: int) -> torch.Tensor:
@@ -282,22 +287,20 @@ def _taps_in(taps_a, chunk, bins: int):
 
 
 def moving_taps(xi: torch.Tensor, bins: int):
-    """``(cell (M, P) int64, taps (12, M, P))``: :func:`_bspline3_cells` of bin
-    coordinates ``xi`` ``(M, P)`` with both derivatives, kept whole (the weights, slopes
-    and curvatures are rows 0…3, 4…7, 8…11 of ``taps``), for :func:`bspline_histograms`
+    """``(cell (M, P) int64, taps (12, M, P))``: the B-spline taps of bin coordinates
+    ``xi`` ``(M, P)`` with both derivatives (rows 0…3 the weights, 4…7 the slopes, 8…11
+    the curvatures; :func:`_bspline3_cells`), kept whole for :func:`bspline_histograms`
     and :func:`bspline_pixel_derivatives` to share."""
-    cell, weights, _, _ = _bspline3_cells(xi, bins, 2)
-    return cell, weights.as_strided((12, *weights.shape[1:]), weights.stride())
+    return _bspline3_taps(xi, bins, 12)
 
 
-def _moving_in(taps_b, chunk, bins: int, derivative: int):
-    """:func:`_bspline3_cells` of the pixels ``chunk``, from bin coordinates ``(M, P)``
-    or from :func:`moving_taps` kept whole."""
+def _moving_in(taps_b, chunk, bins: int, rows: int):
+    """``(cell (M, p), taps (rows, M, p))`` of the pixels ``chunk``, from bin
+    coordinates ``(M, P)`` or from :func:`moving_taps` kept whole."""
     if isinstance(taps_b, torch.Tensor):
-        return _bspline3_cells(taps_b[:, chunk], bins, derivative)
+        return _bspline3_taps(taps_b[:, chunk], bins, rows)
     cell, taps = taps_b
-    taps = taps[:, :, chunk]
-    return cell[:, chunk], taps[:4], taps[4:8], taps[8:12]
+    return cell[:, chunk], taps[:rows, :, chunk]
 
 
 def taps_device(taps_b) -> torch.device:
@@ -321,7 +324,7 @@ def bspline_histograms(taps_a, xi_b, weights, bins: int) -> list:
     counts = torch.zeros(k * 16, m * bins * bins, dtype=dtype, device=taps_device(xi_b))
     for chunk in _chunks(p, m * 16 * k):
         rows_a, wa = _taps_in(taps_a, chunk, bins)
-        cell_b, wb, _, _ = _moving_in(xi_b, chunk, bins, 0)
+        cell_b, wb = _moving_in(xi_b, chunk, bins, 4)
         if k == 1:  # (K, 4, M, p): the fixed taps under each weight
             wa = (wa if weights[0] is None else wa * weights[0][:, chunk]).unsqueeze(0)
         elif all(w is not None for w in weights):  # one product for every weight
@@ -345,11 +348,11 @@ def bspline_pixel_derivatives(taps_a, xi_b, slope, weight, grad_joint, bins: int
     parts = []
     for chunk in _chunks(p, m * 16):
         rows_a, wa = _taps_in(taps_a, chunk, bins)
-        cell_b, _, slopes, _ = _moving_in(xi_b, chunk, bins, 2)
+        cell_b, taps_b = _moving_in(xi_b, chunk, bins, 12)
         g = _seen(patches, rows_a + cell_b)  # (4, 4, M, p)
         seen = (g * wa[:, None]).sum(0)  # (4, M, p): G seen by b's taps, over a's taps
         # slopes and curvatures are rows 4…11 of one tensor: both sums in one launch
-        both = _slopes_and_curves(slopes)
+        both = taps_b[4:12].unflatten(0, (2, 4))
         parts.append((both * seen).sum(1))  # (2, M, p)
     out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
     if slope.dim() == 3:  # (∂ξ/∂b, (∂ξ/∂b)²) given: one product each
@@ -359,16 +362,6 @@ def bspline_pixel_derivatives(taps_a, xi_b, slope, weight, grad_joint, bins: int
     out = out.mul_(scale)
     out[1].mul_(slope)
     return out[0], out[1]
-
-
-def _slopes_and_curves(slopes: torch.Tensor) -> torch.Tensor:
-    """The slopes ``(4, M, p)`` of :func:`_bspline3_cells` (``derivative=2``) and the
-    curvatures after them in memory, as one ``(2, 4, M, p)`` view."""
-    step = slopes.stride(0) * 4
-    curves_at = slopes.storage_offset() + step
-    if slopes.untyped_storage().nbytes() >= (curves_at + slopes.numel()) * slopes.element_size():
-        return slopes.as_strided((2, *slopes.shape), (step, *slopes.stride()))
-    raise ValueError("the slopes must come from _bspline3_cells(..., derivative=2)")
 
 
 def _bspline_histogram(xi_a, xi_b, weight, bins: int) -> torch.Tensor:
