@@ -371,3 +371,16 @@ def test_score_and_gradient_is_autograds_in_float64_and_float32(rng, normalize, 
         np.testing.assert_allclose(
             got.double()[filled], sign * grad[filled], atol=atol * scale, rtol=0
         )
+
+
+def test_score_and_gradient_of_an_empty_histogram():
+    """Nothing counted: the normalized score 2 with a zero gradient (the op's rule), or,
+    with ``empty=False`` (the Gauss–Newton loop's, three launches less), NaN."""
+    from napari_simwarp.ops.mutual_information import score_and_gradient
+
+    joint = torch.zeros(2, 8, 8, dtype=torch.float32)
+    joint[1, 2:5, 3:6] = 1.0
+    score, grad = score_and_gradient(joint, True)
+    assert float(score[0]) == 2.0 and not grad[0].any() and torch.isfinite(score[1])
+    loose, _ = score_and_gradient(joint, True, empty=False)
+    assert torch.isnan(loose[0]) and float(loose[1]) == float(score[1])

@@ -696,9 +696,8 @@ class SquaresProblem:
             gens=const(gens),
             skews=const(gens.T.copy()),  # (9, 3): [x]× = skews @ x
             eye=const(np.eye(3).reshape(1, 1, 9)),
-            grow=math.exp(1.0 / radius),  # e^σ = grow^θ
-            scaled=const(np.repeat([1.0, 0.0, 1.0], 3)),  # the rows L and R L: × e^σ
-            unscaled=const(np.repeat([0.0, 1.0, 0.0], 3)),
+            # e^σ = (e^{1/R})^θ on the rows of L and R L, 1^θ on J's: one power
+            grow=const(np.exp([1.0 / radius, 0.0, 1.0 / radius])[:, None]),
             radius=radius,
             similarity=similarity,
         )
@@ -713,8 +712,8 @@ class SquaresProblem:
         t = torch.bmm(rot.unsqueeze(1), rot.unsqueeze(2)).view(n, 1)  # |θ_rot|²
         coef = torch.addmm(sp["bias"], t.pow(sp["powers"]), sp["rows"])
         if sp["similarity"]:  # e^σ L: the rows of L and R L scaled
-            grow = torch.pow(sp["grow"], theta[:, d + 3 : d + 4])  # (N, 1)
-            coef = coef * torch.addcmul(sp["unscaled"], grow, sp["scaled"])
+            rows = torch.pow(sp["grow"], theta[:, None, d + 3 : d + 4])  # (N, 3, 1)
+            coef = (coef.view(n, 3, 3) * rows).view(n, 9)
         k = rot @ sp["gens"]  # (N, 9): R [v]×
         k2 = torch.bmm(k.view(n, 3, 3), k.view(n, 3, 3)).view(n, 1, 9)
         basis = torch.cat([sp["eye"].expand(n, 1, 9), k.view(n, 1, 9), k2], dim=1)
@@ -987,7 +986,8 @@ class DeviceMutualInformationProblem(SquaresProblem):
         ``−MI`` (or ``2 − NMI``) in the problem's dtype, its gradient in the dtype the
         entropies run in (:func:`~..ops._numerics.moment_dtype`)."""
         wide = moment_dtype(joint.dtype, joint.device)
-        score, grad = score_and_gradient(joint.to(wide), self.normalize, negate=True)
+        # (a pair with no pixel of positive weight: NaN, a loss no step improves on)
+        score, grad = score_and_gradient(joint.to(wide), self.normalize, negate=True, empty=False)
         loss = 2.0 - score if self.normalize else -score
         return loss.to(self.small), grad
 
