@@ -346,3 +346,41 @@ def test_gpu_policy_score_curvature_in_float32_is_within_1e4_of_float64(rng, nor
     assert got.dtype == torch.float32
     expected = score_curvature(joint, moves, normalize)  # float64 data stays float64
     assert (got.double() - expected).abs().max() < 1e-4 * expected.abs().max()
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("negate", [False, True])
+def test_score_and_gradient_is_autograds_in_float64_and_float32(rng, normalize, negate):
+    """The closed-form score and gradient (the device's Gauss–Newton "mi") against float64
+    autograd of score_of_joint, on the filled bins (an empty bin's gradient is seen by no
+    pixel), in float64 and in float32."""
+    from napari_simwarp.ops.mutual_information import score_and_gradient
+
+    joint = torch.from_numpy(rng.random((3, 12, 12)) ** 4 * 50)
+    joint[0, :2] = 0.0  # empty rows: an empty marginal bin
+    wide = joint.clone().requires_grad_(True)
+    expected = score_of_joint(wide, normalize)
+    (grad,) = torch.autograd.grad(expected.sum(), wide)
+    sign = -1.0 if negate else 1.0
+    filled = joint > 0
+    for dtype, atol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
+        score, got = score_and_gradient(joint.to(dtype), normalize, negate=negate)
+        assert score.dtype == got.dtype == dtype
+        np.testing.assert_allclose(score.double(), expected.detach(), atol=atol, rtol=0)
+        scale = grad.abs().max()
+        np.testing.assert_allclose(
+            got.double()[filled], sign * grad[filled], atol=atol * scale, rtol=0
+        )
+
+
+def test_score_and_gradient_of_an_empty_histogram():
+    """Nothing counted: the normalized score 2 with a zero gradient (the op's rule), or,
+    with ``empty=False`` (the Gauss–Newton loop's, three launches less), NaN."""
+    from napari_simwarp.ops.mutual_information import score_and_gradient
+
+    joint = torch.zeros(2, 8, 8, dtype=torch.float32)
+    joint[1, 2:5, 3:6] = 1.0
+    score, grad = score_and_gradient(joint, True)
+    assert float(score[0]) == 2.0 and not grad[0].any() and torch.isfinite(score[1])
+    loose, _ = score_and_gradient(joint, True, empty=False)
+    assert torch.isnan(loose[0]) and float(loose[1]) == float(score[1])

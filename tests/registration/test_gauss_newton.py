@@ -109,6 +109,7 @@ def _inside_model(rng, kind, fixed_shape, pairs, dtype, linear):
     "kind,fixed_shape",
     [
         ("rigid", (14, 18)),
+        ("rigid", (8, 9, 10)),
         ("affine", (14, 18)),
         ("similarity", (8, 9, 10)),
         ("similarity", (14, 18)),
@@ -194,7 +195,9 @@ def test_mutual_information_gradient_matches_autograd(kind, fixed_shape, kernel,
     mask = torch.ones_like(fixed)
     for corner in itertools.product(*[(0, n - 1) for n in fixed_shape]):
         mask[(0, 0, *corner)] = 1e-9
-    problem = gn.level_problem(model, fixed, moving, mask, loss_fn, "mi")
+    # the host problem (the Gaussian window's; the B-spline's runs on the device:
+    # tests/registration/test_gauss_newton_mi.py)
+    problem = gn.MutualInformationProblem(model, fixed, moving, mask, loss_fn, "mi")
     samples = problem.sample()
     hessian, gradient = problem.normal_equations(samples)
 
@@ -227,7 +230,7 @@ def test_mutual_information_losses_are_the_run_loss(normalize, kernel):
     moving = torch.from_numpy(rng.standard_normal((2, 1, 60, 68)))
     fixed = torch.sin(3.0 * torch.from_numpy(rng.standard_normal((1, 1, *shape))))
     loss_fn = loss_for("mi", reduction="none", bins=16, normalize=normalize, kernel=kernel)
-    problem = gn.level_problem(model, fixed, moving, None, loss_fn, "mi")
+    problem = gn.MutualInformationProblem(model, fixed, moving, None, loss_fn, "mi")
     samples = problem.sample()
     own = samples[1]
     half = own * torch.from_numpy(rng.uniform(0.5, 1.0, own.shape))  # the same frames
@@ -364,7 +367,11 @@ def test_a_batch_of_pairs_converges_each_to_its_own_shift(rng, metric):
         )
     )
     assert not stopped
-    np.testing.assert_allclose(model.matrix()[:, :2, 2].detach().numpy(), shifts, atol=0.01)
+    # "mi" ends a level once a step moves no corner by MI_TOLERANCE (0.02 px): what is left
+    # is about a third of that. On four other draws of this pair the device's "mi" (issue
+    # 24) left 0.0070 to 0.0096 px, the host's before it 0.0075 to 0.0105 px.
+    atol = 0.012 if metric == "mi" else 0.01
+    np.testing.assert_allclose(model.matrix()[:, :2, 2].detach().numpy(), shifts, atol=atol)
     assert history[-1] < history[0]
 
 
@@ -438,16 +445,26 @@ def test_axis_gradients_are_numpys_and_zero_across_one_pixel(shape):
         np.testing.assert_allclose(g.numpy(), expected, atol=1e-15)
 
 
-@pytest.mark.parametrize("kind", ["rigid", "similarity", "affine", "translation"])
-def test_the_device_problem_samples_as_the_host_problem(kind):
+@pytest.mark.parametrize(
+    "kind,fixed_shape",
+    [
+        ("rigid", (14, 18)),
+        ("similarity", (14, 18)),
+        ("affine", (14, 18)),
+        ("translation", (14, 18)),
+        ("rigid", (8, 9, 10)),  # φ(θ) by Rodrigues' formula
+        ("similarity", (8, 9, 10)),
+    ],
+)
+def test_the_device_problem_samples_as_the_host_problem(kind, fixed_shape):
     """SquaresProblem's one-product maps of θ (for 2-D rigid and similarity, of the affine
     parameters φ(θ) of the same matrix, from a complex exponential) against LevelProblem's
     matrices (matrix exponentials): the same samples, weights and corner motion."""
     rng = np.random.default_rng(3)
-    fixed_shape = (14, 18)
     model = _inside_model(rng, kind, fixed_shape, 2, torch.float32, 0.3)
     fixed = torch.from_numpy(rng.uniform(0, 1, (1, 1, *fixed_shape))).float()
-    moving = torch.from_numpy(rng.uniform(0, 1, (1, 1, 28, 36))).float()
+    moving_shape = tuple(2 * n for n in fixed_shape)
+    moving = torch.from_numpy(rng.uniform(0, 1, (1, 1, *moving_shape))).float()
     weight = (torch.from_numpy(rng.uniform(0, 1, (1, 1, *fixed_shape))) > 0.2).float()
     loss_fn = loss_for("ncc", reduction="none")
     host = gn.LevelProblem(model, fixed, moving, weight, loss_fn, "ncc")
@@ -465,6 +482,13 @@ def test_the_device_problem_samples_as_the_host_problem(kind):
         host.corner_motion(before, after),
         rtol=1e-5,
         atol=1e-6,
+    )
+    # the chain rule ∂A/∂θ at the moved parameters (model.matrix_jacobian's, in float64)
+    chain = host._jacobian_rows(host.sample())[4]
+    device_theta = after_theta.to(device.small)
+    device.features(device_theta) if device.feature_map is not None else None
+    torch.testing.assert_close(
+        device.chain(device_theta).double(), chain, rtol=1e-5, atol=1e-5 * chain.abs().max()
     )
 
 

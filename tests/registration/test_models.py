@@ -605,3 +605,51 @@ def test_linear_warp_at_a_level_is_level_matrix_of_the_full_matrix():
     matrix = level_matrix(model.matrix().detach(), (44, 30), (22, 15), (40, 36), (20, 18))
     expected = grid_sample(moving, affine_grid(matrix, (22, 15), (20, 18)), "linear", "nearest")
     torch.testing.assert_close(warped.detach(), expected, rtol=0, atol=1e-12)
+
+
+# -- rotations in closed form (issue 24: no matrix exponential on the device) -----------
+
+
+def _rotation_vectors(rng, n=6):
+    """Rotation vectors from 0 and 1e-8 rad to 3 rad, random axes."""
+    axes = rng.standard_normal((n, 3))
+    axes /= np.linalg.norm(axes, axis=1, keepdims=True)
+    return axes * np.array([0.0, 1e-8, 1e-3, 0.2, 1.5, 3.0])[:n, None]
+
+
+def test_rodrigues_is_scipys_rotation_and_the_matrix_exponential(rng):
+    from scipy.spatial.transform import Rotation
+
+    from napari_simwarp.registration.models import rodrigues, rotation_generators
+
+    v = _rotation_vectors(rng)
+    gens = rotation_generators(3).numpy()
+    for dtype, atol in ((torch.float64, 1e-14), (torch.float32, 1e-6)):
+        got = rodrigues(torch.from_numpy(v).to(dtype)).double().numpy()
+        skew = np.einsum("nk,kij->nij", v, gens)
+        expm = torch.linalg.matrix_exp(torch.from_numpy(skew)).numpy()
+        np.testing.assert_allclose(got, expm, atol=atol)
+        # the generators' skew [v]× is the cross product v × ·: SciPy's rotation vector
+        assert np.allclose(skew @ np.ones(3), np.cross(v, np.ones(3)))
+        np.testing.assert_allclose(got, Rotation.from_rotvec(v).as_matrix(), atol=atol)
+
+
+def test_rodrigues_derivatives_are_van_loans_and_autograds(rng):
+    """∂R/∂v_k against the upper-right block of exp([[S, G_k], [0, S]]) (Van Loan), in
+    float64 and float32 (small angles included), and autograd of R (float64)."""
+    from napari_simwarp.registration.models import rodrigues, rotation_generators
+
+    v = _rotation_vectors(rng)
+    gens = rotation_generators(3)
+    skew = torch.einsum("nk,kij->nij", torch.from_numpy(v), gens)
+    block = torch.zeros(len(v), 3, 6, 6, dtype=torch.float64)
+    block[:, :, :3, :3] = block[:, :, 3:, 3:] = skew[:, None]
+    block[:, :, :3, 3:] = gens
+    expected = torch.linalg.matrix_exp(block)[:, :, :3, 3:].numpy()
+    for dtype, atol in ((torch.float64, 1e-13), (torch.float32, 2e-6)):
+        _, got = rodrigues(torch.from_numpy(v).to(dtype), jacobian=True)
+        np.testing.assert_allclose(got.double().numpy(), expected, atol=atol)
+    x = torch.from_numpy(v).requires_grad_(True)
+    jac = torch.autograd.functional.jacobian(lambda y: rodrigues(y), x)  # (N,3,3,N,3)
+    auto = torch.stack([jac[i, :, :, i] for i in range(len(v))]).permute(0, 3, 1, 2)
+    np.testing.assert_allclose(auto.numpy(), expected, atol=1e-12)

@@ -20,9 +20,11 @@ retried; a pair is done once a step moves no corner of the fixed level by
 a step shorter than :data:`REFUSED_TOLERANCE`. Near the optimum the convergence is
 quadratic: a few steps per level where Adam takes tens.
 
-``metric="mi"`` runs the same steps with another system: :class:`MutualInformationProblem`
-builds the gradient and a positive semi-definite approximate Hessian of the loss from the
-derivatives of the Parzen joint histogram (docs/maths.md §6.4, §10.3).
+``metric="mi"`` runs the same steps with another system, on the device
+(:class:`DeviceMutualInformationProblem`; the Gaussian window on the host,
+:class:`MutualInformationProblem`): it builds the gradient and a positive semi-definite
+approximate Hessian of the loss from the derivatives of the Parzen joint histogram
+(docs/maths.md §6.4, §10.3).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..ops._numerics import moment_dtype
 from ..ops._sampling import affine_grid, grid_sample, level_matrix
 from ..ops.mutual_information import (
     _Parzen,
@@ -43,12 +46,15 @@ from ..ops.mutual_information import (
     frame_of,
     joint_histogram,
     joint_jacobian,
+    moving_taps,
     parzen_frames,
     pixel_derivatives,
+    score_and_gradient,
     score_curvature,
     score_of_joint,
 )
-from .models import read_every, wide_dtype
+from .models import read_every, rotation_generators, wide_dtype
+from .models import rotation_series as models_rotation_series
 
 #: metrics whose loss is a sum of squares over the pixels (after the intensity fit for NCC),
 #: and the mutual information (a Fisher-information matrix in place of ``JᵀWJ``)
@@ -553,8 +559,11 @@ class SquaresProblem:
         self.feature_map = None
         self._features = {}  # id(θ) → (θ, φ(θ)): see features()
         self._ones = self._ncc_chain = None  # made on first use
+        self.space = None
         if model.kind in ("rigid", "similarity") and d == 2:
             self._plane_features(model, n, shift_part, p_full, q_full, before, after, corners)
+        elif model.kind in ("rigid", "similarity"):
+            self._space_features(model, n, shift_part, p_full, q_full, before, after, corners)
         extra = 2 if metric == "ncc" else 0
         # (α, β) pass through the chain rule unchanged: the identity in the last rows
         tail = np.zeros((n, extra, self.params + extra))
@@ -629,12 +638,107 @@ class SquaresProblem:
         )
         self.jacobian_map = (const(jac0.reshape(1, -1)), const(jac_map))
 
+    def _space_features(self, model, n, shift_part, p_full, q_full, before, after, corners):
+        """3-D rigid and similarity: as :meth:`_plane_features`, ``C(θ)`` is linear in
+        ``φ = (shift, R · vec(L − I))`` (12 numbers), whose maps the affine model's are;
+        ``L = e^σ exp([v]×)`` (``v``, ``σ``: the parameters over ``R``) by Rodrigues'
+        formula with its coefficients' series (:func:`~.models.rodrigues`), ``φ`` and
+        ``∂φ/∂θ`` together in about fifteen launches (:meth:`_space_terms`), where the
+        matrix exponentials took about ninety and read the matrix norm back on a GPU."""
+        d, radius = 3, model.radius
+        small, device = self.small, self.corners.device
+
+        def const(x):
+            return torch.as_tensor(np.ascontiguousarray(x), dtype=small, device=device)
+
+        basis = np.zeros((n, 9, d + 1, d + 1))
+        basis[:, :, :d, :d] = np.eye(9).reshape(9, d, d) / radius
+        core = np.concatenate([shift_part, basis], axis=1)  # ∂C/∂φ, (N, 12, 4, 4)
+        q = 12
+        chain_phi = self._chain(const(core))  # (N, D(D+1), 12)
+        # the shift's columns of ∂A/∂θ are constant: ∂φ/∂shift = [I | 0]
+        self.chain_phi = (chain_phi[:, :, :d].contiguous(), chain_phi[:, :, d:].contiguous())
+        p_theta, q_theta = before @ p_full, q_full @ after
+        self.theta_map = (
+            const((p_theta @ q_theta)[:, None, :d].reshape(n, 1, -1)),
+            const((p_theta[:, None] @ core @ q_theta)[:, :, :d].reshape(n, q, -1)),
+        )
+        corner_rows = (p_full[:, None] @ core @ q_full)[:, :, :d]
+        self.motion_map = const(corner_rows @ corners.T).reshape(n, q, -1)
+        self.feature_map = "space"
+        if model.kind == "similarity":
+            # its features carry R e^σ L where φ has R (e^σ L − I): the maps' constants
+            # take the offset (R I) instead (corner motion takes differences: none there)
+            offset = np.zeros((n, 1, q))
+            offset[:, 0, d:] = radius * np.eye(3).reshape(9)
+            theta0 = (p_theta @ q_theta)[:, None, :d].reshape(n, 1, -1)
+            theta1 = (p_theta[:, None] @ core @ q_theta)[:, :, :d].reshape(n, q, -1)
+            self.theta_map = (const(theta0 - offset @ theta1), self.theta_map[1])
+        # the coefficients' rows [[1, a, b], [1, −b, c], [0, R a, R b]] of (I, K, K²) for
+        # (L, the right Jacobian J, R (L − I)), K = [θ_rot]× = R [v]×: a, b, c of v = θ/R
+        series = np.asarray(models_rotation_series())  # (T, 3) in t = |v|²
+        scale = radius ** (-2.0 * np.arange(len(series)))[:, None]  # t = |θ_rot|² / R²
+        a, b, c = (series[:, i] * scale[:, 0] for i in range(3))
+        rows = np.zeros((len(series), 9))
+        rows[:, 1], rows[:, 2] = a / radius, b / radius**2
+        rows[:, 4], rows[:, 5] = -b / radius, c / radius**2
+        rows[:, 7], rows[:, 8] = a, b / radius
+        bias = np.zeros(9)
+        bias[[0, 3]] = 1.0
+        similarity = model.kind == "similarity"
+        if similarity:  # the third row R L (its I: R), scaled with L by e^σ
+            bias[6] = radius
+        gens = np.asarray(rotation_generators(3).reshape(3, 9))
+        self.space = dict(
+            rows=const(rows),
+            bias=const(bias),
+            powers=const(np.arange(len(series), dtype=float)),
+            gens=const(gens),
+            skews=const(gens.T.copy()),  # (9, 3): [x]× = skews @ x
+            eye=const(np.eye(3).reshape(1, 1, 9)),
+            # e^σ = (e^{1/R})^θ on the rows of L and R L, 1^θ on J's: one power
+            grow=const(np.exp([1.0 / radius, 0.0, 1.0 / radius])[:, None]),
+            radius=radius,
+            similarity=similarity,
+        )
+
+    def _space_terms(self, theta):
+        """``[φ | ∂φ/∂θ_lin]`` ``(N, 12 + 9 K)`` of a 3-D rigid or similarity ``θ`` (see
+        :meth:`_space_features`; ``∂φ/∂θ_lin`` ``(N, 9, K)`` flattened, the shift's part
+        of ``∂φ/∂θ`` is constant)."""
+        sp = self.space
+        n, d = theta.shape[0], self.ndim
+        rot = theta[:, d : d + 3]
+        t = torch.bmm(rot.unsqueeze(1), rot.unsqueeze(2)).view(n, 1)  # |θ_rot|²
+        coef = torch.addmm(sp["bias"], t.pow(sp["powers"]), sp["rows"])
+        if sp["similarity"]:  # e^σ L: the rows of L and R L scaled
+            rows = torch.pow(sp["grow"], theta[:, None, d + 3 : d + 4])  # (N, 3, 1)
+            coef = (coef.view(n, 3, 3) * rows).view(n, 9)
+        k = rot @ sp["gens"]  # (N, 9): R [v]×
+        k2 = torch.bmm(k.view(n, 3, 3), k.view(n, 3, 3)).view(n, 1, 9)
+        basis = torch.cat([sp["eye"].expand(n, 1, 9), k.view(n, 1, 9), k2], dim=1)
+        # (N, 3, 9): L (e^σ L), J, R (L − I) (similarity: R e^σ L; see _space_features)
+        terms = torch.bmm(coef.view(n, 3, 3), basis)
+        lin, right, moved = terms.unbind(1)
+        # ∂(R (L − I))/∂θ_k = L [J e_k]× (R ∂L/∂v_k / R): [J e_k]× for every k in one
+        # product ((N, 9 (i, j), 3 k)), then L times them ((N, 9 (a, j), 3 k))
+        skews = torch.matmul(sp["skews"], right.view(n, 3, 3))
+        jac = torch.bmm(lin.view(n, 3, 3), skews.view(n, 3, 9)).view(n, 9, 3)
+        if sp["similarity"]:  # ∂/∂θ_σ: e^σ L
+            jac = torch.cat([jac, lin.view(n, 9, 1)], dim=2)
+        # φ and ∂φ/∂θ side by side: one tensor for keep() to select
+        return torch.cat([theta[:, :d], moved, jac.flatten(1)], dim=1)
+
     def features(self, theta: torch.Tensor) -> torch.Tensor:
         """``φ(θ)`` ``(N, 6)`` (see :meth:`_plane_features`), worked out once per ``θ``
         tensor."""
         hit = self._features.get(id(theta))
         if hit is not None and hit[0] is theta:
             return hit[1]
+        if self.space is not None:
+            both = self._space_terms(theta)
+            self._remember(theta, both[:, :12], both)
+            return both[:, :12]
         bias, linear, spread = self.feature_map
         both = torch.addmm(bias, theta, linear)  # [(σ, α) | θ · keep + φ0]
         turn = torch.view_as_real(torch.exp(torch.view_as_complex(both[:, :2])))
@@ -642,8 +746,8 @@ class SquaresProblem:
         self._remember(theta, phi)
         return phi
 
-    def _remember(self, theta, phi) -> None:
-        self._features[id(theta)] = (theta, phi)
+    def _remember(self, theta, phi, jac=None) -> None:
+        self._features[id(theta)] = (theta, phi, jac)
         while len(self._features) > 4:  # the loop holds at most θ, the trial, the kept
             self._features.pop(next(iter(self._features)))
 
@@ -651,10 +755,24 @@ class SquaresProblem:
         """``θ`` ``(N, P)`` where ``better`` ``(N,)``, else the ``trial`` (its features
         carried along, not worked out again)."""
         kept = torch.where(better[:, None], trial, theta)
-        if self.feature_map is not None:
+        if self.space is not None:  # φ and ∂φ/∂θ, worked out together
+            self.features(trial), self.features(theta)
+            both = [self._features[id(x)][2] for x in (trial, theta)]
+            both = torch.where(better[:, None], *both)
+            self._remember(kept, both[:, :12], both)
+        elif self.feature_map is not None:
             phi = torch.where(better[:, None], self.features(trial), self.features(theta))
             self._remember(kept, phi)
         return kept
+
+    def select(self, better: torch.Tensor, trial, samples):
+        """The samples (from :meth:`sample`) ``trial`` where ``better`` ``(N,)``, else
+        ``samples``: the samples the next step starts from."""
+        keep = better.view(-1, *([1] * (samples[0].dim() - 1)))
+        return (
+            torch.where(keep, trial[0], samples[0]),
+            torch.where(keep, trial[1], samples[1]),
+        )
 
     def start(self) -> torch.Tensor:
         """The model's parameters ``θ`` ``(N, P)``, detached, in the problem's dtype."""
@@ -675,6 +793,12 @@ class SquaresProblem:
         """``∂A/∂θ`` at ``θ`` (see :meth:`_chain`)."""
         if self.chain_const is not None:
             return self.chain_const
+        if self.space is not None:  # ∂A/∂φ · ∂φ/∂θ: the shift's columns constant
+            self.features(theta)
+            n = theta.shape[0]
+            jac = self._features[id(theta)][2][:, 12:].view(n, 9, -1)
+            turn = torch.bmm(self.chain_phi[1], jac)
+            return torch.cat([self.chain_phi[0], turn], dim=2)
         if self.feature_map is not None:  # ∂A/∂φ · ∂φ/∂θ, the latter linear in φ
             n = theta.shape[0]
             jac = torch.addmm(self.jacobian_map[0], self.features(theta), self.jacobian_map[1])
@@ -783,6 +907,174 @@ class SquaresProblem:
         return torch.linalg.vector_norm(self.corners @ delta.transpose(1, 2), dim=-1).amax(1)
 
 
+class DeviceMutualInformationProblem(SquaresProblem):
+    """``metric="mi"`` (the B-spline Parzen window) on the device, for
+    :func:`_run_on_device`: the Newton-type system of :class:`MutualInformationProblem`
+    (the same gradient and pixel curvature, the histogram's own curvature on levels of
+    at most :data:`COUPLING_PIXELS` pixels) with no host read and no float64 on a GPU.
+
+    The histogram's frames are the level's, fixed for the level (as elastix's Mattes
+    metric fixes them for a run): the fixed level's range over its pixels of positive
+    weight and the moving level's whole range, which holds every value the warped level
+    can take (linear interpolation). The loss is then a continuous function of ``θ``: no
+    frame that moves with the overlap (:class:`MutualInformationProblem`'s frames follow
+    the pixels of positive weight, read back to test whether they changed), and the
+    fixed image's taps (:func:`~..ops.mutual_information.cell_taps`) are made once.
+
+    Per step: one pass for the trial's two histograms (over its own weight and over the
+    weight of the point it starts from), their scores in closed form
+    (:func:`~..ops.mutual_information.score_and_gradient`, float32 on a GPU, float64 on
+    the CPU as :func:`~..ops._numerics.moment_dtype` has it); the system of the point
+    kept from its histogram's gradient, kept with it (:meth:`select`). The matrix is
+    positive semi-definite by construction: each pixel's curvature counts where it is
+    positive, and the histogram's own curvature joins it only where the sum stays positive
+    definite (a Cholesky factorization's status, tested on the device), where
+    :class:`MutualInformationProblem` raises its eigenvalues (``eigh`` reads its status
+    back on a GPU: a sync).
+    """
+
+    tolerance = MI_TOLERANCE
+
+    def __init__(self, model, fixed, moving, weight, loss_fn, metric: str):
+        super().__init__(model, fixed, moving, weight, loss_fn, metric)
+        bins = self.bins = loss_fn.bins
+        self.normalize = loss_fn.normalize
+        n = self.pairs
+        dtype = self.channels.dtype
+        with torch.no_grad():
+            fixed_rows = self.fixed_rows.to(dtype).expand(n, -1)
+            own = self.weight.reshape(self.weight.shape[0], -1).expand(n, -1)
+            lo, hi = frame_of(fixed_rows, own > 0)
+            #: the fixed level's bin coordinates ``(N, P)`` and B-spline taps
+            self.xi_fixed = bin_coordinates(fixed_rows, lo, hi, bins, 1.0)[0]
+            self.fixed_taps = cell_taps(self.xi_fixed, bins)
+            values = moving.reshape(moving.shape[0], -1).to(dtype)
+            low = values.amin(1, keepdim=True).expand(n, 1)
+            span = values.amax(1, keepdim=True).expand(n, 1) - low
+            span = torch.where(span > 0, span, torch.ones_like(span))
+            #: ``∂ξ/∂w`` ``(N, 1)`` in the moving frame, and the bin coordinate 1 (its low
+            #: end) as a tensor (:meth:`_bin_coordinates`)
+            self.moving_slope = (bins - 3) / span
+            self._slopes = torch.stack([self.moving_slope, self.moving_slope**2])
+            self._one = torch.ones((), dtype=dtype, device=low.device)
+            # The warped level is sampled less the frame's low end (interpolation
+            # commutes with the shift; the derivatives are the same): its bin coordinates
+            # are then one product, without the rounding of a far-off low end.
+            channels = self.channels.clone()
+            channels[:, :1] -= low[: channels.shape[0]].view(-1, 1, *[1] * (channels.dim() - 2))
+            self.channels = channels
+        #: (sampled tensor, ξ (N, P), joint (N, bins, bins)) of the samples the next
+        #: system is built at, and of the last trial (:meth:`losses`, :meth:`select`)
+        self._kept = self._trial = None
+
+    def _bin_coordinates(self, sampled) -> torch.Tensor:
+        """The warped level's bin coordinates ``(N, P)`` in the level's moving frame
+        (linear interpolation keeps every sample within it: not clamped; a rounding
+        outside moves a tap weight by an ulp, :func:`_bspline3_cells` clamps the cell)."""
+        n = sampled.shape[0]
+        warped = sampled[:, 0].reshape(n, -1)  # less the frame's low end
+        return torch.addcmul(self._one, warped, self.moving_slope)
+
+    def _weight_rows(self, weight) -> torch.Tensor:
+        return weight.reshape(weight.shape[0], -1).expand(self.pairs, -1)
+
+    def _histograms(self, xi, weights) -> list:
+        return bspline_histograms(self.fixed_taps, xi, weights, self.bins)
+
+    def _scores(self, joint):
+        """``(loss, ∂loss/∂J)`` of joint histograms ``(K, bins, bins)``: the loss ``(K,)``
+        ``−MI`` (or ``2 − NMI``) in the problem's dtype, its gradient in the dtype the
+        entropies run in (:func:`~..ops._numerics.moment_dtype`)."""
+        wide = moment_dtype(joint.dtype, joint.device)
+        # (a pair with no pixel of positive weight: NaN, a loss no step improves on)
+        score, grad = score_and_gradient(joint.to(wide), self.normalize, negate=True, empty=False)
+        loss = 2.0 - score if self.normalize else -score
+        return loss.to(self.small), grad
+
+    def loss(self, samples) -> torch.Tensor:
+        """The loss ``(N,)`` of ``samples`` over their own weight (what the system at
+        them needs kept for :meth:`normal_equations`)."""
+        with torch.no_grad():
+            xi = self._bin_coordinates(samples[0])
+            taps = moving_taps(xi, self.bins)
+            joint = self._histograms(taps, [self._weight_rows(samples[1])])[0]
+            loss, grad = self._scores(joint)
+            self._kept = (samples[0], xi, taps, grad)
+            return loss
+
+    def losses(self, samples, other_weight) -> torch.Tensor:
+        """The loss of ``samples`` over their own weight and over ``other_weight``:
+        ``(2, N)``, both histograms in one pass, their scores in one call."""
+        n = self.pairs
+        with torch.no_grad():
+            xi = self._bin_coordinates(samples[0])
+            taps = moving_taps(xi, self.bins)  # kept for the system, where the step is
+            weights = [self._weight_rows(samples[1]), self._weight_rows(other_weight)]
+            joints = torch.stack(self._histograms(taps, weights))  # (2, N, bins, bins)
+            loss, grad = self._scores(joints.view(2 * n, self.bins, self.bins))
+            self._trial = (samples[0], xi, taps, grad[:n])
+            return loss.view(2, n)
+
+    def select(self, better, trial, samples):
+        """:meth:`SquaresProblem.select`, with what the system needs of the kept samples
+        (their bin coordinates, the loss's gradient in their histogram): :meth:`losses`'
+        trial's where ``better``."""
+        out = super().select(better, trial, samples)
+        kept, tried = self._kept, self._trial
+        if (
+            kept is not None
+            and tried is not None
+            and tried[0] is trial[0]
+            and kept[0] is samples[0]
+        ):
+            # ξ only where the histogram's own curvature needs it (the coarse levels)
+            coupled = kept[2][0].shape[1] <= COUPLING_PIXELS
+            xi = torch.where(better[:, None], tried[1], kept[1]) if coupled else None
+            cell = torch.where(better[:, None], tried[2][0], kept[2][0])
+            taps = torch.where(better[:, None], tried[2][1], kept[2][1])
+            grad = torch.where(better[:, None, None], tried[3], kept[3])
+            self._kept = (out[0], xi, (cell, taps), grad)
+        return out
+
+    def normal_equations(self, samples, theta):
+        """``(H (N, P, P), b (N, P))`` at ``θ``, in the problem's dtype: ``b`` the
+        gradient of the loss, ``H`` (:class:`MutualInformationProblem`) positive
+        semi-definite."""
+        sampled, w = samples
+        with torch.no_grad():
+            if self._kept is None or self._kept[0] is not sampled:
+                self.loss(samples)
+            _, xi, taps, grad_joint = self._kept
+            n, d = sampled.shape[0], self.ndim
+            weight = self._weight_rows(w)
+            first, second = bspline_pixel_derivatives(
+                self.fixed_taps, taps, self._slopes, weight, grad_joint, self.bins
+            )
+            # each pixel's curvature where it is positive: a positive semi-definite sum
+            second = second.clamp_min_(0.0)
+            grad = sampled[:, 1:].reshape(n, d, -1)
+            rows = (grad[:, :, None] * self.coords).reshape(n, d * (d + 1), -1)
+            gradient = torch.bmm(rows, first.unsqueeze(-1)).to(self.small)
+            hessian = torch.bmm(rows * second.unsqueeze(1), rows.transpose(1, 2))
+            hessian = hessian.to(self.small)
+            chain = self.chain(theta)
+            chain_t = chain.transpose(1, 2)
+            hessian = chain_t @ hessian @ chain
+            gradient = (chain_t @ gradient)[..., 0]
+            if weight.shape[1] <= COUPLING_PIXELS:
+                joint = self._histograms(taps, [weight])[0]
+                parzen = _Parzen("bspline", self.bins, self.loss_fn.sigma)
+                moves = joint_jacobian(self.xi_fixed, xi, self.moving_slope, weight, parzen, rows)
+                curvature = score_curvature(joint, moves, self.normalize).to(self.small)
+                coupled = hessian - chain_t @ curvature @ chain
+                # The histogram's own curvature is no part of the matrix where it makes it
+                # indefinite (a Cholesky factorization fails): a test on the device, where
+                # MutualInformationProblem's eigenvalues are read back.
+                info = torch.linalg.cholesky_ex(coupled)[1]
+                hessian = torch.where((info == 0)[:, None, None], coupled, hessian)
+        return hessian, gradient
+
+
 def _ncc_as_squares(fixed, moving, weight) -> torch.Tensor:
     """``1 −`` the weighted ZNCC of each row of ``moving`` ``(M, P)`` with ``fixed`` ``(1 or
     M, P)`` over ``weight`` ``(M, P)``, as half the weighted sum of squared differences of
@@ -808,20 +1100,25 @@ def _ncc_as_squares(fixed, moving, weight) -> torch.Tensor:
 
 def _fit(moving, fixed, weight):
     """:func:`intensity_fit` in the pixels' dtype (two passes: means, then centered sums)."""
-    total = weight.sum(1).clamp_min(1e-12)
-    mean_m = (weight * moving).sum(1) / total
-    mean_f = (weight * fixed).sum(1) / total
-    mc = moving - mean_m[:, None]
-    wmc = weight * mc
-    var = (wmc * mc).sum(1).clamp_min(1e-30)
-    alpha = (wmc * (fixed - mean_f[:, None])).sum(1) / var
-    return alpha, mean_f - alpha * mean_m
+    fixed = fixed.expand_as(moving)
+    # each pass's weighted sums of both images in one product (issue 24: 21 -> 14 launches)
+    total = weight.sum(1, keepdim=True).clamp_min(1e-12)
+    means = torch.bmm(weight.unsqueeze(1), torch.stack([moving, fixed], dim=2))[:, 0] / total
+    centered = torch.stack([moving, fixed], dim=1) - means.unsqueeze(2)  # (N, 2, P)
+    wmc = (weight * centered[:, 0]).unsqueeze(1)
+    var, cov = torch.bmm(wmc, centered.transpose(1, 2))[:, 0].unbind(1)
+    alpha = cov / var.clamp_min(1e-30)
+    mean_m, mean_f = means.unbind(1)
+    return alpha, torch.addcmul(mean_f, alpha, mean_m, value=-1.0)
 
 
 def level_problem(model, fixed, moving, weight, loss_fn, metric: str):
     """The problem of ``metric`` (one of :data:`METRICS`): :class:`SquaresProblem` for the
-    sums of squares, :class:`MutualInformationProblem` for "mi"."""
-    if metric == "mi":
+    sums of squares, :class:`DeviceMutualInformationProblem` for "mi" with the B-spline
+    window (the run's), :class:`MutualInformationProblem` with the Gaussian."""
+    if metric == "mi" and loss_fn.kernel == "bspline":
+        return DeviceMutualInformationProblem(model, fixed, moving, weight, loss_fn, metric)
+    if metric == "mi":  # the Gaussian window (every bin a tap): on the host
         return MutualInformationProblem(model, fixed, moving, weight, loss_fn, metric)
     return SquaresProblem(model, fixed, moving, weight, loss_fn, metric)
 
@@ -842,8 +1139,9 @@ def damped_step(hessian, gradient, damping, p: int, frozen=None, sign: int = 1) 
     system = hessian + torch.diag_embed(torch.add(damp, ridge, alpha=1e-12))
     step, info = torch.linalg.solve_ex(system, gradient if sign < 0 else -gradient)
     step = step[:, :p]
-    # (|x| < inf is false for NaN and ±inf: one test where isfinite takes four launches)
-    bad = (info != 0) | ~(step.abs().amax(dim=1) < math.inf)
+    # (a sum times 0 is 0 unless a component is NaN or ±inf: three launches for the test,
+    # where isfinite takes four and abs().amax() < inf four)
+    bad = (info != 0) | (step.sum(dim=1).mul_(0.0) != 0)
     if frozen is not None:
         bad = bad | frozen
     return step.masked_fill(bad[:, None], 0.0)
@@ -974,7 +1272,7 @@ def _run_on_device(
         moved = problem.corner_motion(theta, trial_theta)
         trial = problem.sample(trial_theta)
         own, over_start = problem.losses(trial, samples[1])
-        better = (over_start < loss) & ~done
+        better = (over_start < loss) > done  # (a > b is a & ~b for bools: one launch less)
         theta = problem.keep(better, trial_theta, theta)
         damping = torch.mul(damping, torch.where(better, shrink, grow)).clamp_min_(1e-12)
         # Done: a step too small to matter, or a small step the loss refuses (the loss
@@ -982,11 +1280,7 @@ def _run_on_device(
         # a step that is not finite ends the pair too.
         settled = moved < torch.where(better, tolerance, refused)
         done = torch.where(moved < math.inf, done | settled | (damping > most), true)
-        keep = better.view(-1, *([1] * (samples[0].dim() - 1)))
-        samples = (
-            torch.where(keep, trial[0], samples[0]),
-            torch.where(keep, trial[1], samples[1]),
-        )
+        samples = problem.select(better, trial, samples)
         loss = torch.where(better, own, loss)
         # Where the host is the device a read costs nothing: skip the system when no step
         # was kept (it is the one already held); elsewhere rebuild it without asking.

@@ -43,6 +43,69 @@ def rotation_generators(ndim: int, dtype=torch.float64, device=None) -> torch.Te
     return torch.tensor(gens, dtype=dtype, device=device)
 
 
+#: terms of the power series in ``t = θ²`` (``θ = |v|``) of :func:`rodrigues`'s
+#: coefficients: the last, ``θ²⁴ / 27!`` at most, is below float64's resolution for
+#: ``θ ≤ π`` and about 1e-8 at ``θ = 2π``
+ROTATION_TERMS = 13
+
+
+def rotation_series(dtype=torch.float64, device=None) -> torch.Tensor:
+    """``(ROTATION_TERMS, 3)``: the Taylor coefficients in ``t = θ²`` of ``sin θ / θ``,
+    ``(1 − cos θ) / θ²`` and ``(θ − sin θ) / θ³`` (columns): three entire functions of
+    ``t`` with no cancellation at small angles, where the closed forms lose every digit
+    in float32."""
+    k = np.arange(ROTATION_TERMS)
+    sign = (-1.0) ** k
+    cols = [sign / np.array([math.factorial(2 * i + j) for i in k], float) for j in (1, 2, 3)]
+    return torch.as_tensor(np.stack(cols, axis=1), dtype=dtype, device=device)
+
+
+@functools.lru_cache(maxsize=16)
+def _rotation_constants(dtype, device):
+    """(the series of :func:`rotation_series`, the 3-D generators ``(3, 9)``, ``I`` as
+    ``(1, 3, 3)``) on ``device``, made once."""
+    return (
+        rotation_series(dtype, device),
+        rotation_generators(3, dtype, device).reshape(3, 9),
+        torch.eye(3, dtype=dtype, device=device)[None],
+    )
+
+
+def rodrigues(v: torch.Tensor, jacobian: bool = False):
+    """``R = exp([v]×)`` ``(N, 3, 3)`` of rotation vectors ``v`` ``(N, 3)`` (the skew of
+    :func:`rotation_generators`), and with ``jacobian`` its derivatives ``∂R/∂v_k``
+    ``(N, 3, 3, 3)`` (``k`` the second axis): the matrix exponentials of
+    :class:`LinearModel`'s 3-D rotations in closed form.
+
+    Rodrigues' formula ``R = I + a K + b K²`` (``K = [v]×``, ``a = sin θ / θ``, ``b = (1 −
+    cos θ) / θ²``) and ``∂R/∂v_k = R [J e_k]×`` with the right Jacobian ``J = I − b K + c
+    K²`` (``c = (θ − sin θ) / θ³``), the coefficients from their power series in ``θ²``
+    (:func:`rotation_series`): float32-exact at small angles, differentiable (autograd,
+    also at 0), about fifteen launches and no host read, where ``torch.linalg.matrix_exp``
+    reads the matrix norm back on CUDA to choose its degree (a sync) and takes 25
+    launches for the Van Loan block of its derivative."""
+    series, gens, eye = _rotation_constants(v.dtype, v.device)
+    n = v.shape[0]
+    t = torch.linalg.vecdot(v, v)
+    coef = torch.linalg.vander(t, N=ROTATION_TERMS) @ series  # (N, 3): a, b, c
+    k = (v @ gens).view(n, 3, 3)
+    k2 = k @ k
+    a, b, c = (coef[:, i, None, None] for i in range(3))
+    rot = eye + a * k + b * k2
+    if not jacobian:
+        return rot
+    right = eye - b * k + c * k2
+    # [J e_k]× = Σ_j J[j, k] G_j: one product with the generators
+    skews = (right.transpose(1, 2) @ gens).view(n, 3, 3, 3)
+    return rot, rot[:, None] @ skews
+
+
+def _plane_rotation(angle: torch.Tensor) -> torch.Tensor:
+    """``exp(α G)`` ``(N, 2, 2)`` of angles ``(N,)``: ``[[cos, −sin], [sin, cos]]``."""
+    c, s = torch.cos(angle), torch.sin(angle)
+    return torch.stack([c, -s, s, c], dim=-1).view(-1, 2, 2)
+
+
 #: device types on which the linear models' matrices and the Gauss–Newton bookkeeping run
 #: in float64: the CPU only. GPUs run float64 at 1/32 to 1/64 of the float32 rate (and
 #: MPS has none), so the small matrices stay in float32 there. Tests add "cpu"'s removal
@@ -194,32 +257,31 @@ class LinearModel:
             return eye
         if self.kind == "affine":
             return eye + q.view(n, d, d)
-        gens = rotation_generators(d, q.dtype, q.device)
-        k = len(gens)
-        rot = torch.linalg.matrix_exp(torch.einsum("nk,kij->nij", q[:, :k], gens))
+        k = 1 if d == 2 else 3
+        rot = _plane_rotation(q[:, 0]) if d == 2 else rodrigues(q[:, :k])
         if self.kind == "similarity":
             rot = rot * torch.exp(q[:, k]).view(n, 1, 1)
         return rot
 
     def _linear_jacobian(self, linear: torch.Tensor) -> torch.Tensor:
-        """``∂L/∂linear`` ``(N, K, D, D)`` (no gradient). The derivative of ``exp(S)`` along a
-        generator ``G`` is the upper-right block of ``exp([[S, G], [0, S]])`` (Van Loan's
-        block formula), exact for any rotation."""
+        """``∂L/∂linear`` ``(N, K, D, D)`` (no gradient), in closed form: in 2-D the
+        rotation commutes with its generator (``∂R/∂α = R G``), in 3-D :func:`rodrigues`'
+        derivatives (no matrix exponential: no host read on a GPU)."""
         n, d = linear.shape[0], self.ndim
         q = linear.detach() / self.radius
         if self.kind == "affine":
             basis = torch.eye(d * d, dtype=q.dtype, device=q.device).view(d * d, d, d)
             return basis.expand(n, -1, -1, -1) / self.radius
-        gens = rotation_generators(d, q.dtype, q.device)
-        k = len(gens)
-        skew = torch.einsum("nk,kij->nij", q[:, :k], gens)
-        block = torch.zeros(n, k, 2 * d, 2 * d, dtype=q.dtype, device=q.device)
-        block[:, :, :d, :d] = block[:, :, d:, d:] = skew[:, None]
-        block[:, :, :d, d:] = gens
-        out = torch.linalg.matrix_exp(block)[:, :, :d, d:]
+        if d == 2:
+            k = 1
+            rot = _plane_rotation(q[:, 0])[:, None]
+            out = rot @ rotation_generators(2, q.dtype, q.device)
+        else:
+            k = 3
+            rot, out = rodrigues(q[:, :k], jacobian=True)
+            rot = rot[:, None]
         if self.kind == "similarity":
             scale = torch.exp(q[:, k]).view(n, 1, 1, 1)
-            rot = torch.linalg.matrix_exp(skew)[:, None]
             out = torch.cat([out * scale, rot * scale], dim=1)
         return out / self.radius
 

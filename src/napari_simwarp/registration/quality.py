@@ -123,10 +123,15 @@ def masked_zncc(fixed: torch.Tensor, warped: torch.Tensor, valid: torch.Tensor) 
 
 def masked_nmi(fixed: torch.Tensor, warped: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Normalized mutual information per image over ``valid`` pixels (their weights):
-    ``(N, 1, *S)`` each → ``(N,)``, in ``[1, 2]`` (:func:`~..ops.mutual_information`)."""
-    fixed = fixed.expand_as(warped).double()
-    weight = valid.expand_as(warped).double()
-    return mutual_information(fixed, warped.double(), weight=weight, normalize=True)[:, 0]
+    ``(N, 1, *S)`` each → ``(N,)``, in ``[1, 2]`` (:func:`~..ops.mutual_information`),
+    in float64 on the CPU, in float32 on GPUs (``_numerics.moment_dtype``: the entropies
+    are sums without cancellation there, within 1e-5 of float64)."""
+    from ..ops._numerics import moment_dtype
+
+    wide = moment_dtype(torch.float32, warped.device)
+    fixed = fixed.expand_as(warped).to(wide)
+    weight = valid.expand_as(warped).to(wide)
+    return mutual_information(fixed, warped.to(wide), weight=weight, normalize=True)[:, 0]
 
 
 def problems(
