@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..ops._lncc_pair import PairLocalNCCLoss
+from ..ops._ncc_pair import PairNCCLoss
 from ..ops._validation import check_choice
 from ..ops.losses import loss_for
 from . import _options, gauss_newton
@@ -147,13 +148,19 @@ def optimize(
         pixel = max(f / s for f, s in zip(full_shape, shape))
         model.set_level(shape)
         anisotropy = None if spacing is None else level_anisotropy(spacing, full_shape, shape)
+        loss_fn = level_loss(schedule, shape, anisotropy)
+        prepare = getattr(loss_fn, "prepare_moving", None)
+        if prepare is not None and schedule.optimizer != "gauss-newton":
+            # a loss that does not depend on the moving image's offset and scale centers
+            # and scales it once here, not at each iteration (ops/_lncc_pair.py)
+            moving = prepare(moving)
         level = Level(
             model=model,
             fixed=fixed,
             moving=moving,
             weight=weight,
             shape=shape,
-            loss_fn=level_loss(schedule, shape, anisotropy),
+            loss_fn=loss_fn,
             schedule=schedule,
             history=history,
             pair_history=pair_history,
@@ -196,6 +203,11 @@ def level_loss(schedule: Schedule, shape, anisotropy=None):
         # (ops/_lncc_pair.py); what loss_for's LocalNCCLoss gives, in a few launches
         loss_for(schedule.metric, reduction="none", **options)  # the options checked
         return PairLocalNCCLoss(window=options["window"], reduction="none")
+    if schedule.metric == "ncc" and schedule.optimizer != "gauss-newton":
+        # the loop's own form of the global NCC (ops/_ncc_pair.py): NCCLoss's value in a
+        # fifth of its launches
+        loss_for(schedule.metric, reduction="none", **options)  # the options checked
+        return PairNCCLoss(reduction="none")
     return loss_for(schedule.metric, reduction="none", **options)
 
 

@@ -44,10 +44,25 @@ class Level:
     def evaluate(self):
         """The per-pair loss ``(N,)`` at the model's current parameters (differentiable)."""
         model, schedule, shape = self.model, self.schedule, self.shape
-        warped, valid = model.warp(self.moving, shape)
+        term = None  # the weighted regularizer, where the model works it out with the warp
+        together = getattr(model, "warp_regularized", None)
+        # a loss that takes a base (N,) returns base − score where it returns 1 − score:
+        # the model hands it 1 + the term, with no launch to add them
+        takes_base = getattr(self.loss_fn, "takes_base", None)
+        as_base = takes_base is not None and takes_base(self.fixed)
+        if together is not None and schedule.reg_weight:
+            warped, valid, term = together(self.moving, shape, schedule.reg_weight, as_base)
+        else:
+            warped, valid = model.warp(self.moving, shape)
         w = valid if self.weight is None else valid * self.weight
-        per_pair = self.loss_fn(self.fixed, warped, w)
-        if schedule.reg_weight:  # (one launch: a + weight · b)
+        if term is not None and as_base:
+            per_pair = self.loss_fn(self.fixed, warped, w, base=term)
+        else:
+            per_pair = self.loss_fn(self.fixed, warped, w)
+        if term is not None:
+            if not as_base:
+                per_pair = per_pair + term
+        elif schedule.reg_weight:  # (one launch: a + weight · b)
             per_pair = torch.add(per_pair, model.regularizer(), alpha=schedule.reg_weight)
         if self.penalty is not None:
             per_pair = per_pair + self.penalty(shape).to(per_pair.device, per_pair.dtype)
