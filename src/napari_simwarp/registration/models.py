@@ -764,28 +764,22 @@ class DenseModel:
         h, w = shape
         d = self.ndim
         wy = bspline_weights(cy, h, dtype, device)  # (H, c_y)
-        bx = bspline_weights(cx, w, torch.float64)  # (W, c_x)
+        bx = bspline_weights(cx, w, dtype, device)  # (W, c_x)
         ratios = [m / n for m, n in zip(shape, self.shape)]  # full → level pixels
-        mix = torch.zeros(d, d, dtype=torch.float64)  # S[e, d]
+        mix = np.zeros((d, d))  # S[e, d]
         for axis in range(d):
-            e = d - 1 - axis
-            mix[e, axis] = ratios[axis] * 2.0 / (shape[axis] - 1)
-        # m_x[d, k, w, e] = B_x[w, k] S[e, d]
+            mix[d - 1 - axis, axis] = ratios[axis] * 2.0 / (shape[axis] - 1)
+        mix = torch.as_tensor(mix, dtype=dtype, device=device)
+        # m_x[d, k, w, e] = B_x[w, k] S[e, d] (in the field's dtype: no float64 on a GPU)
         m_x = torch.einsum("wk,ed->dkwe", bx, mix).reshape(d * cx, w * d)
         base, _ = self._grid_constants(shape, dtype, device)
-        stencils, weights = _doubled(self._regularizer_plan((cy, cx), torch.float64, None))
+        stencils, weights = self._regularizer_plan((cy, cx), dtype, device)
         if stencils is not None:
-            stencils = stencils[:, :, :, None, :].to(dtype=dtype, device=device)
-            # (D, T, c_y, c_x) → (1, T, c_y, D, c_x), the layout of the stencils' output
-            weights = (weight * weights).permute(1, 2, 0, 3)[None]
-            weights = weights.contiguous().to(dtype=dtype, device=device)
-        return (
-            m_x.to(dtype=dtype, device=device),
-            wy.contiguous(),
-            base.reshape(h, w * d),
-            stencils,
-            weights,
-        )
+            stencils = stencils[:, :, :, None, :]
+            # (D, T, c_y, c_x) → (1, T, c_y, D, c_x), the layout of the stencils' output;
+            # twice the weights (the term is ½ Σ g · w2 g)
+            weights = (weights * (2.0 * weight)).permute(1, 2, 0, 3)[None].contiguous()
+        return m_x, wy.contiguous(), base.reshape(h, w * d), stencils, weights
 
     def _grid_constants(self, shape, dtype, device):
         """``(base (1, *S, D), scale (D,))``: the identity grid of ``shape`` and the pixel

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..ops._lncc_pair import PairLocalNCCLoss
+from ..ops._mse_pair import PairMSELoss
 from ..ops._ncc_pair import PairNCCLoss
 from ..ops._validation import check_choice
 from ..ops.losses import loss_for
@@ -203,12 +204,17 @@ def level_loss(schedule: Schedule, shape, anisotropy=None):
         # (ops/_lncc_pair.py); what loss_for's LocalNCCLoss gives, in a few launches
         loss_for(schedule.metric, reduction="none", **options)  # the options checked
         return PairLocalNCCLoss(window=options["window"], reduction="none")
-    if schedule.metric == "ncc" and schedule.optimizer != "gauss-newton":
-        # the loop's own form of the global NCC (ops/_ncc_pair.py): NCCLoss's value in a
-        # fifth of its launches
+    if schedule.metric in PAIR_LOSSES and schedule.optimizer != "gauss-newton":
+        # the loop's own forms (ops/_ncc_pair.py, ops/_mse_pair.py): the general losses'
+        # values in fewer launches (Gauss–Newton takes its residuals its own way)
         loss_for(schedule.metric, reduction="none", **options)  # the options checked
-        return PairNCCLoss(reduction="none")
+        return PAIR_LOSSES[schedule.metric](reduction="none")
     return loss_for(schedule.metric, reduction="none", **options)
+
+
+#: metric → the loop's own loss of it (the fixed image's side made once, one autograd
+#: Function); "lncc" has its own in :func:`level_loss`
+PAIR_LOSSES = {"ncc": PairNCCLoss, "mse": PairMSELoss}
 
 
 def odd_round(x: float) -> int:
