@@ -383,14 +383,15 @@ class _WeightedSquares(torch.autograd.Function):
 class _SplineGrid2d(torch.autograd.Function):
     """A 2-D B-spline field ``(N, D, c_y, c_x)`` (stored ``(N, c_y, D, c_x)`` in memory)
     ↦ ``(grid (N, H, W, D), term (N,))``: grid_sample's grid ``base + B_y F m_x`` (two
-    matrix products: the x axis's B-spline weights, the components' flip and scale in
-    ``m_x``, the y axis's weights and the identity in one ``addmm``) and the weighted
+    batched matrix products: the x axis's B-spline weights, the components' flip and scale
+    in ``m_x``; the y axis's weights and the identity in one ``baddbmm``) and the weighted
     regularizer ``Σ w g²`` of the stencils' responses ``g`` (one convolution over
-    ``(c_y, D, c_x)`` that leaves the components apart).
+    ``(c_y, D, c_x)`` that leaves the components apart; ``ones`` ``(N, 1, 1)``: ``1 +`` the
+    term, in the same launch).
 
     Backward: ``∂/∂F = B_yᵀ G m_xᵀ + stencilsᵀ ⋆ (2 w g · t)`` (``G``: the grid's
     gradient, ``t``: the term's), the second summed into the first by the last product's
-    ``addmm``: four launches where autograd's forms take eight.
+    ``baddbmm``: four launches where autograd's forms take eight.
     """
 
     @staticmethod
@@ -437,8 +438,11 @@ class _SplineGrid2d(torch.autograd.Function):
         if rows is None and reg is None:
             return (None,) * 7
         m_t = m_x.t().expand(n, *m_x.t().shape)
-        out = reg if rows is None else torch.bmm(rows, m_t) if reg is None else None
-        if out is None:
+        if rows is None:
+            out = reg
+        elif reg is None:
+            out = torch.bmm(rows, m_t)
+        else:
             out = torch.baddbmm(reg, rows, m_t)
         return out.view(n, cy, d, cx).permute(0, 2, 1, 3), None, None, None, None, None, None
 

@@ -17,7 +17,11 @@ class Level:
     fixed, moving : ``(N or 1, C, *s)`` the level's images; weight: ``(N or 1, 1, *s)`` or
         None
     shape : the level's spatial shape ``s``
-    loss_fn : the per-pair loss ``(fixed, warped, weight) -> (N,)``
+    loss_fn : the per-pair loss ``(fixed, warped, weight) -> (N,)``; one with a
+        ``takes_base(fixed)`` that says yes also takes ``base=`` ``(N,)`` in place of its
+        constant 1 (the loop's NCC losses: the model's ``1 +`` regularizer goes there, no
+        launch to add it); ``moving`` is then what its ``prepare_moving`` made, if it has
+        one (:func:`~..optimize.optimize`)
     schedule : the run's :class:`~..optimize.Schedule`
     history, pair_history : lists the mean loss (and, when not None, the ``N`` losses) of
         every iteration are appended to
