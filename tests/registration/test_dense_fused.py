@@ -99,3 +99,22 @@ def test_other_fields_take_the_separate_path():
     model = DenseModel("deformable", (32, 32), 1)
     model.set_level((32, 32))
     assert model.warp_regularized(torch.rand(1, 1, 32, 32), (32, 32), 0.0)[2] is None
+
+
+def test_set_level_keeps_the_field_on_the_same_grid_and_refits_onto_a_finer_one():
+    model = _model((64, 48), (32, 24), 2, None, "bending", torch.float32)
+    before = model.field.detach().clone()
+    model.set_level((32, 24))  # the same control grid: the same field, a new leaf
+    assert torch.equal(model.field.detach(), before) and model.field.requires_grad
+    model.set_level((64, 48))  # a finer grid: the least-squares refit, stored as before
+    assert model.field.shape[2:] != before.shape[2:]
+    assert model.field.permute(0, 2, 1, 3).is_contiguous()
+    coarse = DenseModel("deformable", (64, 48), 2)
+    coarse.set_level((32, 24))
+    with torch.no_grad():
+        coarse.field.copy_(before)
+    # the knots nest (half the cells): the refit field gives the coarse field's
+    # displacement (±2 px) up to float32 rounding
+    torch.testing.assert_close(
+        model.displacement((64, 48)), coarse.displacement((64, 48)), atol=1e-5, rtol=0
+    )
