@@ -139,3 +139,63 @@ def test_what_it_does_not_cover_goes_to_the_general_operator():
     fixed, moving = fixed[None], moving[None]  # (1, 2 channels, H, W)
     expected = LocalNCCLoss(window=5, reduction="none")(fixed, moving)
     torch.testing.assert_close(PairLocalNCCLoss(window=5)(fixed, moving), expected)
+
+
+def test_a_prepared_moving_image_gives_the_same_loss_and_gradient():
+    """prepare_moving centers and scales the moving image before the warp: the local NCC
+    and its gradient with respect to the warped image (times the scale) do not change."""
+    fixed, moving, weight = _pairs((40, 36), seed=5)
+    expected_loss, expected_grad = _loss_and_gradient(
+        LocalNCCLoss(window=9, reduction="none"), fixed, moving, weight
+    )
+    loss_fn = PairLocalNCCLoss(window=9)
+    raw = moving.clone().requires_grad_(True)
+    prepared = loss_fn.prepare_moving(raw)  # differentiable: the chain rule holds the scale
+    assert prepared.dtype == moving.dtype and not prepared.requires_grad
+    assert abs(float(prepared.mean())) < 1e-6 and 0.5 <= float(prepared.abs().max()) <= 1.0
+    scale = float((prepared[0] - prepared[0].mean()).abs().max()) / float(
+        (moving[0] - moving[0].mean()).abs().max()
+    )
+    loss, grad = _loss_and_gradient(loss_fn, fixed, prepared, weight)
+    np.testing.assert_allclose(loss, expected_loss, rtol=0, atol=1e-6)
+    # ∂L/∂moving = scale · ∂L/∂prepared
+    np.testing.assert_allclose(
+        scale * grad, expected_grad, rtol=0, atol=1e-5 * np.abs(expected_grad).max()
+    )
+
+
+def test_base_replaces_the_one_and_takes_its_gradient():
+    fixed, moving, weight = (x.double() for x in _pairs((24, 20), seed=6))
+    loss_fn = PairLocalNCCLoss(window=5)
+    base = torch.tensor([1.5, 0.25, 3.0], dtype=torch.float64, requires_grad=True)
+    plain = loss_fn(fixed, moving, weight)
+    with_base = loss_fn(fixed, moving, weight, base=base)
+    torch.testing.assert_close(with_base, plain + base - 1.0)
+    v = torch.tensor([0.3, -1.0, 2.0], dtype=torch.float64)
+    (grad,) = torch.autograd.grad((with_base * v).sum(), base)
+    torch.testing.assert_close(grad, v)
+    with pytest.raises(ValueError, match="base needs reduction='none'"):
+        PairLocalNCCLoss(window=5, reduction="mean")(fixed, moving, weight, base=base)
+    # the general path (two channels) adds it too
+    two = fixed.expand(-1, 2, -1, -1)
+    general = loss_fn(two, moving.expand(-1, 2, -1, -1), None, base=base)
+    expected = LocalNCCLoss(window=5, reduction="none")(two, moving.expand(-1, 2, -1, -1))
+    torch.testing.assert_close(general, expected + base - 1.0)
+
+
+def test_a_second_call_before_the_first_backward_keeps_the_first_gradient():
+    """The loop writes each call into the same tensors; a call made while an earlier one's
+    backward is pending takes tensors of its own."""
+    fixed, moving, weight = _pairs((32, 28), seed=7)
+    loss_fn = PairLocalNCCLoss(window=7)
+    a = moving.clone().requires_grad_(True)
+    b = (moving.flip(-1) * 0.5).requires_grad_(True)
+    first = loss_fn(fixed, a, weight)
+    second = loss_fn(fixed, b, weight)
+    (grad_a,) = torch.autograd.grad(first.sum(), a)
+    (grad_b,) = torch.autograd.grad(second.sum(), b)
+    for x, grad in ((moving, grad_a), (moving.flip(-1) * 0.5, grad_b)):
+        _, expected = _loss_and_gradient(LocalNCCLoss(window=7, reduction="none"), fixed, x, weight)
+        np.testing.assert_allclose(
+            grad.double().numpy(), expected, rtol=0, atol=1e-5 * np.abs(expected).max()
+        )

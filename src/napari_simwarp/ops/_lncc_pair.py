@@ -30,6 +30,7 @@ both against float64.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -66,12 +67,39 @@ def power_of_two(x: torch.Tensor) -> float:
     return float(2.0 ** -int(np.clip(e, -120, 120)))
 
 
+class BufferLease:
+    """Tensors a call writes into and saves for its backward, lent to one call at a time.
+
+    :meth:`free` says whether the last holder is done with them: its backward has run
+    (:meth:`release`) or its graph is gone. A call that finds them held (a second forward
+    before the first one's backward, as gradcheck makes) takes new tensors instead, and
+    so does a call whose backward will not come (no gradient asked); the loop, which runs
+    a forward and its backward in turn, writes into the same tensors at every iteration.
+    """
+
+    def __init__(self):
+        self._holder = None
+
+    def free(self) -> bool:
+        return self._holder is None or self._holder() is None
+
+    def hold(self, ctx) -> None:
+        self._holder = weakref.ref(ctx)
+
+    def release(self, ctx) -> None:
+        if self._holder is not None and self._holder() is ctx:
+            self._holder = None
+
+
 class _FixedSide:
     """What the loss needs of a fixed image ``(N_f, 1, *S)``, in the sums' dtype ``acc``.
 
     padded : ``(1, N_f, P)`` the centered, scaled image, reflect-padded and flattened
-    sa : ``(N_f, *S)`` its window sums; ``inv_va`` : ``(N_f, *S)`` ``1 / Va`` (0 where flat)
+    sa : ``(N_f, *S)`` its window sums; ``va`` : ``(N_f, *S)`` its window variances, +inf
+    where flat (so that ``1 / sqrt(Va Vb)`` is 0 there)
     index : ``(P,)`` the padding's gather index
+
+    and, per number of pairs ``N`` (:meth:`buffers`), the tensors each call writes into.
     """
 
     def __init__(self, fixed: torch.Tensor, sizes: tuple[int, ...], acc: torch.dtype, impl):
@@ -79,10 +107,12 @@ class _FixedSide:
         self.version = fixed._version
         self.sizes, self.acc, self.impl = sizes, acc, impl
         spatial = tuple(fixed.shape[2:])
+        self.spatial = spatial
         self.total = float(np.prod(sizes))
         self.taps = [(1.0,) * k for k in sizes]
         self.index = torch.as_tensor(reflect_index(spatial, sizes), device=fixed.device)
         self.padded_shape = tuple(n + k - 1 for n, k in zip(spatial, sizes))
+        self.flat = flat_threshold_factor(acc)
         with torch.no_grad():
             f = fixed.detach().to(acc)
             dims = tuple(range(2, f.dim()))
@@ -96,9 +126,13 @@ class _FixedSide:
             )
             self.sa = sums[0]
             va = torch.addcmul(sums[1], sums[0], sums[0], value=-1.0 / self.total)
-            flat = va <= sums[1] * flat_threshold_factor(acc)
-            self.inv_va = va.reciprocal().masked_fill_(flat, 0.0)
+            flat = va <= sums[1] * self.flat
+            self.va = va.masked_fill_(flat, torch.inf)
+            self.inf = va.new_full((), torch.inf)
+            self.zero = va.new_zeros(())
         self.moving = None  # (pairs, shift, scale) of the moving images, from the first call
+        self._buffers = None
+        self.lease = BufferLease()
 
     def matches(self, fixed, sizes, acc) -> bool:
         return (
@@ -118,106 +152,169 @@ class _FixedSide:
                 mean = b.mean(tuple(range(1, b.dim())), keepdim=True)
                 scale = power_of_two(b - mean)
                 self.moving = (n, -mean * scale, scale)
-                self.unit = self.padded.new_ones((n,))  # 1 per pair: the loss is 1 − score
-                self.zero = self.padded.new_zeros(())
         return self.moving[1], self.moving[2]
+
+    def buffers(self, n: int, fresh: bool = False):
+        """``(pair (2, N, *P), rho (N, 2, S'), q (3, N, *S), partials (3, N, *S), unit
+        (N,))`` for ``N`` pairs, made once: ``pair[0]`` holds the fixed image's padded copy
+        and ``pair[1]`` takes the moving image's; ``rho[:, 0]`` takes the local NCC beside
+        a row of ones (``S'``: the pixel count), so that one product gives the weighted sum
+        and the weight's sum; ``q`` takes the gradient's three maps per unit ``∂L/∂ρ``
+        (:class:`_PairLocalNCC`) and ``partials`` their products in the backward.
+
+        Lent to one call at a time (:class:`BufferLease`); ``fresh``: new ones, not kept.
+        """
+        if fresh or self._buffers is None or self._buffers[-1].shape[0] != n:
+            p = self.padded
+            # made by factories, not from the fixed side's tensors: written by the device
+            # at each call (tests/_dispatch_count.py takes what is made from a tensor of
+            # NumPy data alone for the host's)
+            like = dict(dtype=p.dtype, device=p.device)
+            pair = torch.empty((2, n, p.shape[-1]), **like)
+            pair[0] = p[0].expand(n, -1)
+            pixels = int(np.prod(self.spatial))
+            rho = torch.empty((n, 2, pixels), **like)
+            rho[:, 1] = 1.0
+            q = torch.empty((3, n, *self.spatial), **like)
+            partials = torch.empty_like(q)
+            made = (pair, rho, q, partials, p.new_ones((n,)))
+            if fresh:
+                return made
+            self._buffers = made
+        return self._buffers
 
 
 class _PairLocalNCC(torch.autograd.Function):
-    """``b (N, 1, *S)`` ↦ ``1 −`` the weighted mean of the local NCC of each pair ``(N,)``.
+    """``b (N, 1, *S)`` ↦ ``base −`` the weighted mean of the local NCC of each pair
+    ``(N,)`` (``base``: 1, or a tensor ``(N,)`` the loss is added to).
 
     With ``M = (Σb, Σb², Σab)`` the window sums of the centered, padded ``b`` and the fixed
-    side's ``Σa``, ``1/Va``: ``Vb = Σb² − (Σb)²/n``, ``C = Σab − ΣaΣb/n``,
-    ``ρ = C · sqrt(1/Va · 1/Vb)`` (0 where either window is flat), and per pair
-    ``L = 1 − Σ w ρ / Σ w``. With ``c = ∂L/∂ρ = −g w / Σw``, ``r = sqrt(1/(Va Vb))``:
+    side's ``Σa``, ``Va``: ``Vb = Σb² − (Σb)²/n`` (+inf where ``Vb <= f Σb²``, flat),
+    ``C = Σab − ΣaΣb/n``, ``r = 1 / sqrt(Va Vb)``, ``ρ = C r`` (0 where either window is
+    flat), and per pair ``L = 1 − Σ w ρ / Σ w``. With ``c = ∂L/∂ρ = −g w / Σw``:
 
         ∂L/∂Σab = c r,   ∂L/∂Σb² = −½ c ρ / Vb,   ∂L/∂Σb = (Σb · c ρ / Vb − Σa c r) / n
 
-    then one adjoint window pass ``Q = Wᵀ⋆(partials)`` and
+    i.e. ``c`` times three maps ``q`` that do not depend on ``g``, worked out in the
+    forward; then one adjoint window pass ``Q = Wᵀ⋆(c q)`` and
     ``∂L/∂b_pad = Q_b + 2 b Q_bb + a Q_ab`` (the ``−½`` folded in: the second map holds
     ``c ρ / Vb``), folded back through the padding by one ``index_add``.
     """
 
     @staticmethod
-    def forward(ctx, moving, weight, side: _FixedSide):
+    def forward(ctx, moving, weight, side: _FixedSide, prepared: bool, base):
         acc, impl, total = side.acc, side.impl, side.total
         n = moving.shape[0]
-        shift, scale = side.moving_constants(moving)
-        b = torch.add(shift, moving.to(acc), alpha=scale)  # centered, scaled
-        bp = b.view(n, -1).index_select(1, side.index)[None]  # (1, N, P)
-        pair = torch.cat([side.padded.expand(1, n, -1), bp]).view(2, n, *side.padded_shape)
+        keep = side.lease.free()
+        pair, rho_rows, q, partials, unit = side.buffers(n, fresh=not keep)
+        if keep and any(ctx.needs_input_grad):
+            side.lease.hold(ctx)
+        ctx.partials = partials
+        if prepared:  # centered and scaled before the warp (prepare_moving)
+            b, scale = moving.to(acc), 1.0
+        else:
+            shift, scale = side.moving_constants(moving)
+            b = torch.add(shift, moving.to(acc), alpha=scale)  # centered, scaled
+        torch.index_select(b.reshape(n, -1), 1, side.index, out=pair[1])
         # one pass for the five moments (two of them, the fixed image's, already known: one
         # launch where forming the three products takes two more)
-        _, sb, _, sbb, sab = impl.moments5(pair, side.taps)
+        _, sb, _, sbb, sab = impl.moments5(pair.view(2, n, *side.padded_shape), side.taps)
         vb = torch.addcmul(sbb, sb, sb, value=-1.0 / total)
         cov = torch.addcmul(sab, side.sa, sb, value=-1.0 / total)
-        flat = vb <= sbb.mul_(flat_threshold_factor(acc))
-        inv_vb = vb.reciprocal_().masked_fill_(flat, 0.0)
-        r = torch.mul(side.inv_va, inv_vb).sqrt_()
-        rho = cov.mul_(r)
+        # Vb > f Σb² (not flat) ⇔ Σb² − (Σb)² / (n (1 − f)) > 0
+        test = torch.addcmul(sbb, sb, sb, value=-1.0 / (total * (1.0 - side.flat)))
+        vb = torch.where(test > 0, vb, side.inf)
+        r = torch.rsqrt(torch.mul(side.va, vb), out=q[2])
         spatial = tuple(moving.shape[2:])
-        rho = rho.view(n, 1, *spatial)
+        rho = torch.mul(cov, r, out=rho_rows[:, 0].view(n, *spatial))
+        torch.div(rho, vb, out=q[1])
+        torch.addcmul(side.zero, sb, q[1], value=1.0 / total, out=q[0])
+        q[0].addcmul_(side.sa, r, value=-1.0 / total)
+        base = unit if base is None else base.to(acc)
         if weight is None:
-            loss = torch.sub(side.unit, rho.flatten(1).mean(1))
-            wsum = None
+            loss = torch.sub(base, rho.flatten(1).mean(1))
+            w = wsum = None
         else:
-            w = weight.to(acc).expand(n, 1, *spatial)
-            wsum = w.flatten(1).sum(1).clamp_min_(1e-8)  # LocalNCCLoss's floor
-            weighted = torch.bmm(w.reshape(n, 1, -1), rho.view(n, -1, 1)).view(n)
-            loss = torch.addcdiv(side.unit, weighted, wsum, value=-1.0)
+            w = weight.to(acc).expand(n, 1, *spatial).reshape(n, 1, -1)
+            sums = torch.bmm(w, rho_rows.transpose(1, 2)).view(n, 2)  # Σwρ, Σw
+            wsum = sums[:, 1].clamp_min(1e-8)  # LocalNCCLoss's floor
+            loss = torch.addcdiv(base, sums[:, 0], wsum, value=-1.0)
         ctx.side, ctx.scale, ctx.n = side, scale, n
-        ctx.has_weight = weight is not None
-        ctx.save_for_backward(bp, sb, rho, r, inv_vb, w if weight is not None else None, wsum)
+        ctx.save_for_backward(pair, q, w, wsum)
         ctx.out_dtype = moving.dtype
         return loss.to(moving.dtype)
 
     @staticmethod
     @first_order_backward("lncc pair loss")
     def backward(ctx, grad):
-        bp, sb, rho, r, inv_vb, w, wsum = ctx.saved_tensors
+        pair, q, w, wsum = ctx.saved_tensors
         side, n = ctx.side, ctx.n
-        acc, total = side.acc, side.total
-        spatial = tuple(rho.shape[2:])
-        grad = grad.to(acc)
+        spatial = side.spatial
+        partials = ctx.partials
+        side.lease.release(ctx)
+        g = grad.to(side.acc)
         # c = ∂L/∂ρ times the scale of b (∂b/∂moving), folded in here: index_add_ with an
         # alpha other than 1 takes a slow path on the CPU (100 times slower)
         factor = -ctx.scale
         if w is None:
-            c = (grad * (factor / rho[0].numel())).view(n, *[1] * len(spatial))
-            c = c.expand(n, *spatial)
+            c = (g * (factor / int(np.prod(spatial)))).view(n, *[1] * len(spatial))
         else:
-            coef = torch.addcdiv(side.zero, grad, wsum, value=factor)
+            coef = torch.addcdiv(side.zero, g, wsum, value=factor)
             c = torch.mul(w.view(n, *spatial), coef.view(n, *[1] * len(spatial)))
-        partials = sb.new_empty((3, n, *spatial))
-        torch.mul(c, r, out=partials[2])
-        torch.mul(c, rho.view(n, *spatial), out=partials[1])
-        partials[1].mul_(inv_vb)
-        torch.addcmul(side.zero, sb, partials[1], value=1.0 / total, out=partials[0])
-        partials[0].addcmul_(side.sa, partials[2], value=-1.0 / total)
+        torch.mul(q, c, out=partials)
         adjoint = side.impl.box_sum(partials, side.sizes, full=True).view(3, n, -1)
         grad_bp = adjoint[0].addcmul_(side.padded[0], adjoint[2])
-        grad_bp.addcmul_(bp[0], adjoint[1], value=-1.0)
+        grad_bp.addcmul_(pair[1], adjoint[1], value=-1.0)
         grad_b = grad_bp.new_zeros((n, int(np.prod(spatial))))
         grad_b.index_add_(1, side.index, grad_bp)
-        return grad_b.view(n, 1, *spatial).to(ctx.out_dtype), None, None
+        grad_base = grad if ctx.needs_input_grad[4] else None
+        return grad_b.view(n, 1, *spatial).to(ctx.out_dtype), None, None, None, grad_base
 
 
 class PairLocalNCCLoss(LocalNCCLoss):
     """``1 −`` the weighted mean local NCC per pair (box window), for a loop that calls it
     with one fixed image again and again (see the module's docstring).
 
-    ``forward(fixed, moving, weight=None)``: ``fixed`` ``(N or 1, 1, *S)`` (no gradient),
-    ``moving`` ``(N, 1, *S)``, ``weight`` ``(N or 1, 1, *S)`` or None; returns ``(N,)``
-    (``reduction="none"``), the mean or the sum. Anything it does not cover (several
-    channels, a fixed image that needs a gradient) goes to :class:`~.losses.LocalNCCLoss`'s
-    general path.
+    ``forward(fixed, moving, weight=None, base=None)``: ``fixed`` ``(N or 1, 1, *S)`` (no
+    gradient), ``moving`` ``(N, 1, *S)``, ``weight`` ``(N or 1, 1, *S)`` or None; returns
+    ``(N,)`` (``reduction="none"``), the mean or the sum. ``base`` ``(N,)``, with
+    ``reduction="none"``: the losses are ``base −`` the mean local NCC, i.e. the loss plus
+    ``base − 1`` (the loop's regularizer, made as ``1 + λ R``: no launch to add it).
+    Anything it does not cover (several channels, a fixed image that needs a gradient)
+    goes to :class:`~.losses.LocalNCCLoss`'s general path.
+
+    :meth:`prepare_moving` centers and scales the moving image before the loop warps it
+    (the local NCC does not depend on either), which saves a launch at every call.
     """
+
+    @staticmethod
+    def takes_base(fixed: torch.Tensor) -> bool:
+        """Whether the loop should hand its regularizer to ``forward`` as ``base`` (``1 +``
+        the term, in the field's dtype): where the sums run in float32 (GPUs), whose loss
+        ``1 − score`` is float32 near 1 anyway; in float64 (the CPU) the loss keeps
+        float64's resolution and the loop adds the term to it."""
+        return moment_dtype(compute_dtype(fixed.dtype), fixed.device) == torch.float32
 
     def __init__(self, window: int | Sequence[int] = 9, reduction: str = "none"):
         super().__init__(window=window, reduction=reduction)
         self._side: _FixedSide | None = None
+        self._prepared = False
 
-    def forward(self, fixed, moving, weight=None):
+    def prepare_moving(self, moving: torch.Tensor) -> torch.Tensor:
+        """``moving`` ``(N or 1, C, *S)`` centered on each image's mean and scaled by a
+        power of two (a new tensor, same dtype): the images this loss's ``forward`` then
+        takes as they are (warped), without centering them again at each call."""
+        with torch.no_grad():
+            m = moving.detach()
+            mean = m.mean(tuple(range(1, m.dim())), keepdim=True)
+            scale = power_of_two(m - mean)
+            out = (m - mean) * scale
+        self._prepared = True
+        return out
+
+    def forward(self, fixed, moving, weight=None, base=None):
+        if base is not None and self.reduction != "none":
+            raise ValueError(f"base needs reduction='none', got {self.reduction!r}")
         if (
             not isinstance(fixed, torch.Tensor)
             or not isinstance(moving, torch.Tensor)
@@ -230,7 +327,8 @@ class PairLocalNCCLoss(LocalNCCLoss):
             or not fixed.dtype.is_floating_point
             or not moving.dtype.is_floating_point
         ):
-            return super().forward(fixed, moving, weight)
+            out = super().forward(fixed, moving, weight)
+            return out if base is None else out + (base - 1.0)
         side = self._side
         acc = moment_dtype(
             compute_dtype(torch.promote_types(fixed.dtype, moving.dtype)), fixed.device
@@ -240,7 +338,7 @@ class PairLocalNCCLoss(LocalNCCLoss):
             sizes = check_window(self.window, fixed.shape[2:])
             impl = _kernels.implementation("local_ncc", fixed)
             side = self._side = _FixedSide(fixed, sizes, acc, impl)
-        losses = _PairLocalNCC.apply(moving, weight, side)
+        losses = _PairLocalNCC.apply(moving, weight, side, self._prepared, base)
         if self.reduction == "mean":
             return losses.mean()
         if self.reduction == "sum":

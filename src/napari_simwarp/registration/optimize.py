@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..ops._lncc_pair import PairLocalNCCLoss
+from ..ops._mse_pair import PairMSELoss
+from ..ops._ncc_pair import PairNCCLoss
 from ..ops._validation import check_choice
 from ..ops.losses import loss_for
 from . import _options, gauss_newton
@@ -147,13 +149,19 @@ def optimize(
         pixel = max(f / s for f, s in zip(full_shape, shape))
         model.set_level(shape)
         anisotropy = None if spacing is None else level_anisotropy(spacing, full_shape, shape)
+        loss_fn = level_loss(schedule, shape, anisotropy)
+        prepare = getattr(loss_fn, "prepare_moving", None)
+        if prepare is not None and schedule.optimizer != "gauss-newton":
+            # a loss that does not depend on the moving image's offset and scale centers
+            # and scales it once here, not at each iteration (ops/_lncc_pair.py)
+            moving = prepare(moving)
         level = Level(
             model=model,
             fixed=fixed,
             moving=moving,
             weight=weight,
             shape=shape,
-            loss_fn=level_loss(schedule, shape, anisotropy),
+            loss_fn=loss_fn,
             schedule=schedule,
             history=history,
             pair_history=pair_history,
@@ -196,7 +204,17 @@ def level_loss(schedule: Schedule, shape, anisotropy=None):
         # (ops/_lncc_pair.py); what loss_for's LocalNCCLoss gives, in a few launches
         loss_for(schedule.metric, reduction="none", **options)  # the options checked
         return PairLocalNCCLoss(window=options["window"], reduction="none")
+    if schedule.metric in PAIR_LOSSES and schedule.optimizer != "gauss-newton":
+        # the loop's own forms (ops/_ncc_pair.py, ops/_mse_pair.py): the general losses'
+        # values in fewer launches (Gauss–Newton takes its residuals its own way)
+        loss_for(schedule.metric, reduction="none", **options)  # the options checked
+        return PAIR_LOSSES[schedule.metric](reduction="none")
     return loss_for(schedule.metric, reduction="none", **options)
+
+
+#: metric → the loop's own loss of it (the fixed image's side made once, one autograd
+#: Function); "lncc" has its own in :func:`level_loss`
+PAIR_LOSSES = {"ncc": PairNCCLoss, "mse": PairMSELoss}
 
 
 def odd_round(x: float) -> int:

@@ -17,7 +17,11 @@ class Level:
     fixed, moving : ``(N or 1, C, *s)`` the level's images; weight: ``(N or 1, 1, *s)`` or
         None
     shape : the level's spatial shape ``s``
-    loss_fn : the per-pair loss ``(fixed, warped, weight) -> (N,)``
+    loss_fn : the per-pair loss ``(fixed, warped, weight) -> (N,)``; one with a
+        ``takes_base(fixed)`` that says yes also takes ``base=`` ``(N,)`` in place of its
+        constant 1 (the loop's NCC losses: the model's ``1 +`` regularizer goes there, no
+        launch to add it); ``moving`` is then what its ``prepare_moving`` made, if it has
+        one (:func:`~..optimize.optimize`)
     schedule : the run's :class:`~..optimize.Schedule`
     history, pair_history : lists the mean loss (and, when not None, the ``N`` losses) of
         every iteration are appended to
@@ -44,10 +48,25 @@ class Level:
     def evaluate(self):
         """The per-pair loss ``(N,)`` at the model's current parameters (differentiable)."""
         model, schedule, shape = self.model, self.schedule, self.shape
-        warped, valid = model.warp(self.moving, shape)
+        term = None  # the weighted regularizer, where the model works it out with the warp
+        together = getattr(model, "warp_regularized", None)
+        # a loss that takes a base (N,) returns base − score where it returns 1 − score:
+        # the model hands it 1 + the term, with no launch to add them
+        takes_base = getattr(self.loss_fn, "takes_base", None)
+        as_base = takes_base is not None and takes_base(self.fixed)
+        if together is not None and schedule.reg_weight:
+            warped, valid, term = together(self.moving, shape, schedule.reg_weight, as_base)
+        else:
+            warped, valid = model.warp(self.moving, shape)
         w = valid if self.weight is None else valid * self.weight
-        per_pair = self.loss_fn(self.fixed, warped, w)
-        if schedule.reg_weight:  # (one launch: a + weight · b)
+        if term is not None and as_base:
+            per_pair = self.loss_fn(self.fixed, warped, w, base=term)
+        else:
+            per_pair = self.loss_fn(self.fixed, warped, w)
+        if term is not None:
+            if not as_base:
+                per_pair = per_pair + term
+        elif schedule.reg_weight:  # (one launch: a + weight · b)
             per_pair = torch.add(per_pair, model.regularizer(), alpha=schedule.reg_weight)
         if self.penalty is not None:
             per_pair = per_pair + self.penalty(shape).to(per_pair.device, per_pair.dtype)

@@ -11,13 +11,85 @@ from ..models import read_every
 from ._level import Level, not_finite
 
 
-def make_adam(params, lr: float) -> torch.optim.Optimizer:
+def make_adam(params, lr: float, iterations: int | None = None):
     """Adam, fused where the device has the fused kernel (one launch per step and no host
-    sync: the plain form reads its step count back each step)."""
+    sync: the plain form reads its step count back each step).
+
+    With ``iterations`` (the most steps it will take), :class:`FusedAdam`: the same
+    kernel with its step counts made once, so a step is that one launch (torch's counts
+    its steps with a second); torch's Adam where it cannot run."""
+    if iterations is not None and FusedAdam.runs_on(params):
+        return FusedAdam(params, lr, iterations)
     try:
         return torch.optim.Adam(params, lr=lr, fused=True)
     except (RuntimeError, ValueError):  # a device without the fused kernel
         return torch.optim.Adam(params, lr=lr)
+
+
+class FusedAdam:
+    """``torch.optim.Adam(params, lr, fused=True)`` (default betas and eps, no weight
+    decay) for at most ``iterations`` steps, its state made once: the step counts
+    ``1 … iterations`` are one tensor on the device, and step ``k`` hands the fused
+    kernel a view of its count (torch's optimizer adds 1 to a count tensor first, a
+    launch per step). Takes what the loop uses of an optimizer: ``param_groups[0]["lr"]``
+    (read at each step), :meth:`zero_grad` and :meth:`step`. Where the kernel fails at the
+    first step (a device torch has none for), torch's Adam takes over, nothing moved."""
+
+    BETAS, EPS = (0.9, 0.999), 1e-8
+
+    def __init__(self, params, lr: float, iterations: int):
+        self.params = list(params)
+        self.param_groups = [{"lr": float(lr), "params": self.params}]
+        self.exp_avg = [torch.zeros_like(p) for p in self.params]
+        self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
+        first = self.params[0]
+        self.counts = torch.arange(1, iterations + 1, dtype=torch.float32, device=first.device)
+        self.taken = 0
+        self.fallback = None
+
+    @staticmethod
+    def runs_on(params) -> bool:
+        return hasattr(torch, "_fused_adam_") and all(
+            p.dtype in (torch.float32, torch.float64) and p.device.type in ("cpu", "cuda")
+            for p in params
+        )
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> None:
+        if self.fallback is not None:
+            self.fallback.param_groups[0]["lr"] = self.param_groups[0]["lr"]
+            self.fallback.step()
+            return
+        if self.taken >= self.counts.numel():
+            raise RuntimeError(f"FusedAdam was made for {self.counts.numel()} steps")
+        count = self.counts[self.taken]  # a view: no launch
+        try:
+            torch._fused_adam_(
+                self.params,
+                [p.grad for p in self.params],
+                self.exp_avg,
+                self.exp_avg_sq,
+                [],
+                [count] * len(self.params),
+                amsgrad=False,
+                lr=self.param_groups[0]["lr"],
+                beta1=self.BETAS[0],
+                beta2=self.BETAS[1],
+                weight_decay=0.0,
+                eps=self.EPS,
+                maximize=False,
+                grad_scale=None,
+                found_inf=None,
+            )
+        except (RuntimeError, NotImplementedError):
+            if self.taken:
+                raise
+            self.fallback = make_adam(self.params, self.param_groups[0]["lr"])
+            self.fallback.step()
+        self.taken += 1
 
 
 def solve(level: Level):
@@ -47,7 +119,7 @@ def solve(level: Level):
     lr0, iterations = level.lr0, level.iterations
     params = model.parameters()
     pairs = params[0].shape[0]
-    optimizer = make_adam(params, lr0)
+    optimizer = make_adam(params, lr0, iterations)
     every = read_every(level.fixed.device)
     best = _Best(model.snapshot(), every)
     pending = []  # this level's losses ((N,), on the device) not read yet
