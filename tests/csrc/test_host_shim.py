@@ -580,9 +580,10 @@ def test_fused_local_std_matches_float64_and_the_unfused_kernels(
     """Values and gradients against the float64 pure torch path (1e-5 of the largest; the
     unfused CUDA kernels' guarantee, test_local_std_float32_holds_offset_data), and the
     flat windows (0, or sqrt(eps) unnormalized, no gradient) exactly where the padded
-    image is constant over the window. (The unfused kernels' running sums miss some of
-    those beside a "constant" border: a window's rounding there holds the -mean values that
-    left it, 6e-5 instead of 0; the fused kernel sums each window afresh.)"""
+    image is constant over the window. (The unfused kernels' running sums missed some of
+    those beside a "constant" border, 6e-5 instead of 0, until they summed afresh the first
+    window past the padding: test_local_std_flat_windows.py; the fused kernel sums each
+    window afresh.)"""
     from napari_simwarp.ops._reference.local_std import center_and_pad
     from napari_simwarp.ops.local_std import fused_local_std
 

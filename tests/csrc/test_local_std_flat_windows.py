@@ -3,14 +3,13 @@
 volume is exactly constant must come out flat (σ = 0, no gradient), as the CPU kernel's
 float64 sums give.
 
-Known bug, kept as a strict xfail: beside a "constant" border the CUDA running sums of a
-truly flat window still hold the rounding of the padding's values (0 − mean, about −1000
-here) that left the window a few steps before. The compensated float32 sums carry about
-2⁻⁴⁸ of what they have seen, ~1e-8 of S2 here, while the flat rule for those sums
-(``calls.COMPENSATED_FLOAT32_FLAT_FACTOR``, 2.3e-13) is relative to the window's own S2
-(the patch sits 0.5 from the mean): 6e-5 to 1e-4 instead of 0. A fix: restart a line's
-running sum (sum the window afresh) once the padding has left the window, or carry a
-bound of the magnitudes each accumulator has seen into the flat test."""
+Beside a "constant" border the CUDA running sums of a truly flat window held the rounding
+of the padding's values (0 − mean, about −1000 here) that had left the window a few steps
+before: the compensated float32 sums carry about 2⁻⁴⁸ of what they have seen, ~1e-8 of S2
+here, while the flat rule for those sums (``calls.COMPENSATED_FLOAT32_FLAT_FACTOR``,
+2.3e-13) is relative to the window's own S2 (the patch sits 0.5 from the mean): 179 of 294
+flat windows came out 6e-5 to 1e-4 instead of 0. The forward passes now sum afresh the
+first window past the padding (cuda/window_pass.h, AxisPass::restart)."""
 
 from __future__ import annotations
 
@@ -72,11 +71,6 @@ def test_cpu_kernel_marks_flat_windows_beside_a_constant_border(k):
     assert (out[constant] == 0).all()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cuda/local_std.cu's running sums keep the rounding of the constant padding "
-    "that left a flat window (module docstring); 3-D CUDA local_std takes that kernel",
-)
 @pytest.mark.parametrize("k", [3, 5])
 def test_unfused_cuda_kernel_marks_flat_windows_beside_a_constant_border(k):
     xp, constant = _padded_and_constant(_volume_with_flat_patch(), k, "constant")
