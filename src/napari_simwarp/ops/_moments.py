@@ -196,17 +196,14 @@ def _centered_padded(
     padded_size = [n + lo + hi for n, (lo, hi) in zip(spatial, pads)]
     padded = buf[(Ellipsis, *[slice(0, p) for p in padded_size])]
     interior = (Ellipsis, *[slice(lo, lo + n) for n, (lo, _) in zip(spatial, pads)])
-    # The means are taken in the buffer's layout, not the input's: a channels_last (or
-    # batched) image then gets the same float32 shift, and so the same map, as alone.
     shifts = []
     for image, x in zip(padded, (a, b)):
-        inside = image[interior]
-        inside.copy_(x)
         if center:
-            shifts.append(inside.mean(dims, keepdim=True))
-            inside.sub_(shifts[-1])
-        else:
-            shifts.append(inside.new_zeros((*x.shape[:2], *(1,) * len(dims))))
+            shifts.append(x.mean(dims, keepdim=True))
+            torch.sub(x, shifts[-1], out=image[interior])
+        else:  # the tiles' own shifts follow (no layout-dependent float32 mean here)
+            image[interior].copy_(x)
+            shifts.append(x.new_zeros((*x.shape[:2], *(1,) * len(dims))))
     shifts = tuple(shifts)
     _reflect_fill_(padded, spatial, pads)
     for axis, (p, e) in enumerate(zip(padded_size, shape)):
