@@ -194,6 +194,43 @@ inline void ssim_bwd(const at::Tensor& grad, const at::Tensor& a, const at::Tens
         {2, images, (H + tile - 1) / tile, (W + tile - 1) / tile});
 }
 
+// The fused local NCC (CUDA only, cuda/local_ncc.cpp): a and b (..., H, W) or (..., D, H,
+// W) float32 of one shape, a window of two or three odd sizes up to max_taps (the kernels'
+// shared memory) and the axis.
+inline void local_ncc_fwd(const at::Tensor& a, const at::Tensor& b, at::ArrayRef<double> taps,
+                          at::IntArrayRef sizes, int64_t max_taps) {
+  const char* op = "local_ncc_fwd";
+  TORCH_CHECK(a.scalar_type() == at::kFloat, op, ": a must be float32, got ", a.scalar_type());
+  like_first(op, {{"a", a}, {"b", b}});
+  shape(op, {"b", b}, a.sizes());
+  TORCH_CHECK((sizes.size() == 2 || sizes.size() == 3) &&
+                  a.dim() >= static_cast<int64_t>(sizes.size()),
+              op, ": a 2-D or 3-D window over (..., [D,] H, W), got window ", sizes,
+              " for shape ", a.sizes());
+  checks::taps(op, taps, sizes);
+  window(op, a, sizes, /*pads=*/false);
+  for (auto k : sizes)
+    TORCH_CHECK(k % 2 == 1 && k <= max_taps, op, ": window sizes must be odd and at most ",
+                max_taps, ", got ", sizes);
+}
+
+// Its backward: grad one value or a's shape, partials (5, ...a), shifts (2, images, tiles
+// along D, H and W), all float32 on a's device.
+inline void local_ncc_bwd(const at::Tensor& grad, const at::Tensor& a, const at::Tensor& b,
+                          const at::Tensor& partials, const at::Tensor& shifts,
+                          at::ArrayRef<double> taps, at::IntArrayRef sizes, int64_t max_taps,
+                          at::IntArrayRef tiles) {
+  const char* op = "local_ncc_bwd";
+  local_ncc_fwd(a, b, taps, sizes, max_taps);
+  like_first(op, {{"a", a}, {"grad", grad}, {"partials", partials}, {"shifts", shifts}});
+  TORCH_CHECK(grad.numel() == 1 || grad.sizes() == a.sizes(), op,
+              ": grad must hold one value or have shape ", a.sizes(), ", got ", grad.sizes());
+  std::vector<int64_t> five = a.sizes().vec();
+  five.insert(five.begin(), 5);
+  shape(op, {"partials", partials}, five);
+  shape(op, {"shifts", shifts}, tiles);
+}
+
 // The fused 2-D local std (CUDA only, cuda/local_std_fused.cpp): x (..., H, W) float32, its
 // images' shifts (images,), an odd box window up to max_window and the axis, SciPy's
 // padding names.

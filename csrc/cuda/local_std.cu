@@ -109,8 +109,8 @@ struct BackwardPolicy {
 // The pass with the policy its arguments ask for: Policy<T, first, last>.
 template <template <typename, bool, bool> class Policy, typename T, typename IO>
 cudaError_t launch_pass(const IO& io, bool first, bool last, int64_t B, int64_t L, int64_t R,
-                        int64_t k, bool full, cudaStream_t stream) {
-  const AxisPass p = axis_pass(B, L, R, k, full);
+                        int64_t k, bool full, int64_t restart, cudaStream_t stream) {
+  const AxisPass p = axis_pass(B, L, R, k, full, restart);
   const PassIndex at = pass_index(p);
   const int64_t in = B * L * R, out = B * p.n_out * R;  // the maps' planes
   if (first && last) return launch_window_pass(p, Policy<T, true, true>{io, at, in, out}, stream);
@@ -124,15 +124,19 @@ cudaError_t launch_pass(const IO& io, bool first, bool last, int64_t B, int64_t 
 template <typename T>
 cudaError_t launch_local_std_forward_pass(const LocalStdForward<T>& io, int64_t B, int64_t L,
                                           int64_t R, int64_t k, cudaStream_t stream) {
+  // Output k / 2 is the first whose window has left the k / 2 samples of padding that
+  // ops/local_std.py puts before the line: summed afresh, so that no rounding of the
+  // padding (0 − mean beside a "constant" border) stays in a flat window's sums
+  // (tests/csrc/test_local_std_flat_windows.py). Elsewhere it only costs k loads.
   return launch_pass<ForwardPolicy, T>(io, io.x != nullptr, io.moments_out == nullptr, B, L, R,
-                                       k, /*full=*/false, stream);
+                                       k, /*full=*/false, /*restart=*/k / 2, stream);
 }
 
 template <typename T>
 cudaError_t launch_local_std_backward_pass(const LocalStdBackward<T>& io, int64_t B, int64_t L,
                                            int64_t R, int64_t k, cudaStream_t stream) {
   return launch_pass<BackwardPolicy, T>(io, io.grad != nullptr, io.partials_out == nullptr, B, L,
-                                        R, k, /*full=*/true, stream);
+                                        R, k, /*full=*/true, /*restart=*/-1, stream);
 }
 
 #define SIMWARP_INSTANTIATE(T)                                                                 \

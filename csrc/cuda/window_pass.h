@@ -39,15 +39,28 @@ struct AxisPass {
   int64_t k, pad;   // window length; zeros before the line (0: valid, k − 1: full)
   int64_t n_out;    // outputs per line
   int64_t chunk;    // outputs per thread
+  // An output whose window is summed afresh (−1: none): the first whose window has left
+  // the padding a caller put before the line. A running sum keeps the rounding of every
+  // term it has seen, and padding far from the data (a "constant" border beside an offset
+  // image) would leave more of it in a flat window's sums than the flat rule allows for.
+  int64_t restart;
 
   __device__ __host__ int64_t chunks() const { return (n_out + chunk - 1) / chunk; }
   __device__ __host__ int64_t threads() const { return B * chunks() * R; }
 };
 
-// The valid (full = false) or full pass of a k-long window along L of (B, L, R).
-inline AxisPass axis_pass(int64_t B, int64_t L, int64_t R, int64_t k, bool full) {
-  return AxisPass{B,    L, R, k, full ? k - 1 : 0, full ? L + k - 1 : L - k + 1,
-                  R == 1 ? kLastAxisChunk : kInnerAxisChunk};
+// The valid (full = false) or full pass of a k-long window along L of (B, L, R), with the
+// output `restart` summed afresh (−1: none).
+inline AxisPass axis_pass(int64_t B, int64_t L, int64_t R, int64_t k, bool full,
+                          int64_t restart = -1) {
+  return AxisPass{B,
+                  L,
+                  R,
+                  k,
+                  full ? k - 1 : 0,
+                  full ? L + k - 1 : L - k + 1,
+                  R == 1 ? kLastAxisChunk : kInnerAxisChunk,
+                  restart};
 }
 
 template <typename Policy>
@@ -63,9 +76,16 @@ __global__ void window_pass_kernel(AxisPass p, Policy policy) {
   for (int64_t j = lo; j < hi; ++j) acc.add(policy.load(b, j, r));
   policy.store(b, i0, r, acc);
   for (int64_t i = i0 + 1; i < i1; ++i) {
-    const int64_t enter = i - p.pad + p.k - 1, leave = i - p.pad - 1;
-    if (enter >= 0 && enter < p.L) acc.add(policy.load(b, enter, r));
-    if (leave >= 0 && leave < p.L) acc.sub(policy.load(b, leave, r));
+    if (i == p.restart) {
+      acc = typename Policy::Acc();
+      const int64_t from = i - p.pad > 0 ? i - p.pad : 0;
+      const int64_t to = i - p.pad + p.k < p.L ? i - p.pad + p.k : p.L;
+      for (int64_t j = from; j < to; ++j) acc.add(policy.load(b, j, r));
+    } else {
+      const int64_t enter = i - p.pad + p.k - 1, leave = i - p.pad - 1;
+      if (enter >= 0 && enter < p.L) acc.add(policy.load(b, enter, r));
+      if (leave >= 0 && leave < p.L) acc.sub(policy.load(b, leave, r));
+    }
     policy.store(b, i, r, acc);
   }
 }

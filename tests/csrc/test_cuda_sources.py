@@ -45,6 +45,10 @@ CUDA_ONLY = {
     # The fused 2-D local std of CUDA; the CPU has its own (local_std_2d_*, CPU only).
     "local_std_fused_fwd": "fused 2-D local std forward, float32 on GPUs",
     "local_std_fused_bwd": "fused 2-D local std backward, float32 on GPUs",
+    # The fused local NCC (2-D and 3-D); the CPU runs local_ncc through moments5 and the
+    # window's adjoint in float64.
+    "local_ncc_fwd": "fused local NCC forward, float32 on GPUs",
+    "local_ncc_bwd": "fused local NCC backward, float32 on GPUs",
 }
 
 

@@ -77,9 +77,7 @@ def _calls(rng):
 
 #: Operators that still sum float32 data in float64 on CUDA, and where (strict xfails: a
 #: fix makes them pass, and the mark must then go).
-STILL_FLOAT64 = {
-    "local_ncc": "the moment engine redoes risky tiles in float64 (_moments._tiled_pointwise)",
-}
+STILL_FLOAT64: dict[str, str] = {}
 #: ... on the pure torch path only
 STILL_FLOAT64_TORCH: dict[str, str] = {}
 OPERATORS = [

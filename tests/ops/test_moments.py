@@ -93,10 +93,10 @@ def test_float32_path_is_taken_only_for_float32(monkeypatch, float32_moments):
 
     def spy(a, b, *args):
         calls.append(a.dtype)
-        return tile_centered(a, b, *args)
+        return tile_inputs(a, b, *args)
 
-    tile_centered = _moments._tile_centered_moments
-    monkeypatch.setattr(_moments, "_tile_centered_moments", spy)
+    tile_inputs = _moments._tile_inputs
+    monkeypatch.setattr(_moments, "_tile_inputs", spy)
     x = torch.rand(1, 1, 40, 36)
     ssim(x, x.flip(-1))
     ssim(x.half(), x.flip(-1).half())
@@ -104,8 +104,9 @@ def test_float32_path_is_taken_only_for_float32(monkeypatch, float32_moments):
     assert calls == [torch.float32, torch.float32]
 
 
-def test_risky_tiles_are_redone_in_float64(monkeypatch, float32_moments):
-    """A step of 900 with noise 1: float32 sums alone lose ρ there (the risk check off)."""
+def test_risky_windows_are_redone_two_pass(monkeypatch, float32_moments):
+    """A step of 900 with noise 1: float32 sums alone lose ρ there (the risk check off);
+    the two-pass redo (in float32) gets it back."""
     from napari_simwarp.ops import _moments, local_ncc
 
     gen = torch.Generator().manual_seed(0)

@@ -42,13 +42,18 @@ like local NCC, needs nothing).
 Precision. On the CPU float32 data is summed in float64. On GPUs (float64 at 1/64 of the
 float32 rate on most) and MPS it stays float32 and the shift moves closer to each window:
 the output is cut into tiles (:class:`~._tiles.TileGrid`), each tile's input (with its
-halo) is centered on its own mean, and ``m`` becomes a per-tile map ``(N, C, *n, 1, ...)``;
+halo) is centered on its own mean (not on the image's first, which would round dim
+regions beside bright ones coarser than the data), and ``m`` becomes a per-tile map
+``(N, C, *n, 1, ...)``;
 the work runs in the tiled layout and only the final map is untiled. Tiles where float32
-could still cancel (:func:`_risky_tiles`) are redone in float64 (docs/maths.md §1.3).
+could still cancel (:func:`_risky_windows`) are redone two-pass in float32, about their own
+means, as the fused CUDA kernels do (docs/maths.md §1.3): no float64 on the device.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Sequence
 from types import ModuleType
 
@@ -57,7 +62,7 @@ import torch
 from . import _kernels
 from ._autograd import first_order_backward
 from ._nonfinite import fill_nonfinite, nonfinite_mask, windows_seeing
-from ._numerics import accumulate_dtype, compute_dtype, moment_dtype
+from ._numerics import compute_dtype, moment_dtype
 from ._padding import centered_pads
 from ._tiles import TileGrid
 from ._validation import check_choice, check_pair, check_window
@@ -178,21 +183,28 @@ def _reflect_fold_(grad: torch.Tensor, spatial: Sequence[int], pads) -> torch.Te
 
 
 def _centered_padded(
-    a: torch.Tensor, b: torch.Tensor, pads, shape: Sequence[int]
+    a: torch.Tensor, b: torch.Tensor, pads, shape: Sequence[int], center: bool = True
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """``[a, b]`` minus their per-(N, C) means, reflect-padded, in a ``(2, N, C, *shape)``
     buffer: the padded image ``P = S + k - 1`` at its start, zeros past it (a tiled
-    layout's extension, :class:`~._tiles.TileGrid`). Returns the buffer and the means.
+    layout's extension, :class:`~._tiles.TileGrid`). Returns the buffer and the means
+    (with ``center=False`` the images as they are, and shifts of 0).
     """
     spatial = tuple(a.shape[2:])
     dims = tuple(range(2, a.dim()))
-    shifts = (a.mean(dims, keepdim=True), b.mean(dims, keepdim=True))
     buf = a.new_empty((2, *a.shape[:2], *shape))
     padded_size = [n + lo + hi for n, (lo, hi) in zip(spatial, pads)]
     padded = buf[(Ellipsis, *[slice(0, p) for p in padded_size])]
     interior = (Ellipsis, *[slice(lo, lo + n) for n, (lo, _) in zip(spatial, pads)])
-    torch.sub(a, shifts[0], out=padded[0][interior])
-    torch.sub(b, shifts[1], out=padded[1][interior])
+    shifts = []
+    for image, x in zip(padded, (a, b)):
+        if center:
+            shifts.append(x.mean(dims, keepdim=True))
+            torch.sub(x, shifts[-1], out=image[interior])
+        else:  # the tiles' own shifts follow (no layout-dependent float32 mean here)
+            image[interior].copy_(x)
+            shifts.append(x.new_zeros((*x.shape[:2], *(1,) * len(dims))))
+    shifts = tuple(shifts)
     _reflect_fill_(padded, spatial, pads)
     for axis, (p, e) in enumerate(zip(padded_size, shape)):
         if e > p:  # the extension: only outputs past S read it
@@ -227,6 +239,32 @@ def _centered_moments(
     return centered, shifts, impl.moments5(centered, window.taps)
 
 
+def _tile_inputs(
+    a: torch.Tensor, b: torch.Tensor, window: Window, grid: TileGrid
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """The images reflect-padded as they are, and each tile's input centered on its mean.
+
+    No shift on the whole image first: ``a - m`` rounds to the spacing of ``|a - m|``,
+    coarser than ``a``'s own wherever the image mean is over twice the local values (a
+    bright region beside a dim one), and the tile's shift would keep that loss.
+
+    Returns
+    -------
+    padded : Tensor, shape ``(2, N, C, *(n T + k - 1))``: ``a`` and ``b`` reflect-padded,
+        zeros past ``P`` (the grid's extension).
+    centered : Tensor, shape ``(2, N, C, *n, *(T + k - 1))``: each tile's input minus the
+        tile's mean.
+    shifts : two Tensors, shape ``(N, C, *n, 1, ...)``: what was subtracted, per tile.
+    """
+    d = grid.dims
+    buf, _ = _centered_padded(a, b, centered_pads(window.sizes), grid.extended, center=False)
+    tiles = grid.tiles(buf)
+    # The mean of each tile's samples inside P (the extension is 0): near every window's.
+    tile_means = tiles.sum(tuple(range(-d, 0)), keepdim=True).div_(grid.valid_counts(buf))
+    centered = torch.sub(tiles, tile_means, out=buf.new_empty(tiles.shape))
+    return buf, centered, (tile_means[0], tile_means[1])
+
+
 def _tile_centered_moments(
     a: torch.Tensor, b: torch.Tensor, window: Window, impl: ModuleType, grid: TileGrid
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], list[torch.Tensor]]:
@@ -240,15 +278,7 @@ def _tile_centered_moments(
     moments : five Tensors, shape ``(N, C, *n, *T)``, the moments of the centered tiles
         (outputs past ``S`` included: :meth:`TileGrid.zero_outside_`, ``untile``).
     """
-    d = grid.dims
-    buf, (mean_a, mean_b) = _centered_padded(a, b, centered_pads(window.sizes), grid.extended)
-    tiles = grid.tiles(buf)
-    # The mean of each tile's samples inside P (the extension is 0): near every window's.
-    tile_means = tiles.sum(tuple(range(-d, 0)), keepdim=True).div_(grid.valid_counts(buf))
-    centered = torch.sub(tiles, tile_means, out=buf.new_empty(tiles.shape))
-    del buf, tiles
-    per_tile = (*mean_a.shape[:2], *(1,) * (2 * d))
-    shifts = (mean_a.view(per_tile) + tile_means[0], mean_b.view(per_tile) + tile_means[1])
+    _, centered, shifts = _tile_inputs(a, b, window, grid)
     return centered, shifts, impl.moments5(centered, window.taps)
 
 
@@ -267,54 +297,156 @@ def _window_adjoint(impl: ModuleType, window: Window, y: torch.Tensor, scale: fl
 #: A window whose sum of squares (about its tile's shift) exceeds ``FLOAT32_RISK`` times
 #: its variance (plus the metric's floor) loses about ``8 u · ratio`` of the variance to
 #: float32 rounding (u = 2^-24; measured, docs/maths.md §1.3): at 128, up to about 6e-5.
-#: Tiles holding such a window are redone in float64 (step edges, bright blobs on a flat,
-#: nearly noiseless background, very narrow Gaussian windows).
+#: Such windows (step edges, bright blobs on a flat, nearly noiseless background, very
+#: narrow Gaussian windows) are redone two-pass in float32, as the fused kernels do
+#: (``csrc/cuda/ssim.cu``): their mean first, then the moments about it.
 FLOAT32_RISK = 128.0
 
+#: Window samples gathered at once by the two-pass redo (risky windows x window size):
+#: about 16 MB per gathered float32 map.
+REDO_CHUNK = 1 << 22
 
-def _risky_tiles(moments: Sequence[torch.Tensor], total: float, floor: float) -> torch.Tensor:
-    """Tiles ``(N, C, *n)`` where float32 moments are too close to cancelling.
+
+def _risky_windows(moments: Sequence[torch.Tensor], total: float, floor: float) -> torch.Tensor:
+    """Windows ``(N, C, *n, *T)`` where float32 moments are too close to cancelling.
 
     ``moments`` are the float32 moments ``(N, C, *n, *T)`` of the centered tiles.
     """
-    d = (moments[0].dim() - 2) // 2
     risky = None
     for first, second in ((moments[0], moments[2]), (moments[1], moments[3])):
         variance = torch.addcmul(second, first, first, value=-1.0 / total).add_(floor * total)
         window_risky = second > variance.mul_(FLOAT32_RISK)
         risky = window_risky if risky is None else risky.logical_or_(window_risky)
-    return risky.flatten(-d).any(-1)
+    return risky
 
 
-def _tiled_pointwise(centered, shifts, moments, window, metric, impl, need_partials):
-    """The metric of float32 tile moments, with the risky tiles (:func:`_risky_tiles`) redone
-    in float64 from their centered inputs.
+def _risky_tiles(moments: Sequence[torch.Tensor], total: float, floor: float) -> torch.Tensor:
+    """Tiles ``(N, C, *n)`` holding a window of :func:`_risky_windows`."""
+    d = (moments[0].dim() - 2) // 2
+    return _risky_windows(moments, total, floor).flatten(-d).any(-1)
 
-    ``centered`` ``(2, N, C, *n, *(T + k - 1))``, ``shifts`` two ``(N, C, *n, 1, ...)``,
+
+def _window_offsets(grid_input: Sequence[int], sizes: Sequence[int], device) -> torch.Tensor:
+    """Linear offsets ``(K,)``, ``K = Π k``, of a window's samples in a tile's input of
+    shape ``grid_input`` (row-major), from the window's first sample."""
+    offsets = torch.zeros((), dtype=torch.int64, device=device)
+    stride = 1
+    for extent, k in zip(reversed(grid_input), reversed(sizes)):
+        along = torch.arange(k, dtype=torch.int64, device=device) * stride
+        offsets = (along.reshape(-1, *(1,) * offsets.dim()) + offsets).reshape(-1)
+        stride *= extent
+    return offsets
+
+
+def _window_weights(window: Window, dtype, device) -> torch.Tensor:
+    """The window's weights ``(K,)`` in the order of :func:`_window_offsets`."""
+    weights = [math.prod(w) for w in itertools.product(*window.taps)]  # Python floats
+    return torch.tensor(weights, dtype=dtype, device=device)
+
+
+def _two_pass_moments(padded, grid, shifts, moments, redo, window):
+    """Moments of the windows ``redo`` about their own means, two-pass, in float32.
+
+    Parameters
+    ----------
+    padded : Tensor ``(2, N, C, *(n T + k - 1))``: the images as they are, padded
+        (:func:`_tile_inputs`): differences from a window's own mean round no coarser
+        than the data.
+    shifts : two Tensors ``(N, C, *n, 1, ...)``: the tiles' shifts.
+    moments : five Tensors ``(N, C, *n, *T)``: the one-pass moments about the tiles'
+        shifts (read, not changed).
+    redo : Tensor ``(R,)`` of int64: flat indices of windows into ``(N, C, *n, *T)``.
+
+    Returns
+    -------
+    moments : five Tensors ``(R,)``: ``Σw(a-μa), Σw(b-μb), Σw(a-μa)², Σw(b-μb)²,
+        Σw(a-μa)(b-μb)`` with ``μ`` the one-pass window means (float32); the first two are
+        the (tiny) residuals of those means.
+    centers : two Tensors ``(R,)``: ``μa, μb``.
+    deltas : two Tensors ``(R,)``: ``μ`` minus the tile's shift.
+    """
+    d = grid.dims
+    extended = padded.shape[-d:]
+    inputs = padded.reshape(2, -1)
+    per_out = math.prod(grid.tile)
+    # The index of each window's first sample in the flattened padded images: the output's
+    # coordinate (tile · T + position) per axis, in its (N, C) image.
+    tile_id, position = redo // per_out, redo % per_out
+    coords = [None] * d
+    tile_rest = tile_id
+    for axis in reversed(range(d)):
+        t, c = grid.tile[axis], grid.counts[axis]
+        coords[axis] = (tile_rest % c) * t + position % t
+        tile_rest, position = tile_rest // c, position // t
+    first = tile_rest * math.prod(extended)  # tile_rest is now the (N, C) image index
+    stride = 1
+    for axis in reversed(range(d)):
+        first += coords[axis] * stride
+        stride *= extended[axis]
+    offsets = _window_offsets(extended, window.sizes, padded.device)
+    weights = _window_weights(window, padded.dtype, padded.device)
+    tile_shifts = [s.reshape(-1).index_select(0, tile_id) for s in shifts]
+    centers = [
+        m.reshape(-1).index_select(0, redo).div_(window.total).add_(s)
+        for m, s in zip(moments[:2], tile_shifts)
+    ]
+    deltas = [c - s for c, s in zip(centers, tile_shifts)]
+    out = [padded.new_empty(redo.shape) for _ in range(5)]
+    step = max(1, REDO_CHUNK // offsets.numel())
+    for lo in range(0, redo.numel(), step):
+        index = (first[lo : lo + step, None] + offsets).reshape(-1)
+        da = inputs[0].index_select(0, index).view(-1, offsets.numel())
+        db = inputs[1].index_select(0, index).view(-1, offsets.numel())
+        da.sub_(centers[0][lo : lo + step, None])
+        db.sub_(centers[1][lo : lo + step, None])
+        wa, wb = da * weights, db * weights
+        torch.sum(wa, 1, out=out[0][lo : lo + step])
+        torch.sum(wb, 1, out=out[1][lo : lo + step])
+        torch.sum(wa.mul_(da), 1, out=out[2][lo : lo + step])
+        torch.sum(wb.mul_(db), 1, out=out[3][lo : lo + step])
+        torch.sum(da.mul_(db).mul_(weights), 1, out=out[4][lo : lo + step])
+    return out, centers, deltas
+
+
+def _tiled_pointwise(padded, grid, shifts, moments, window, metric, need_partials):
+    """The metric of float32 tile moments, with the risky windows (:func:`_risky_windows`)
+    redone two-pass in float32 from the padded images (:func:`_two_pass_moments`).
+
+    ``padded`` ``(2, N, C, *(n T + k - 1))``, ``shifts`` two ``(N, C, *n, 1, ...)``,
     ``moments`` five ``(N, C, *n, *T)`` (overwritten). Returns the map ``(N, C, *n, *T)``
     and the partials ``(P, N, C, *n, *T)`` (or None), float32.
+
+    A redone window's moments are taken about its own mean ``μ``, so its variances come
+    out of float32 whole; the metric gets ``μ`` as the shift, and its partials are
+    converted back to moments about the tile's shift ``m``, which the backward uses (with
+    ``δ = μ - m``, a constant):
+
+        ∂F/∂M_a = ∂F/∂M'_a - 2 δ_a ∂F/∂M'_aa - δ_b ∂F/∂M'_ab    (b likewise)
     """
-    d = (moments[0].dim() - 2) // 2
-    wide = accumulate_dtype(torch.float32, centered.device)  # float32 on MPS: no redo
-    risky = None
-    if wide != torch.float32:
-        risky = _risky_tiles(moments, window.total, metric.variance_floor)
-    out, partials = metric.pointwise(moments, shifts, window.total, need_partials)
-    if risky is None:
-        return out, partials
-    # One device sync: the index of the tiles to redo (usually none, or a few).
+    # One device sync: the index of the windows to redo (usually none, or a few).
+    risky = _risky_windows(moments, window.total, metric.variance_floor)
     redo = risky.flatten().nonzero().squeeze(1)
-    if redo.numel() == 0:
+    if redo.numel():
+        redone, centers, deltas = _two_pass_moments(padded, grid, shifts, moments, redo, window)
+    out, partials = metric.pointwise(moments, shifts, window.total, need_partials)
+    if not redo.numel():
         return out, partials
-    inputs = centered.reshape(2, -1, *centered.shape[-d:]).index_select(1, redo).to(wide)
-    tile_shifts = [s.reshape(-1, *s.shape[-d:]).index_select(0, redo).to(wide) for s in shifts]
-    out64, partials64 = metric.pointwise(
-        impl.moments5(inputs, window.taps), tile_shifts, window.total, need_partials
-    )
-    out.view(-1, *out.shape[-d:]).index_copy_(0, redo, out64.to(out.dtype))
+    out_r, partials_r = metric.pointwise(redone, centers, window.total, need_partials)
+    out.view(-1).index_copy_(0, redo, out_r.to(out.dtype))
     if partials is not None:
-        flat = partials.view(partials.shape[0], -1, *partials.shape[-d:])
-        flat.index_copy_(1, redo, partials64.to(partials.dtype))
+        i_a, i_b, i_aa, i_bb, i_ab = metric.slots
+        c_aa, c_ab = metric.coefficients
+        delta_a, delta_b = deltas
+        # The metric stores ∂F/∂M_aa as c_aa/2 · partials[i_aa], ∂F/∂M_ab as c_ab · ....
+        to_a = (
+            partials_r[i_a] - c_aa * delta_a * partials_r[i_aa] - c_ab * delta_b * partials_r[i_ab]
+        )
+        to_b = (
+            partials_r[i_b] - c_aa * delta_b * partials_r[i_bb] - c_ab * delta_a * partials_r[i_ab]
+        )
+        partials_r[i_a], partials_r[i_b] = to_a, to_b
+        flat = partials.view(partials.shape[0], -1)
+        flat.index_copy_(1, redo, partials_r.to(partials.dtype))
     return out, partials
 
 
@@ -346,10 +478,12 @@ class _MomentMap(torch.autograd.Function):
                 centered, shifts, moments = _centered_moments(a, b, window, impl)
                 out, partials = metric.pointwise(moments, shifts, window.total, need_partials)
             else:
-                centered, shifts, moments = _tile_centered_moments(a, b, window, impl, grid)
+                padded, centered, shifts = _tile_inputs(a, b, window, grid)
+                moments = impl.moments5(centered, window.taps)
                 out, partials = _tiled_pointwise(
-                    centered, shifts, moments, window, metric, impl, need_partials
+                    padded, grid, shifts, moments, window, metric, need_partials
                 )
+                del padded
                 out = grid.untile(out)
                 if partials is not None:  # outputs past the image must send nothing back
                     grid.zero_outside_(partials)

@@ -1,7 +1,11 @@
 """Windowed zero-normalized cross-correlation (local NCC) of two images (docs/maths.md §2.2).
 
 The five windowed moments, the one-pass backward and the padding live in ``_moments``;
-this module holds the per-pixel NCC maths and its partials.
+this module holds the per-pixel NCC maths and its partials. float32 2-D images and 3-D
+volumes on CUDA with windows of at most 25 taps per axis take the fused kernels instead
+(``csrc/cuda/local_ncc.cu``: one forward and one backward kernel, tiles with their halos
+in shared memory, the reflection applied to the index, each tile centered on its own
+mean, risky windows redone two-pass in float32): :func:`fused_local_ncc`.
 """
 
 from __future__ import annotations
@@ -10,11 +14,14 @@ from collections.abc import Sequence
 
 import torch
 
+from . import _kernels
+from ._autograd import first_order_backward
+from ._kernels import calls
 from ._moments import MomentMetric, check_moment_inputs, moment_map
-from ._nonfinite import power_of_two_scale
-from ._numerics import flat_threshold_factor
+from ._nonfinite import fill_nonfinite, nonfinite_mask, power_of_two_scale, windows_seeing
+from ._numerics import compute_dtype, flat_threshold_factor, moment_dtype
 from ._validation import check_choice, check_sigma
-from ._windows import KERNELS, make_window
+from ._windows import KERNELS, Window, make_window
 
 
 class _LocalNCCMetric(MomentMetric):
@@ -117,4 +124,87 @@ def local_ncc(
     # that data near 1e-30 or 1e30 is as well computed as data near 1 (also in float32).
     dims = tuple(range(2, a.dim()))
     a, b = a * power_of_two_scale(a, dims), b * power_of_two_scale(b, dims)
-    return moment_map(a, b, make_window(kernel, sizes, sigmas), _LocalNCCMetric(), reduction)
+    win = make_window(kernel, sizes, sigmas)
+    if _fused_applies(a, b, win):
+        return fused_local_ncc(a, b, win, reduction)
+    return moment_map(a, b, win, _LocalNCCMetric(), reduction)
+
+
+def _fused_applies(a: torch.Tensor, b: torch.Tensor, window: Window) -> bool:
+    """Whether :func:`local_ncc` runs the fused kernels on these (validated) inputs: CUDA,
+    float32 sums (the device's policy), a window they take, the compiled local_ncc chosen
+    there (built and self-checked, ``_kernels.implementation``) and its fused ops loaded."""
+    if a.device.type != "cuda" or max(window.sizes) > calls.LOCAL_NCC_MAX_TAPS:
+        return False
+    dtype = compute_dtype(torch.promote_types(a.dtype, b.dtype))
+    if dtype != torch.float32 or moment_dtype(dtype, a.device) != torch.float32:
+        return False
+    if _kernels.implementation("local_ncc", a) is not calls:
+        return False
+    return hasattr(torch.ops.simwarp, "local_ncc_fwd")
+
+
+class _FusedLocalNCC(torch.autograd.Function):
+    """``(a, b) -> local NCC map`` (or its mean) through the fused kernels; float32 ``(N, C,
+    *S)`` contiguous inputs. The backward is one kernel: the forward's partial maps and tile
+    shifts, the window's adjoint with the reflection folded into its taps."""
+
+    @staticmethod
+    def forward(ctx, a, b, taps, inv_total: float, reduction: str, library):
+        need = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        flat = flat_threshold_factor(torch.float32)
+        out, partials, shifts = calls.local_ncc_fwd(a, b, taps, inv_total, flat, need, library)
+        ctx.taps, ctx.library, ctx.reduction, ctx.numel = taps, library, reduction, out.numel()
+        if need:
+            ctx.save_for_backward(a, b, partials, shifts)
+        return out.mean() if reduction == "mean" else out
+
+    @staticmethod
+    @first_order_backward("local_ncc")
+    def backward(ctx, grad_out):
+        a, b, partials, shifts = ctx.saved_tensors
+        if ctx.reduction == "mean":  # one value on the device: no sync, no expanded map
+            grad = (grad_out.to(a.dtype) / ctx.numel).reshape(1)
+        else:
+            grad = grad_out.to(a.dtype).contiguous()
+        grad_a, grad_b = calls.local_ncc_bwd(grad, a, b, partials, shifts, ctx.taps, ctx.library)
+        return (
+            grad_a if ctx.needs_input_grad[0] else None,
+            grad_b if ctx.needs_input_grad[1] else None,
+            *(None,) * 4,
+        )
+
+
+def fused_local_ncc(
+    a: torch.Tensor, b: torch.Tensor, window: Window, reduction: str, library=None
+) -> torch.Tensor:
+    """:func:`local_ncc` through the fused kernels (``csrc/cuda/local_ncc.cu``), in float32.
+
+    ``a``, ``b`` ``(N, C, H, W)`` or ``(N, C, D, H, W)`` validated (and scaled), ``window``
+    with one axis per spatial axis, at most 25 taps each. Non-finite pixels as
+    :func:`~._moments.moment_map`: NaN exactly where a window (through the reflected border)
+    sees one. ``library`` is ``torch.ops.simwarp`` (default, CUDA tensors) or
+    ``torch.ops.simwarp_host_shim`` (the same kernels as host code on CPU tensors,
+    tests/csrc/test_host_shim.py). Returns ``(N, C, *S)`` or ``()`` in the promoted input
+    dtype.
+    """
+    out_dtype = torch.promote_types(a.dtype, b.dtype)
+    invalid_a, invalid_b = nonfinite_mask(a), nonfinite_mask(b)
+    if invalid_a is not None:
+        a = fill_nonfinite(a, invalid_a)
+    if invalid_b is not None:
+        b = fill_nonfinite(b, invalid_b)
+    a32 = a.to(torch.float32).contiguous()
+    b32 = b.to(torch.float32).contiguous()
+    taps = [tuple(t) for t in window.taps]
+    inv_total = 1.0 / window.total
+    invalid = (
+        invalid_a
+        if invalid_b is None
+        else (invalid_b if invalid_a is None else invalid_a | invalid_b)
+    )
+    if invalid is None:
+        return _FusedLocalNCC.apply(a32, b32, taps, inv_total, reduction, library).to(out_dtype)
+    out = _FusedLocalNCC.apply(a32, b32, taps, inv_total, "none", library)
+    out = out.masked_fill(windows_seeing(invalid, window.sizes, "reflect"), float("nan"))
+    return (out.mean() if reduction == "mean" else out).to(out_dtype)

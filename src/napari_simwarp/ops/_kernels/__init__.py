@@ -151,10 +151,15 @@ def _load(verbose: bool = False) -> None:
         return
     try:
         _state["cuda_path"] = str(_build.build("cuda", verbose))
-        from ._registrations import register_fused_local_std_fakes, register_fused_ssim_fakes
+        from ._registrations import (
+            register_fused_local_ncc_fakes,
+            register_fused_local_std_fakes,
+            register_fused_ssim_fakes,
+        )
 
         register_fused_ssim_fakes("simwarp")  # the CUDA-only ops the CUDA build defines
         register_fused_local_std_fakes("simwarp")
+        register_fused_local_ncc_fakes("simwarp")
         _state["cuda"] = True
         if torch.cuda.is_available():
             _probe_refusal(("cpu", "cuda"), "cuda", _state["cuda_path"])

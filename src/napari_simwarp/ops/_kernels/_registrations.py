@@ -12,6 +12,8 @@ channels_last or transposed input's strides and fails opcheck with "Stride misma
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .._autograd import first_order_backward
@@ -203,5 +205,38 @@ def register_fused_local_std_fakes(namespace: str) -> None:
     @torch.library.register_fake(f"{namespace}::local_std_fused_bwd")
     def _bwd_fake(grad, out, s1, flat, x, shift, window, padding, normalize):
         return x.new_empty(x.shape)
+
+    _fused_registered.add(key)
+
+
+def local_ncc_shift_shape(shape, sizes) -> tuple[int, ...]:
+    """The fused local NCC's tile shifts ``(2, images, tiles_z, tiles_y, tiles_x)`` for
+    images of ``shape`` ``(..., [D,] H, W)`` and a window of ``sizes`` (csrc/cuda/local_ncc.h:
+    tiles of 8 x 16 x 16, 1 x 16 x 16 for 2-D images)."""
+    W, H = shape[-1], shape[-2]
+    D = shape[-3] if len(sizes) == 3 else 1
+    kz = sizes[0] if len(sizes) == 3 else 1
+    tz = 1 if D == 1 and kz == 1 else 8
+    images = math.prod(shape) // (D * H * W) if D * H * W else 0
+    return (2, images, -(-D // tz), -(-H // 16), -(-W // 16))
+
+
+def register_fused_local_ncc_fakes(namespace: str) -> None:
+    """Fakes of the CUDA-only ``<namespace>::local_ncc_fwd`` / ``_bwd`` (as
+    :func:`register_fused_ssim_fakes`); their autograd is ``ops.local_ncc``'s."""
+    key = f"{namespace}/local_ncc"
+    if key in _fused_registered:
+        return
+
+    @torch.library.register_fake(f"{namespace}::local_ncc_fwd")
+    def _fwd_fake(a, b, taps, sizes, inv_total, flat_factor, need_partials):
+        if not need_partials:
+            return a.new_empty(a.shape), a.new_empty((0,)), a.new_empty((0,))
+        shifts = local_ncc_shift_shape(tuple(a.shape), tuple(sizes))
+        return a.new_empty(a.shape), a.new_empty((5, *a.shape)), a.new_empty(shifts)
+
+    @torch.library.register_fake(f"{namespace}::local_ncc_bwd")
+    def _bwd_fake(grad, a, b, partials, shifts, taps, sizes):
+        return a.new_empty(a.shape), a.new_empty(a.shape)
 
     _fused_registered.add(key)

@@ -166,6 +166,45 @@ def ssim_bwd(grad, a, b, partials, shifts, taps: Sequence[Sequence[float]], libr
     return library.ssim_bwd(grad, a, b, partials, shifts, flat, sizes)
 
 
+#: the fused local NCC kernels' limit (csrc/cuda/local_ncc.h): taps per window axis.
+LOCAL_NCC_MAX_TAPS = 25
+
+
+def local_ncc_fwd(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    taps: Sequence[Sequence[float]],
+    inv_total: float,
+    flat_factor: float,
+    need_partials: bool,
+    library=None,
+):
+    """Fused local NCC of float32 ``a``, ``b`` ``(..., [D,] H, W)`` (CUDA only), 2-D or 3-D
+    window, SciPy "reflect" padding: ``(map, partials (5, *a.shape), shifts (2, images,
+    tiles_z, tiles_y, tiles_x))``, the last two empty unless ``need_partials``.
+    ``library`` as :func:`ssim_fwd`'s."""
+    flat, sizes = _flat_list(taps)
+    preconditions.local_ncc_fwd(a, b, flat, sizes, LOCAL_NCC_MAX_TAPS)
+    library = torch.ops.simwarp if library is None else library
+    return library.local_ncc_fwd(
+        a, b, flat, sizes, float(inv_total), float(flat_factor), bool(need_partials)
+    )
+
+
+def local_ncc_bwd(grad, a, b, partials, shifts, taps: Sequence[Sequence[float]], library=None):
+    """Gradients ``(grad_a, grad_b)`` of the fused local NCC, ``grad`` one value (a mean's)
+    or a map of ``a``'s shape."""
+    from ._registrations import local_ncc_shift_shape
+
+    flat, sizes = _flat_list(taps)
+    tiles = local_ncc_shift_shape(tuple(a.shape), sizes)
+    preconditions.local_ncc_bwd(
+        grad, a, b, partials, shifts, flat, sizes, LOCAL_NCC_MAX_TAPS, tiles
+    )
+    library = torch.ops.simwarp if library is None else library
+    return library.local_ncc_bwd(grad, a, b, partials, shifts, flat, sizes)
+
+
 #: the fused 2-D local std's limit (csrc/cuda/local_std_fused.h): window size per axis.
 LOCAL_STD_MAX_WINDOW = 31
 

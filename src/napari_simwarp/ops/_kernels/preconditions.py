@@ -186,6 +186,44 @@ def ssim_bwd(grad, a, b, partials, shifts, values, sizes, max_taps: int, tile: i
     shape("ssim_bwd", "shifts", shifts, (2, images, -(-H // tile), -(-W // tile)))
 
 
+def local_ncc_fwd(
+    a: torch.Tensor, b: torch.Tensor, values: Sequence[float], sizes: Sequence[int], max_taps: int
+) -> None:
+    """The fused local NCC (CUDA only): float32 ``a``, ``b`` of one shape ``(..., [D,] H, W)``,
+    a 2-D or 3-D window."""
+    op = "local_ncc_fwd"
+    if a.dtype != torch.float32:
+        raise TypeError(f"{op}: a must be float32, got {_type_name(a.dtype)}")
+    like_first(op, [("a", a), ("b", b)])
+    shape(op, "b", b, a.shape)
+    if len(sizes) not in (2, 3) or a.dim() < len(sizes):
+        raise ValueError(
+            f"{op}: a 2-D or 3-D window over (..., [D,] H, W), got window "
+            f"{_sizes(sizes)} for shape {_sizes(a.shape)}"
+        )
+    taps(op, values, sizes)
+    window(op, a, sizes, pads=False)
+    if any(k % 2 != 1 or k > max_taps for k in sizes):
+        raise ValueError(
+            f"{op}: window sizes must be odd and at most {max_taps}, got {_sizes(sizes)}"
+        )
+
+
+def local_ncc_bwd(grad, a, b, partials, shifts, values, sizes, max_taps: int, tiles) -> None:
+    """Its backward: grad one value or ``a``'s shape, partials ``(5, *a.shape)``, shifts
+    ``tiles`` (``_registrations.local_ncc_shift_shape``)."""
+    op = "local_ncc_bwd"
+    local_ncc_fwd(a, b, values, sizes, max_taps)
+    like_first(op, [("a", a), ("grad", grad), ("partials", partials), ("shifts", shifts)])
+    if grad.numel() != 1 and tuple(grad.shape) != tuple(a.shape):
+        raise ValueError(
+            f"{op}: grad must hold one value or have shape {_sizes(a.shape)}, "
+            f"got {_sizes(grad.shape)}"
+        )
+    shape(op, "partials", partials, (5, *a.shape))
+    shape(op, "shifts", shifts, tuple(tiles))
+
+
 def local_std_fused_fwd(x, shift, sizes: Sequence[int], padding: str, max_window: int) -> None:
     """The fused 2-D local std (CUDA only): float32 ``x (..., H, W)``, ``shift (images,)``."""
     op = "local_std_fused"

@@ -37,7 +37,7 @@ TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-10}
 PRIMITIVES = {
     "local_std": ("local_std", "local_std_fused"),
     "ssim": ("moments5", "correlate", "box_sum", "ssim_fused"),
-    "local_ncc": ("moments5", "correlate", "box_sum"),
+    "local_ncc": ("moments5", "correlate", "box_sum", "local_ncc_fused"),
     "splat": ("splat",),
 }
 
@@ -254,6 +254,38 @@ def _check_local_std_fused(device, dtype, gen) -> float:
     return max(errors)
 
 
+def _check_local_ncc_fused(device, dtype, gen) -> float:
+    """The fused local NCC (CUDA, float32 only; nothing to check elsewhere) against the
+    moment engine's pure torch path in float64, values and both gradients, 2-D and 3-D,
+    box and Gaussian, on offset data whose size is no multiple of the tiles."""
+    if device.type != "cuda" or dtype != torch.float32:
+        return 0.0
+    from .._moments import _MomentMap
+    from .._windows import make_window
+    from ..local_ncc import _LocalNCCMetric, fused_local_ncc
+
+    errors = []
+    cases = [
+        ((2, 2, 37, 45), make_window("gaussian", (9, 7), (1.5, 1.0))),
+        ((1, 2, 11, 19, 21), make_window("box", (5, 3, 7))),
+    ]
+    for shape, window in cases:
+        a = _random(gen, shape, device, dtype, grad=True, offset=100.0)
+        b = (a.detach() + _random(gen, a.shape, device, dtype)).requires_grad_()
+        for reduction in ("none", "mean"):
+            errors.append(
+                _compare_with_gradients(
+                    lambda x, y, w=window, r=reduction: fused_local_ncc(x, y, w, r),
+                    lambda x, y, w=window, r=reduction: _MomentMap.apply(
+                        x.double(), y.double(), w, _LocalNCCMetric(), r, _reference, None
+                    ).float(),
+                    [a, b],
+                    seed=4,
+                )
+            )
+    return max(errors)
+
+
 #: primitive -> its check: a function of (device, dtype, generator) giving the largest
 #: relative difference from the twin.
 PRIMITIVE_CHECKS = {
@@ -264,6 +296,7 @@ PRIMITIVE_CHECKS = {
     "splat": _check_splat,
     "ssim_fused": _check_ssim_fused,
     "local_std_fused": _check_local_std_fused,
+    "local_ncc_fused": _check_local_ncc_fused,
 }
 
 
