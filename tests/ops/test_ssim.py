@@ -285,7 +285,8 @@ class TestSSIM:
 @pytest.mark.usefixtures("float32_moments")
 class TestFloat32Path:
     """float32 data on the GPU's path, run on the CPU (tests/conftest.py): float32 sums,
-    each tile centered on its own mean, risky tiles redone in float64 (ops/_moments.py).
+    each tile centered on its own mean, risky windows redone two-pass in float32
+    (ops/_moments.py).
     Microscopy-like data (offset 1000, blobs, noise); references in float64 on the same
     float32 values; a tile grid that does not divide the image."""
 
