@@ -61,9 +61,9 @@ def put_layer(viewer, kind: str, name: str, data, like=None, **props):
     if like is not None and like.ndim == ndim:
         geometry = {"scale": like.scale, "translate": like.translate}
     if layer is None or not same_kind(layer, kind, data):
-        with selection_kept(viewer):  # napari selects each layer it adds
-            if layer is not None:
-                viewer.layers.remove(layer)
+        if layer is not None:
+            remove_layer(viewer, name)
+        with added_unselected(viewer):  # napari selects each layer it adds
             adder = getattr(viewer, f"add_{kind}")
             return adder(data, name=name, **geometry, **props)
     features = props.pop("features", None)
@@ -158,6 +158,32 @@ def selection_kept(viewer):
                 selection.update(kept - now)
             if now - kept:
                 selection.difference_update(now - kept)
+
+
+@contextlib.contextmanager
+def added_unselected(viewer):
+    """Add layers inside the ``with`` block without changing the layer selection, not
+    even for a moment: napari makes each added layer the only selected one, and each
+    selection change repopulates its layer controls and the layer list's selection
+    (15-40 ms of the GUI thread under software OpenGL, twice: selected, then put back by
+    :func:`selection_kept`). Here the selection's events are blocked while the layers
+    are added and the selection is put back before they are unblocked: nothing listening
+    sees a change, and the selection they show is the one restored (issue 27: a run
+    never changes the user's selection).
+
+    For additions only (a removal of a selected layer must tell the listeners, see
+    :func:`selection_kept`). With several layers selected, napari's "current" one among
+    them (its private ``_current``) is not restored: the set is.
+    """
+    selection = viewer.layers.selection
+    before = set(selection)
+    with selection.events.blocker_all():
+        try:
+            yield
+        finally:
+            if set(selection) != before:
+                selection.clear()  # then the same layers as before, active as before
+                selection.update(layer for layer in before if layer in viewer.layers)
 
 
 def show_colorbar(layer) -> None:
