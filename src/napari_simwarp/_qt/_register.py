@@ -230,6 +230,7 @@ class RegisterWidget(WorkerWidget):
         self.snapshots_received = 0  # snapshots from the worker
         self._styled: set[str] = set()
         self._buffers: dict[str, np.ndarray] = {}
+        self._reveal: set[str] = set()
         self._moving_hidden = False
         self._waiting = None  # the newest snapshot not yet displayed (merged)
         self._last_vectors = -np.inf
@@ -393,6 +394,7 @@ class RegisterWidget(WorkerWidget):
         self.snapshots_shown = self.snapshots_received = 0
         self._styled = set()  # result layers whose properties this run has set
         self._buffers = {}  # result layer name -> the array this run gave it, refilled
+        self._reveal = set()  # placeholders added hidden, shown with their first data
         self._moving_hidden = False  # hidden at the first registered image shown
         self._waiting, self._last_vectors = None, -np.inf
         self._plot.set_curve(empty_curve(self.mode, self._metric.value))
@@ -522,6 +524,7 @@ class RegisterWidget(WorkerWidget):
                 layer.data = data.copy() if live else data
                 if live and isinstance(layer.data, np.ndarray):
                     self._buffers[name] = layer.data  # a copy: the next snapshots fill it
+                self._show_placeholder(layer)
 
             return [(f"data {name}", assign)]
         self._styled.add(name)
@@ -545,7 +548,9 @@ class RegisterWidget(WorkerWidget):
                 layers.move(layers.index(added), len(layers))
 
         def fill():
-            layer_by_name(self._viewer, name).data = data
+            layer = layer_by_name(self._viewer, name)
+            layer.data = data
+            self._show_placeholder(layer)
 
         steps = [(f"add {name}", add)]
         return [*steps, (f"data {name}", fill)] if first is not data else steps
@@ -586,10 +591,25 @@ class RegisterWidget(WorkerWidget):
             style = {**VECTOR_STYLES[vector_name], **self._vector_geometry(still)}
             layers.append(("vectors", vector_name, still, style))
         steps = []
+        volume = len(run.shape) == 3
         for kind, layer_name, data, style in layers:
             if not same_kind(layer_by_name(self._viewer, layer_name), kind, data):
-                steps += self._put(kind, layer_name, data, **style)
+                # Hidden until its first data: a layer's first draw (its visual's shaders
+                # compiled, its texture made) then comes with the first snapshot, while the
+                # worker computes, not before the worker starts (the additions are, see
+                # run). A blank layer had nothing to show anyway.
+                if not (kind == "vectors" and volume):  # arrows over a volume: opt in
+                    self._reveal.add(layer_name)
+                steps += self._put(kind, layer_name, data, **style, visible=False)
         return steps
+
+    def _show_placeholder(self, layer) -> None:
+        """Show ``layer`` if it is a placeholder this run added hidden (once: a user who
+        hides it afterwards keeps it hidden)."""
+        if layer is not None and layer.name in self._reveal:
+            self._reveal.discard(layer.name)
+            if not layer.visible:  # a set, even to the same value, refreshes the layer
+                layer.visible = True
 
     def _warped_name(self) -> str:
         """The registered image layer's name (after the run's moving layer)."""
