@@ -118,6 +118,29 @@ def test_a_cached_kernel_build_is_loaded_as_a_widget_opens_a_first_build_is_not(
         assert started == ([1] if cached else [])
 
 
+def test_a_cached_kernel_load_makes_no_napari_progress_bar_a_build_does(viewer, qtbot, monkeypatch):
+    # The session's first napari progress bar took 150-400 ms of the GUI thread to make:
+    # a cached load (about a second, as a widget opens) goes without it (issue 27).
+    from napari.utils import progress
+
+    from napari_simwarp.ops import _kernels
+
+    bars = []
+    real_init = progress.__init__
+    monkeypatch.setattr(
+        progress, "__init__", lambda self, *a, **k: bars.append(k) or real_init(self, *a, **k)
+    )
+    monkeypatch.setattr(_kernels, "ensure_loaded", lambda: None)
+    monkeypatch.setitem(_common._KERNEL_BUILD, "worker", None)
+    monkeypatch.setitem(_common._KERNEL_BUILD, "waiters", [])
+    for cached in (True, False):
+        monkeypatch.setattr(_common, "kernels_cached", lambda cached=cached: cached)
+        _common._start_kernel_build()
+        qtbot.waitUntil(lambda: _common._KERNEL_BUILD["worker"] is None, timeout=10000)
+        assert len(bars) == (0 if cached else 1)
+    assert "Building" in bars[0]["desc"]
+
+
 def test_kernels_cached_names_the_build_the_kernels_load_from():
     from napari_simwarp.ops import _kernels
 

@@ -561,7 +561,8 @@ def preload_kernels() -> None:
 
 
 def _start_kernel_build() -> None:
-    """Start the one kernel build (unless under way): a worker with a progress bar."""
+    """Start the one kernel build or load (unless under way) in a worker; a build (not a
+    cached load) with napari's progress bar."""
     from napari.qt.threading import create_worker
 
     from ..ops import _kernels
@@ -583,12 +584,12 @@ def _start_kernel_build() -> None:
                 w._status.value = "kernels ready"
                 callback()
 
-    verb = "Loading" if kernels_cached() else "Building"
-    worker = create_worker(
-        _kernels.ensure_loaded,
-        _ignore_errors=True,
-        _progress={"total": 0, "desc": f"{verb} napari-simwarp kernels"},
-    )
+    # napari's progress bar for a build only (a minute): a cached build loads in about a
+    # second, as a widget opens, and the session's first napari progress bar took 150-400
+    # ms of the GUI thread to make (its activity dialog), a pause at the dock or at a first
+    # click soon after it (issue 27); waiting widgets say it in their status line.
+    bar = {} if kernels_cached() else {"total": 0, "desc": "Building napari-simwarp kernels"}
+    worker = create_worker(_kernels.ensure_loaded, _ignore_errors=True, _progress=bar or None)
     worker.errored.connect(lambda exc: notify_error("building the kernels", exc))
     worker.finished.connect(done)
     _KERNEL_BUILD["worker"] = worker
