@@ -51,9 +51,7 @@ def sampler():
                     time.perf_counter(),
                     [
                         (
-                            fr.filename.split("site-packages/")[-1].replace(
-                                str(SRC), ""
-                            ),
+                            fr.filename.split("site-packages/")[-1].replace(str(SRC), ""),
                             fr.lineno,
                             fr.name,
                         )
