@@ -141,6 +141,57 @@ def test_a_cached_kernel_load_makes_no_napari_progress_bar_a_build_does(viewer, 
     assert "Building" in bars[0]["desc"]
 
 
+def test_the_gil_switch_interval_is_short_while_a_worker_runs_and_put_back_after(qtbot):
+    # A worker's torch calls each take the GIL back from a GUI thread running Python,
+    # which gives it up only every switch interval (issue 27: a registration's worker
+    # ran 1.5-2.5x its CPU time in a shown viewer).
+    import sys
+    import threading
+
+    from napari.qt.threading import create_worker
+
+    before = sys.getswitchinterval()
+    release = threading.Event()
+    seen = []
+
+    def work():
+        seen.append(sys.getswitchinterval())
+        release.wait(10)
+
+    first, second = create_worker(work), create_worker(work)
+    _common.start_worker(first)
+    _common.start_worker(second)
+    qtbot.waitUntil(lambda: len(seen) == 2, timeout=10000)
+    assert seen == [_common.WORKER_SWITCH_INTERVAL] * 2
+    release.set()
+    qtbot.waitUntil(lambda: first._simwarp_done.is_set() and second._simwarp_done.is_set())
+    assert sys.getswitchinterval() == before  # put back when the last one ended
+    # a worker that never runs (closed while queued behind busy ones) counts as ended
+    import time
+
+    from qtpy.QtCore import QThreadPool
+
+    threads = QThreadPool.globalInstance().maxThreadCount()
+    busy = [create_worker(time.sleep, 0.3) for _ in range(threads)]
+    for worker in busy:
+        _common.start_worker(worker)
+    queued = create_worker(time.sleep, 0)
+    _common.start_worker(queued)
+    for worker in [queued, *busy]:
+        _common.wait_for(worker)
+    qtbot.waitUntil(lambda: queued._simwarp_done.is_set())
+    assert sys.getswitchinterval() == before
+    # (had it been taken out, it would never leave superqt's set of workers, which the
+    # tests' teardown waits on: run it, and its end counts once)
+    if not queued.is_running and queued in type(queued)._worker_set:
+        QThreadPool.globalInstance().start(queued)
+    mine = [first, second, queued, *busy]
+    # superqt forgets a worker at a queued signal: wait for it (the next tests' teardown
+    # waits for superqt's workers to end)
+    qtbot.waitUntil(lambda: not set(mine) & type(queued)._worker_set, timeout=10000)
+    assert sys.getswitchinterval() == before and _common._SWITCH["workers"] == 0
+
+
 def test_kernels_cached_names_the_build_the_kernels_load_from():
     from napari_simwarp.ops import _kernels
 

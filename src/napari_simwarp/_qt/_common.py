@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import sys
+import threading
 import time
 import weakref
 
@@ -316,24 +318,77 @@ def start_worker(worker, stop=None) -> None:
     :func:`wait_for`). ``stop``: a callable that makes the computation end early (a
     registration's :meth:`~..widgets_logic.registration.RegistrationRun.abort`), used
     if Python exits while the worker runs (:func:`end_workers_at_exit`)."""
-    import threading
 
     from qtpy.QtCore import Qt
 
     done = threading.Event()
 
     def ended():
-        done.set()
-        _RUNNING.pop(worker, None)
+        if not done.is_set():
+            done.set()
+            _RUNNING.pop(worker, None)
+            _switch_interval(-1)
 
     # Direct: set in the worker's thread as it finishes, even while the GUI thread is
     # busy closing (a queued signal would wait for the event loop).
     worker.finished.connect(ended, type=Qt.ConnectionType.DirectConnection)
     worker._simwarp_done = done
+    worker._simwarp_ended = ended  # for a worker taken out of the pool before it ran
     if not _RUNNING:
         _register_exit_hook()
     _RUNNING[worker] = stop
+    _switch_interval(+1)
     worker.start()
+
+
+#: the interpreter's GIL switch interval (s) while a widget's worker runs (CPython's
+#: default: 0.005). A worker's torch calls each release the GIL and take it back; while
+#: the GUI thread runs Python (napari's layer updates, repaints), each take waited for
+#: the GUI thread to give the GIL up, which it does after the switch interval: a
+#: registration's worker ran 1.5-2.5x its CPU time (issue 27). With 0.5 ms, in a shown
+#: viewer from the Plugins menu under load 3.5 (3 alternations each): affine first runs
+#: 0.91-1.48 s against 1.39-1.75 s, warm 0.58-0.79 s against 0.66-1.13 s, longest GUI
+#: pauses 57-113 ms against 102-166 ms; deformable first runs 2.57-2.97 s against
+#: 3.15-3.53 s (load 4-4.5).
+WORKER_SWITCH_INTERVAL = 0.0005
+_SWITCH: dict = {"workers": 0, "saved": None}
+_SWITCH_LOCK = threading.Lock()
+
+
+def _switch_interval(change: int) -> None:
+    """Count a worker started (+1) or ended (-1); while any runs, the interpreter's switch
+    interval is :data:`WORKER_SWITCH_INTERVAL` (or the one set before, if shorter), and
+    when the last one ends it is put back to what it was."""
+    with _SWITCH_LOCK:
+        workers = max(0, _SWITCH["workers"] + change)
+        _SWITCH["workers"] = workers
+        if workers and _SWITCH["saved"] is None:
+            _SWITCH["saved"] = sys.getswitchinterval()
+            sys.setswitchinterval(min(_SWITCH["saved"], WORKER_SWITCH_INTERVAL))
+        elif not workers and _SWITCH["saved"] is not None:
+            sys.setswitchinterval(_SWITCH["saved"])
+            _SWITCH["saved"] = None
+
+
+#: the widgets' background threads (warm-ups) not yet ended: joined (bounded) at exit
+_BACKGROUND: weakref.WeakSet = weakref.WeakSet()
+
+
+def run_in_background(function, name: str):
+    """Start ``function()`` in a daemon thread that Python's exit waits for (bounded,
+    :func:`end_workers_at_exit`): a daemon thread still importing a C extension (torch's)
+    while the interpreter is torn down can abort the process."""
+    thread = threading.Thread(target=function, name=name, daemon=True)
+    _BACKGROUND.add(thread)
+    _register_exit_hook()
+    thread.start()
+    return thread
+
+
+def _join_background(seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    for thread in list(_BACKGROUND):
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _register_exit_hook() -> None:
@@ -354,6 +409,7 @@ def end_workers_at_exit(seconds: float = 5.0) -> None:
     handlers, it runs before them.
     """
     _end_workers(seconds)
+    _join_background(seconds)
     tear_down_widgets()
 
 
@@ -425,6 +481,9 @@ def wait_for(worker, msecs: int = 10000) -> None:
     pool = QThreadPool.globalInstance()
     with contextlib.suppress(RuntimeError):  # a finished worker may be deleted already
         if pool.tryTake(worker):
+            ended = getattr(worker, "_simwarp_ended", None)
+            if ended is not None:
+                ended()  # it will never run, nor say it ended
             return
     done = getattr(worker, "_simwarp_done", None)
     if done is not None:

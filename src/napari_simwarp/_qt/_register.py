@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import threading
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -58,6 +57,7 @@ from ._common import (
     put_layer,
     redraw_in_place,
     remove_layer,
+    run_in_background,
     same_kind,
     start_worker,
 )
@@ -947,7 +947,7 @@ WARM_IMPORTS = (
 )
 
 
-def _warm_up_in_background() -> threading.Thread:
+def _warm_up_in_background():
     """Import :data:`WARM_IMPORTS` and make the engine's first optimizers
     (:func:`~..widgets_logic.warm.warm_optimizers`: ``torch._dynamo``'s import, 1-2 s) in
     one daemon thread, one after the other (imports of one package from several threads
@@ -963,9 +963,7 @@ def _warm_up_in_background() -> threading.Thread:
         with contextlib.suppress(Exception):
             warm_optimizers()
 
-    thread = threading.Thread(target=warm, name="napari-simwarp warm-up", daemon=True)
-    thread.start()
-    return thread
+    return run_in_background(warm, "napari-simwarp warm-up")
 
 
 def _contrasting(fixed) -> str:
