@@ -260,7 +260,7 @@ class RegisterWidget(WorkerWidget):
         self._on_layers()
         self._backend.refresh()
         # What a first run would do on the GUI thread or in its worker, done now in the
-        # background (see WARM_UP): its first click waits for none of it (issue 27).
+        # background (_warm_up_in_background): a first click waits for none of it (issue 27).
         _warm_up_in_background()
         # A full collection now, as the widget opens: CPython runs one when enough objects
         # have outlived two collections since the last, and the first run's new layers (Qt
