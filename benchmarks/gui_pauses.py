@@ -19,6 +19,8 @@ import napari
 from qtpy.QtCore import QTimer
 from qtpy.QtWidgets import QApplication
 
+SRC = __import__("pathlib").Path(__file__).resolve().parents[1] / "src"
+
 model = sys.argv[1] if len(sys.argv) > 1 else "affine"
 mode = sys.argv[2] if len(sys.argv) > 2 else "pair"
 v = napari.Viewer(show=True)
@@ -49,9 +51,7 @@ def sampler():
                     time.perf_counter(),
                     [
                         (
-                            fr.filename.split("site-packages/")[-1].replace(
-                                "/work/wt/gui/src/", ""
-                            ),
+                            fr.filename.split("site-packages/")[-1].replace(str(SRC), ""),
                             fr.lineno,
                             fr.name,
                         )

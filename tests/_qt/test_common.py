@@ -44,7 +44,7 @@ def test_the_exit_teardown_stops_a_running_widget_and_deletes_it_at_once(viewer,
 
     _common.tear_down_widgets([w])
     assert destroyed  # deleted now, not left to PyQt's exit handler
-    assert w._closed and run.stopping and w._progress is None
+    assert w._closed and run.stopping
     assert worker._simwarp_done.is_set()  # its worker has left its thread
     assert not w._display_timer.isActive() and not w._step_timer.isActive()
     _common.tear_down_widgets([w])  # again (the exit hook after a test): nothing to do
@@ -72,6 +72,38 @@ def test_put_layer_through_napari_proxy_reuses_the_layer_and_keeps_the_selection
     assert removed == ["result"] and set(viewer.layers.selection) == {user}
 
 
+@pytest.mark.parametrize("selected", [0, 1, 2])
+def test_a_result_layer_is_added_without_a_single_selection_event(viewer, selected):
+    # napari selects each layer it adds; putting the user's selection back afterwards
+    # still ran every listener twice (napari's layer controls repopulated, 15-40 ms each
+    # under software OpenGL, issue 27). No listener may see a change, whatever was
+    # selected (nothing, one layer, several).
+    from napari.utils._proxies import PublicOnlyProxy
+
+    layers = [viewer.add_image(np.zeros((8, 8), np.float32), name=f"user {i}") for i in range(3)]
+    viewer.layers.selection.clear()
+    viewer.layers.selection.update(layers[:selected])
+    before, active = set(viewer.layers.selection), viewer.layers.selection.active
+    events = []
+    for name in ("changed", "active", "_current"):
+        getattr(viewer.layers.selection.events, name).connect(
+            lambda e, name=name: events.append(name)
+        )
+    proxy = PublicOnlyProxy(viewer)  # as the widgets docked from the Plugins menu get it
+    put_layer(proxy, "image", "result", np.ones((8, 8), np.float32))
+    put_layer(proxy, "vectors", "arrows", np.zeros((1, 2, 2), np.float32))
+    assert "result" in viewer.layers and "arrows" in viewer.layers
+    assert events == []
+    assert set(viewer.layers.selection) == before
+    assert viewer.layers.selection.active is active
+    # napari's layer list shows the same selection (it follows the events it never got)
+    from qtpy.QtCore import Qt
+
+    view = viewer.window._qt_viewer.layers
+    rows = view.selectionModel().selectedRows()
+    assert {index.data(Qt.ItemDataRole.UserRole) for index in rows} == before
+
+
 def test_a_cached_kernel_build_is_loaded_as_a_widget_opens_a_first_build_is_not(
     viewer, monkeypatch
 ):
@@ -84,6 +116,80 @@ def test_a_cached_kernel_build_is_loaded_as_a_widget_opens_a_first_build_is_not(
         monkeypatch.setattr(_common, "kernels_cached", lambda cached=cached: cached)
         dock(viewer, RegisterWidget(viewer))
         assert started == ([1] if cached else [])
+
+
+def test_a_cached_kernel_load_makes_no_napari_progress_bar_a_build_does(viewer, qtbot, monkeypatch):
+    # The session's first napari progress bar took 150-400 ms of the GUI thread to make:
+    # a cached load (about a second, as a widget opens) goes without it (issue 27).
+    from napari.utils import progress
+
+    from napari_simwarp.ops import _kernels
+
+    bars = []
+    real_init = progress.__init__
+    monkeypatch.setattr(
+        progress, "__init__", lambda self, *a, **k: bars.append(k) or real_init(self, *a, **k)
+    )
+    monkeypatch.setattr(_kernels, "ensure_loaded", lambda: None)
+    monkeypatch.setitem(_common._KERNEL_BUILD, "worker", None)
+    monkeypatch.setitem(_common._KERNEL_BUILD, "waiters", [])
+    for cached in (True, False):
+        monkeypatch.setattr(_common, "kernels_cached", lambda cached=cached: cached)
+        _common._start_kernel_build()
+        qtbot.waitUntil(lambda: _common._KERNEL_BUILD["worker"] is None, timeout=10000)
+        assert len(bars) == (0 if cached else 1)
+    assert "Building" in bars[0]["desc"]
+
+
+def test_the_gil_switch_interval_is_short_while_a_worker_runs_and_put_back_after(qtbot):
+    # A worker's torch calls each take the GIL back from a GUI thread running Python,
+    # which gives it up only every switch interval (issue 27: a registration's worker
+    # ran 1.5-2.5x its CPU time in a shown viewer).
+    import sys
+    import threading
+
+    from napari.qt.threading import create_worker
+
+    before = sys.getswitchinterval()
+    release = threading.Event()
+    seen = []
+
+    def work():
+        seen.append(sys.getswitchinterval())
+        release.wait(10)
+
+    first, second = create_worker(work), create_worker(work)
+    _common.start_worker(first)
+    _common.start_worker(second)
+    qtbot.waitUntil(lambda: len(seen) == 2, timeout=10000)
+    assert seen == [_common.WORKER_SWITCH_INTERVAL] * 2
+    release.set()
+    qtbot.waitUntil(lambda: first._simwarp_done.is_set() and second._simwarp_done.is_set())
+    assert sys.getswitchinterval() == before  # put back when the last one ended
+    # a worker that never runs (closed while queued behind busy ones) counts as ended
+    import time
+
+    from qtpy.QtCore import QThreadPool
+
+    threads = QThreadPool.globalInstance().maxThreadCount()
+    busy = [create_worker(time.sleep, 0.3) for _ in range(threads)]
+    for worker in busy:
+        _common.start_worker(worker)
+    queued = create_worker(time.sleep, 0)
+    _common.start_worker(queued)
+    for worker in [queued, *busy]:
+        _common.wait_for(worker)
+    qtbot.waitUntil(lambda: queued._simwarp_done.is_set())
+    assert sys.getswitchinterval() == before
+    # (had it been taken out, it would never leave superqt's set of workers, which the
+    # tests' teardown waits on: run it, and its end counts once)
+    if not queued.is_running and queued in type(queued)._worker_set:
+        QThreadPool.globalInstance().start(queued)
+    mine = [first, second, queued, *busy]
+    # superqt forgets a worker at a queued signal: wait for it (the next tests' teardown
+    # waits for superqt's workers to end)
+    qtbot.waitUntil(lambda: not set(mine) & type(queued)._worker_set, timeout=10000)
+    assert sys.getswitchinterval() == before and _common._SWITCH["workers"] == 0
 
 
 def test_kernels_cached_names_the_build_the_kernels_load_from():

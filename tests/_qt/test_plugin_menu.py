@@ -41,13 +41,19 @@ def _from_menu(viewer, name):
 
 
 class _Watch:
-    """Counts the viewer's layer removals and additions from now on."""
+    """Counts the viewer's layer removals and additions, and the selection's events (a
+    change, even one put back at once, repopulates napari's layer controls), from now on."""
 
     def __init__(self, viewer):
         self.removed: list[str] = []
         self.added: list[str] = []
+        self.selection_events: list[str] = []
         viewer.layers.events.removed.connect(lambda e: self.removed.append(e.value.name))
         viewer.layers.events.inserted.connect(lambda e: self.added.append(e.value.name))
+        for name in ("changed", "active", "_current"):
+            getattr(viewer.layers.selection.events, name).connect(
+                lambda e, name=name: self.selection_events.append(name)
+            )
 
 
 def _select(viewer, layer):
@@ -95,6 +101,66 @@ def test_register_docked_from_the_menu_reuses_its_layers_and_keeps_the_selection
     api = sw.register(fixed.data, moving.data, model="affine", levels=w._run.levels, iterations=30)
     np.testing.assert_allclose(w.result.transform.matrix, api.transform.matrix, atol=1e-4)
     np.testing.assert_allclose(viewer.layers["moving registered"].data, api.warped, atol=1e-3)
+
+
+def test_register_first_run_from_the_menu_adds_its_layers_once_unselected_with_its_own_bar(
+    shown_viewer, qtbot, monkeypatch
+):
+    # The first run adds the result layers: napari selected each one and the widget put
+    # the user's selection back (two layer-control repopulations per layer), and made
+    # napari's progress bar (150-400 ms of the GUI thread for the session's first). Now:
+    # no selection event at all, no napari progress bar, the widget's own bar full.
+    from napari.utils import progress
+
+    viewer = shown_viewer
+    viewer.open_sample(PLUGIN, "deformed_pair")
+    fixed, moving = viewer.layers["fixed"], viewer.layers["moving"]
+    w = _from_menu(viewer, "Register")
+    w._fixed.value, w._moving.value = fixed, moving
+    w._model.value, w._iterations.value = "deformable", 20
+    _select(viewer, moving)
+    bars = []
+    real_init = progress.__init__
+    monkeypatch.setattr(
+        progress, "__init__", lambda self, *a, **k: bars.append(k) or real_init(self, *a, **k)
+    )
+    watch = _Watch(viewer)
+    _run_register(qtbot, w)
+    assert watch.added == ["moving registered", "displacement", "similarity gradient"]
+    assert watch.selection_events == [] and watch.removed == []
+    assert set(viewer.layers.selection) == {moving}
+    assert bars == []
+    assert w._bar.value == w._bar.max == w._run.expected_steps() + 1
+    assert w._bar.visible
+
+
+def test_register_progress_bar_moves_without_a_repaint_of_its_own(shown_viewer, qtbot):
+    # QProgressBar.setValue repaints at once, and any repaint composes the whole window
+    # with its OpenGL canvas (10-14 ms each under software OpenGL): the bar is moved
+    # with the display's batch and painted with the window's next repaint.
+    from qtpy.QtCore import QEvent, QObject
+
+    w = _from_menu(shown_viewer, "Register")
+    qtbot.waitUntil(lambda: w._bar.native.isVisible(), timeout=10000)
+    paints = []
+
+    class Paints(QObject):
+        def eventFilter(self, obj, event):  # noqa: N802 (Qt's name)
+            if event.type() == QEvent.Type.Paint:
+                paints.append(obj)
+            return False
+
+    watcher = Paints()
+    w._bar.native.installEventFilter(watcher)
+    w._bar.max = 10
+    qtbot.wait(50)
+    paints.clear()
+    w._set_bar(4)
+    assert paints == [] and w._bar.value == 4  # moved, not painted yet
+    qtbot.waitUntil(lambda: len(paints) > 0, timeout=5000)  # painted with the next repaint
+    w._set_bar(40)
+    assert w._bar.value == 10  # at most its maximum
+    w._bar.native.removeEventFilter(watcher)
 
 
 def test_drift_docked_from_the_menu_reuses_its_layers_and_keeps_the_selection(

@@ -334,6 +334,7 @@ def test_result_layers_are_added_before_the_worker_starts(viewer, qtbot, small_p
             # napari's LayerList has no .get()
             layer = viewer.layers[name] if name in viewer.layers else None  # noqa: SIM401
             seen[name] = None if layer is None else (type(layer).__name__, layer.data.shape)
+            seen[f"{name} visible"] = None if layer is None else layer.visible
         seen["limits"] = tuple(viewer.layers["moving registered"].contrast_limits)
         real(worker, **kwargs)
 
@@ -345,6 +346,16 @@ def test_result_layers_are_added_before_the_worker_starts(viewer, qtbot, small_p
     assert seen["displacement"] == ("Vectors", (1, 2, 2))
     assert seen["similarity gradient"] == ("Vectors", (1, 2, 2))
     assert seen["limits"] == (0.1, 0.7)  # the moving layer's, none computed on the blank
+    # hidden while blank (their first draw comes with their data, during the run), then
+    # shown; a user's later choice to hide one stays (a rerun does not show it again)
+    results = ("moving registered", "displacement", "similarity gradient")
+    assert not any(seen[f"{name} visible"] for name in results)
+    assert all(viewer.layers[name].visible for name in results)
+    viewer.layers["displacement"].visible = False
+    w._run = None
+    _run(qtbot, w)
+    assert not viewer.layers["displacement"].visible
+    assert viewer.layers["moving registered"].visible
     registered = viewer.layers["moving registered"].data
     np.testing.assert_allclose(registered, w.result.warped)  # then the result replaced it
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import sys
+import threading
 import time
 import weakref
 
@@ -61,9 +63,9 @@ def put_layer(viewer, kind: str, name: str, data, like=None, **props):
     if like is not None and like.ndim == ndim:
         geometry = {"scale": like.scale, "translate": like.translate}
     if layer is None or not same_kind(layer, kind, data):
-        with selection_kept(viewer):  # napari selects each layer it adds
-            if layer is not None:
-                viewer.layers.remove(layer)
+        if layer is not None:
+            remove_layer(viewer, name)
+        with added_unselected(viewer):  # napari selects each layer it adds
             adder = getattr(viewer, f"add_{kind}")
             return adder(data, name=name, **geometry, **props)
     features = props.pop("features", None)
@@ -158,6 +160,32 @@ def selection_kept(viewer):
                 selection.update(kept - now)
             if now - kept:
                 selection.difference_update(now - kept)
+
+
+@contextlib.contextmanager
+def added_unselected(viewer):
+    """Add layers inside the ``with`` block without changing the layer selection, not
+    even for a moment: napari makes each added layer the only selected one, and each
+    selection change repopulates its layer controls and the layer list's selection
+    (15-40 ms of the GUI thread under software OpenGL, twice: selected, then put back by
+    :func:`selection_kept`). Here the selection's events are blocked while the layers
+    are added and the selection is put back before they are unblocked: nothing listening
+    sees a change, and the selection they show is the one restored (issue 27: a run
+    never changes the user's selection).
+
+    For additions only (a removal of a selected layer must tell the listeners, see
+    :func:`selection_kept`). With several layers selected, napari's "current" one among
+    them (its private ``_current``) is not restored: the set is.
+    """
+    selection = viewer.layers.selection
+    before = set(selection)
+    with selection.events.blocker_all():
+        try:
+            yield
+        finally:
+            if set(selection) != before:
+                selection.clear()  # then the same layers as before, active as before
+                selection.update(layer for layer in before if layer in viewer.layers)
 
 
 def show_colorbar(layer) -> None:
@@ -290,24 +318,77 @@ def start_worker(worker, stop=None) -> None:
     :func:`wait_for`). ``stop``: a callable that makes the computation end early (a
     registration's :meth:`~..widgets_logic.registration.RegistrationRun.abort`), used
     if Python exits while the worker runs (:func:`end_workers_at_exit`)."""
-    import threading
 
     from qtpy.QtCore import Qt
 
     done = threading.Event()
 
     def ended():
-        done.set()
-        _RUNNING.pop(worker, None)
+        if not done.is_set():
+            done.set()
+            _RUNNING.pop(worker, None)
+            _switch_interval(-1)
 
     # Direct: set in the worker's thread as it finishes, even while the GUI thread is
     # busy closing (a queued signal would wait for the event loop).
     worker.finished.connect(ended, type=Qt.ConnectionType.DirectConnection)
     worker._simwarp_done = done
+    worker._simwarp_ended = ended  # for a worker taken out of the pool before it ran
     if not _RUNNING:
         _register_exit_hook()
     _RUNNING[worker] = stop
+    _switch_interval(+1)
     worker.start()
+
+
+#: the interpreter's GIL switch interval (s) while a widget's worker runs (CPython's
+#: default: 0.005). A worker's torch calls each release the GIL and take it back; while
+#: the GUI thread runs Python (napari's layer updates, repaints), each take waited for
+#: the GUI thread to give the GIL up, which it does after the switch interval: a
+#: registration's worker ran 1.5-2.5x its CPU time (issue 27). With 0.5 ms, in a shown
+#: viewer from the Plugins menu under load 3.5 (3 alternations each): affine first runs
+#: 0.91-1.48 s against 1.39-1.75 s, warm 0.58-0.79 s against 0.66-1.13 s, longest GUI
+#: pauses 57-113 ms against 102-166 ms; deformable first runs 2.57-2.97 s against
+#: 3.15-3.53 s (load 4-4.5).
+WORKER_SWITCH_INTERVAL = 0.0005
+_SWITCH: dict = {"workers": 0, "saved": None}
+_SWITCH_LOCK = threading.Lock()
+
+
+def _switch_interval(change: int) -> None:
+    """Count a worker started (+1) or ended (-1); while any runs, the interpreter's switch
+    interval is :data:`WORKER_SWITCH_INTERVAL` (or the one set before, if shorter), and
+    when the last one ends it is put back to what it was."""
+    with _SWITCH_LOCK:
+        workers = max(0, _SWITCH["workers"] + change)
+        _SWITCH["workers"] = workers
+        if workers and _SWITCH["saved"] is None:
+            _SWITCH["saved"] = sys.getswitchinterval()
+            sys.setswitchinterval(min(_SWITCH["saved"], WORKER_SWITCH_INTERVAL))
+        elif not workers and _SWITCH["saved"] is not None:
+            sys.setswitchinterval(_SWITCH["saved"])
+            _SWITCH["saved"] = None
+
+
+#: the widgets' background threads (warm-ups) not yet ended: joined (bounded) at exit
+_BACKGROUND: weakref.WeakSet = weakref.WeakSet()
+
+
+def run_in_background(function, name: str):
+    """Start ``function()`` in a daemon thread that Python's exit waits for (bounded,
+    :func:`end_workers_at_exit`): a daemon thread still importing a C extension (torch's)
+    while the interpreter is torn down can abort the process."""
+    thread = threading.Thread(target=function, name=name, daemon=True)
+    _BACKGROUND.add(thread)
+    _register_exit_hook()
+    thread.start()
+    return thread
+
+
+def _join_background(seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    for thread in list(_BACKGROUND):
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _register_exit_hook() -> None:
@@ -328,6 +409,7 @@ def end_workers_at_exit(seconds: float = 5.0) -> None:
     handlers, it runs before them.
     """
     _end_workers(seconds)
+    _join_background(seconds)
     tear_down_widgets()
 
 
@@ -399,6 +481,9 @@ def wait_for(worker, msecs: int = 10000) -> None:
     pool = QThreadPool.globalInstance()
     with contextlib.suppress(RuntimeError):  # a finished worker may be deleted already
         if pool.tryTake(worker):
+            ended = getattr(worker, "_simwarp_ended", None)
+            if ended is not None:
+                ended()  # it will never run, nor say it ended
             return
     done = getattr(worker, "_simwarp_done", None)
     if done is not None:
@@ -535,7 +620,8 @@ def preload_kernels() -> None:
 
 
 def _start_kernel_build() -> None:
-    """Start the one kernel build (unless under way): a worker with a progress bar."""
+    """Start the one kernel build or load (unless under way) in a worker; a build (not a
+    cached load) with napari's progress bar."""
     from napari.qt.threading import create_worker
 
     from ..ops import _kernels
@@ -557,12 +643,12 @@ def _start_kernel_build() -> None:
                 w._status.value = "kernels ready"
                 callback()
 
-    verb = "Loading" if kernels_cached() else "Building"
-    worker = create_worker(
-        _kernels.ensure_loaded,
-        _ignore_errors=True,
-        _progress={"total": 0, "desc": f"{verb} napari-simwarp kernels"},
-    )
+    # napari's progress bar for a build only (a minute): a cached build loads in about a
+    # second, as a widget opens, and the session's first napari progress bar took 150-400
+    # ms of the GUI thread to make (its activity dialog), a pause at the dock or at a first
+    # click soon after it (issue 27); waiting widgets say it in their status line.
+    bar = {} if kernels_cached() else {"total": 0, "desc": "Building napari-simwarp kernels"}
+    worker = create_worker(_kernels.ensure_loaded, _ignore_errors=True, _progress=bar or None)
     worker.errored.connect(lambda exc: notify_error("building the kernels", exc))
     worker.finished.connect(done)
     _KERNEL_BUILD["worker"] = worker

@@ -14,12 +14,12 @@ from magicgui.widgets import (
     CheckBox,
     ComboBox,
     FloatSpinBox,
+    ProgressBar,
     PushButton,
     SpinBox,
     create_widget,
 )
 from napari.qt.threading import create_worker
-from napari.utils import progress
 from qtpy.QtCore import QTimer
 
 from ..registration.grid import Grid
@@ -43,6 +43,7 @@ from ..widgets_logic.registration import (
     landmarks_from_layers,
 )
 from ..widgets_logic.result_names import is_result
+from ..widgets_logic.warm import warm_optimizers
 from ._common import (
     WorkerWidget,
     after_kernel_build,
@@ -56,6 +57,7 @@ from ._common import (
     put_layer,
     redraw_in_place,
     remove_layer,
+    run_in_background,
     same_kind,
     start_worker,
 )
@@ -82,9 +84,6 @@ DISPLAY_SHARE = 0.25
 #: the tick of that timer, and the longest time between two displays
 LAG_TICK_MS = 50
 MAX_DISPLAY_MS = 2000
-#: least time between two moves of napari's progress bar (each move runs a nested turn of
-#: the event loop: ``processEvents``, a repaint)
-PROGRESS_MS = 250
 #: the Vectors result layers' style, set once per run (the displacement's length follows
 #: its arrows, see :meth:`RegisterWidget._show`)
 VECTOR_STYLES = {
@@ -96,7 +95,7 @@ VECTOR_STYLES = {
 class RegisterWidget(WorkerWidget):
     """Register a moving layer to a fixed layer, or every frame of a time-lapse.
 
-    The run happens in a ``thread_worker`` with napari's progress bar; every snapshot
+    The run happens in a ``thread_worker`` with a progress bar in the widget; every snapshot
     updates the ``"<moving> registered"`` image, the loss curve and the ``"displacement"``
     and ``"similarity gradient"`` Vectors layers (subsampled). Cancel stops the run within
     one iteration and keeps the best result so far. Afterwards the transform can be saved
@@ -169,6 +168,10 @@ class RegisterWidget(WorkerWidget):
             box.native.setDecimals(0)
         for chooser in (self._fixed_points, self._moving_points):
             chooser.value = None  # no landmarks unless asked for
+        # The run's progress in the widget, not napari's progress bar: napari's first bar of
+        # a session took 150-400 ms of the GUI thread to make (its activity dialog, at the
+        # run's start) and each of its moves ran a nested turn of the event loop (issue 27).
+        self._bar = ProgressBar(value=0, min=0, max=1, label="progress")
         self._run_btn = PushButton(text="Register")
         self._cancel_btn = PushButton(text="Cancel", enabled=False)
         self._save_btn = PushButton(text="Save transform…", enabled=False)
@@ -200,6 +203,7 @@ class RegisterWidget(WorkerWidget):
                 self._run_btn,
                 self._cancel_btn,
                 self._status,
+                self._bar,
                 self._backend,
                 self._torch_meanwhile,
             ]
@@ -215,7 +219,6 @@ class RegisterWidget(WorkerWidget):
         self._fixed.changed.connect(self._on_layers)
         self._moving.changed.connect(self._on_layers)
         self._geometry: dict = {}  # scale and translate of the results (the fixed grid's)
-        self._progress = None  # napari's progress bar of the run
         self._run_btn.changed.connect(self.run)
         self._cancel_btn.changed.connect(self.cancel)
         self._save_btn.changed.connect(self._ask_save)
@@ -227,9 +230,10 @@ class RegisterWidget(WorkerWidget):
         self.snapshots_received = 0  # snapshots from the worker
         self._styled: set[str] = set()
         self._buffers: dict[str, np.ndarray] = {}
+        self._reveal: set[str] = set()
         self._moving_hidden = False
         self._waiting = None  # the newest snapshot not yet displayed (merged)
-        self._last_vectors = self._last_progress = -np.inf
+        self._last_vectors = -np.inf
         self._display_timer = QTimer()
         self._display_timer.setSingleShot(True)
         self._display_ms = DISPLAY_MS  # paced by _on_lag_tick, given at each start
@@ -255,11 +259,9 @@ class RegisterWidget(WorkerWidget):
         self._update_visibility()
         self._on_layers()
         self._backend.refresh()
-        _import_in_background("pandas")
-        # The engine's modules too: the first run imported them on the GUI thread, part of
-        # a 335 ms pause at its start from the Plugins menu (issue 27).
-        for module in ENGINE_MODULES:
-            _import_in_background(module)
+        # What a first run would do on the GUI thread or in its worker, done now in the
+        # background (_warm_up_in_background): a first click waits for none of it (issue 27).
+        _warm_up_in_background()
         # A full collection now, as the widget opens: CPython runs one when enough objects
         # have outlived two collections since the last, and the first run's new layers (Qt
         # controls, vispy visuals, events) tipped it mid-run: 0.3-0.4 s with the GUI thread
@@ -392,13 +394,16 @@ class RegisterWidget(WorkerWidget):
         self.snapshots_shown = self.snapshots_received = 0
         self._styled = set()  # result layers whose properties this run has set
         self._buffers = {}  # result layer name -> the array this run gave it, refilled
+        self._reveal = set()  # placeholders added hidden, shown with their first data
         self._moving_hidden = False  # hidden at the first registered image shown
-        self._waiting, self._last_vectors, self._last_progress = None, -np.inf, -np.inf
+        self._waiting, self._last_vectors = None, -np.inf
         self._plot.set_curve(empty_curve(self.mode, self._metric.value))
-        # napari's progress bar, advanced by the steps each snapshot covers (snapshots are
-        # merged in the worker, so one yield may stand for several steps).
-        desc = "Aligning frames" if self.mode == "stack" else "Registering"
-        self._progress = progress(total=run.expected_steps() + 1, desc=desc)
+        # the progress bar, advanced by the steps each snapshot covers (snapshots are
+        # merged in the worker, so one yield may stand for several steps); a drift run's
+        # steps are frames (of every pass)
+        self._bar.native.setFormat("%v/%m frames" if self.mode == "stack" else "%p%")
+        self._bar.max = run.expected_steps() + 1
+        self._set_bar(0)
         worker = create_worker(_snapshots, run, _ignore_errors=True)
         worker.yielded.connect(self._receive)
         worker.errored.connect(self._on_error)
@@ -519,6 +524,7 @@ class RegisterWidget(WorkerWidget):
                 layer.data = data.copy() if live else data
                 if live and isinstance(layer.data, np.ndarray):
                     self._buffers[name] = layer.data  # a copy: the next snapshots fill it
+                self._show_placeholder(layer)
 
             return [(f"data {name}", assign)]
         self._styled.add(name)
@@ -542,7 +548,9 @@ class RegisterWidget(WorkerWidget):
                 layers.move(layers.index(added), len(layers))
 
         def fill():
-            layer_by_name(self._viewer, name).data = data
+            layer = layer_by_name(self._viewer, name)
+            layer.data = data
+            self._show_placeholder(layer)
 
         steps = [(f"add {name}", add)]
         return [*steps, (f"data {name}", fill)] if first is not data else steps
@@ -583,10 +591,25 @@ class RegisterWidget(WorkerWidget):
             style = {**VECTOR_STYLES[vector_name], **self._vector_geometry(still)}
             layers.append(("vectors", vector_name, still, style))
         steps = []
+        volume = len(run.shape) == 3
         for kind, layer_name, data, style in layers:
             if not same_kind(layer_by_name(self._viewer, layer_name), kind, data):
-                steps += self._put(kind, layer_name, data, **style)
+                # Hidden until its first data: a layer's first draw (its visual's shaders
+                # compiled, its texture made) then comes with the first snapshot, while the
+                # worker computes, not before the worker starts (the additions are, see
+                # run). A blank layer had nothing to show anyway.
+                if not (kind == "vectors" and volume):  # arrows over a volume: opt in
+                    self._reveal.add(layer_name)
+                steps += self._put(kind, layer_name, data, **style, visible=False)
         return steps
+
+    def _show_placeholder(self, layer) -> None:
+        """Show ``layer`` if it is a placeholder this run added hidden (once: a user who
+        hides it afterwards keeps it hidden)."""
+        if layer is not None and layer.name in self._reveal:
+            self._reveal.discard(layer.name)
+            if not layer.visible:  # a set, even to the same value, refreshes the layer
+                layer.visible = True
 
     def _warped_name(self) -> str:
         """The registered image layer's name (after the run's moving layer)."""
@@ -613,13 +636,6 @@ class RegisterWidget(WorkerWidget):
             self._display_waiting()
         elif not self._display_timer.isActive():
             self._display_timer.start(self._display_ms)
-        # Last: napari's bar processes events as it moves (the worker's "finished" may be
-        # handled in there), so this snapshot must be queued before.
-        bar, now = self._progress, time.perf_counter()
-        due = snap.final or now - self._last_progress >= PROGRESS_MS / 1000
-        if bar is not None and snap.step > bar.n and due:
-            self._last_progress = now
-            bar.update(min(snap.step, bar.total) - bar.n)
 
     def _display_waiting(self):
         """Queue the display of the waiting snapshot (its steps replace those of an earlier
@@ -673,6 +689,7 @@ class RegisterWidget(WorkerWidget):
         def curve():
             self._plot.set_curve(snap.curve)
             self._status.value = snap.describe()
+            self._set_bar(snap.step)
 
         steps = [("curve", curve)]
         moving, fixed = self._moving_layer, self._fixed_layer
@@ -734,10 +751,20 @@ class RegisterWidget(WorkerWidget):
         """Whether a run is under way or its last display not yet drawn."""
         return self._worker is not None or bool(self._steps)
 
-    def _close_progress(self):
-        bar, self._progress = self._progress, None
-        if bar is not None:
-            bar.close()
+    def _set_bar(self, value: int) -> None:
+        """Move the progress bar to ``value`` (at most its maximum), painted with the next
+        repaint of the window: ``QProgressBar.setValue`` repaints at once, and each repaint
+        of a widget composes the whole window (with the OpenGL canvas: 10-14 ms of GUI
+        thread under software OpenGL, measured with cProfile), outside the display's
+        batch."""
+        bar = self._bar.native
+        value = min(int(value), self._bar.max)
+        if value != bar.value():
+            bar.setUpdatesEnabled(False)
+            try:
+                bar.setValue(value)
+            finally:
+                bar.setUpdatesEnabled(True)  # schedules a paint (update), not a repaint
 
     def _on_lag_tick(self):
         """Space the live displays after the GUI thread's recent busy time: the timer's
@@ -753,7 +780,6 @@ class RegisterWidget(WorkerWidget):
 
     def _report_result(self):
         self._lag_timer.stop()
-        self._close_progress()
         self._set_running(False)
         if self._run is not None and self._run.result is not None:
             res = self._run.result
@@ -769,6 +795,7 @@ class RegisterWidget(WorkerWidget):
                     f"{word}: {self._run.frame_total} frames aligned in {res.seconds:.1f} s "
                     f"on {res.device}; lowest frame similarity ({label}) {res.similarity:.3f}"
                 )
+            self._set_bar(self._bar.max)
             if getattr(self, "_rgb_note", ""):
                 status += f"; {self._rgb_note}"
             if res.warnings:
@@ -908,25 +935,35 @@ def _snapshots(run):
     yield from run.snapshots()
 
 
-#: what a first run imports (measured): imported as the widget opens, in a thread
-ENGINE_MODULES = (
+#: what a first run imports (measured): imported as the widget opens, in a thread. The
+#: engine's modules (the first run imported them on the GUI thread, part of a 335 ms pause
+#: at its start from the Plugins menu); pandas (napari's first Vectors layer imports it on
+#: the GUI thread, 0.25 s at load 8)
+WARM_IMPORTS = (
     "napari_simwarp.registration.pair",
     "napari_simwarp.registration.stack",
     "napari_simwarp.io.transform_files",
+    "pandas",
 )
 
 
-def _import_in_background(module: str) -> None:
-    """Import ``module`` now in a daemon thread, unless imported already. napari's first
-    Vectors layer imports pandas on the GUI thread (0.25 s at load 8): the widget imports it
-    as it opens, long before a run adds its arrows (an import the GUI thread then needs
-    waits only for what is left of this one)."""
+def _warm_up_in_background():
+    """Import :data:`WARM_IMPORTS` and make the engine's first optimizers
+    (:func:`~..widgets_logic.warm.warm_optimizers`: ``torch._dynamo``'s import, 1-2 s) in
+    one daemon thread, one after the other (imports of one package from several threads
+    at once can deadlock on their import locks). A step that fails leaves the run to do
+    the same work and report its error. An import the GUI thread or a worker then needs
+    waits only for what is left of it."""
     import importlib
-    import sys
-    import threading
 
-    if module not in sys.modules:
-        threading.Thread(target=importlib.import_module, args=(module,), daemon=True).start()
+    def warm():
+        for module in WARM_IMPORTS:
+            with contextlib.suppress(Exception):
+                importlib.import_module(module)
+        with contextlib.suppress(Exception):
+            warm_optimizers()
+
+    return run_in_background(warm, "napari-simwarp warm-up")
 
 
 def _contrasting(fixed) -> str:
@@ -941,8 +978,6 @@ def _stop_run(widget) -> None:
     the display timer (snapshots still queued are then dropped by ``_closed``)."""
     widget._waiting = None
     widget._steps.clear()
-    with contextlib.suppress(Exception):  # napari's bar may be gone with the window
-        widget._close_progress()
     with contextlib.suppress(Exception):  # the viewer may outlive the widget
         widget._viewer.dims.events.current_step.disconnect(widget._on_step)
     with contextlib.suppress(RuntimeError):  # already deleted with the widget

@@ -37,6 +37,7 @@ from ..widgets_logic.similarity import (
 from ..widgets_logic.stack_maps import STACK_LAYER, stack_map, write_stack_map
 from ._common import (
     WorkerWidget,
+    added_unselected,
     after_kernel_build,
     keep_on_top,
     level_choice,
@@ -44,7 +45,6 @@ from ._common import (
     on_its_plane,
     put_layer,
     remove_layer,
-    selection_kept,
     show_colorbar,
     start_worker,
     wait_for,
@@ -381,8 +381,8 @@ class SimilarityMapWidget(WorkerWidget):
 
             levels = [im.data for im in from_ngff_zarr(str(store)).images]
             data = levels if len(levels) > 1 else levels[0]
-        with selection_kept(self._viewer):  # napari selects the layer it adds
-            remove_layer(self._viewer, STACK_LAYER)
+        remove_layer(self._viewer, STACK_LAYER)
+        with added_unselected(self._viewer):  # napari selects the layer it adds
             self._viewer.add_image(
                 data,
                 name=STACK_LAYER,
