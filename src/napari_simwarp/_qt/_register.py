@@ -43,7 +43,6 @@ from ..widgets_logic.registration import (
     landmarks_from_layers,
 )
 from ..widgets_logic.result_names import is_result
-from ..widgets_logic.warm import warm_optimizers
 from ._common import (
     WorkerWidget,
     after_kernel_build,
@@ -948,20 +947,18 @@ WARM_IMPORTS = (
 
 
 def _warm_up_in_background():
-    """Import :data:`WARM_IMPORTS` and make the engine's first optimizers
-    (:func:`~..widgets_logic.warm.warm_optimizers`: ``torch._dynamo``'s import, 1-2 s) in
-    one daemon thread, one after the other (imports of one package from several threads
-    at once can deadlock on their import locks). A step that fails leaves the run to do
-    the same work and report its error. An import the GUI thread or a worker then needs
-    waits only for what is left of it."""
+    """Import :data:`WARM_IMPORTS` in one daemon thread, one after the other (imports of
+    one package from several threads at once can deadlock on their import locks). An
+    import that fails leaves the run to do it and report its error. An import the GUI
+    thread or a worker then needs waits only for what is left of it. (The engine's solvers
+    make no ``torch.optim`` optimizer on the CPU or CUDA, whose first one imports
+    ``torch._dynamo``, 1-2 s holding the GIL: tests/registration/test_first_run.py.)"""
     import importlib
 
     def warm():
         for module in WARM_IMPORTS:
             with contextlib.suppress(Exception):
                 importlib.import_module(module)
-        with contextlib.suppress(Exception):
-            warm_optimizers()
 
     return run_in_background(warm, "napari-simwarp warm-up")
 
