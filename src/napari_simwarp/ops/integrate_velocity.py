@@ -36,6 +36,13 @@ def integrate_velocity(v: torch.Tensor, steps: int = 7) -> torch.Tensor:
     check_field(v, "v")
     if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= MAX_STEPS:
         raise ValueError(f"steps must be an int in [0, {MAX_STEPS}], got {steps!r}")
+    return scaling_and_squaring(v, steps)
+
+
+def scaling_and_squaring(v: torch.Tensor, steps: int) -> torch.Tensor:
+    """:func:`integrate_velocity` without its input checks (the registration loop's: the
+    finite check reads a value back to the host, a sync per iteration on a GPU; the
+    model's own field needs none)."""
     u = v.to(compute_dtype(v.dtype)) / (2**steps)
     for _ in range(steps):
         u = u + resample_field(u, u)

@@ -15,8 +15,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..ops import integrate_velocity, warp
+from ..ops import warp
 from ..ops._autograd import first_order_backward
+from ..ops.integrate_velocity import scaling_and_squaring
 from ..ops._sampling import (
     affine_grid,
     displacement_to_grid,
@@ -715,7 +716,7 @@ class DenseModel:
             # Integrate on the control grid (cheap), in control-grid pixels.
             cshape = tuple(f.shape[2:])
             v = self._rescale(f, self.shape, cshape)
-            f = self._rescale(integrate_velocity(v, self.steps), cshape, self.shape)
+            f = self._rescale(scaling_and_squaring(v, self.steps), cshape, self.shape)
         d = self._rescale(self._interpolate(f, shape), self.shape, shape)
         if self.init is not None:
             d = d + self._rescale(resize(self.init, shape), self.shape, shape)
