@@ -17,7 +17,6 @@ import torch.nn.functional as F
 
 from ..ops import warp
 from ..ops._autograd import first_order_backward
-from ..ops.integrate_velocity import scaling_and_squaring
 from ..ops._sampling import (
     affine_grid,
     displacement_to_grid,
@@ -25,6 +24,7 @@ from ..ops._sampling import (
     identity_grid,
     level_matrix,
 )
+from ..ops.integrate_velocity import scaling_and_squaring
 from .grid import Grid, unit_grid
 from .pyramid import level_anisotropy, resize
 from .transforms import AffineTransform, DisplacementTransform, VelocityTransform
