@@ -853,9 +853,10 @@ class DenseModel:
         :class:`~..ops._lncc_pair.PairLocalNCCLoss` does).
 
         A B-spline displacement field warping a moving level of the level's shape
-        (:meth:`_fused_field`) takes one :class:`_SplineGrid2d` (3-D: :class:`_SplineGrid3d`): the grid_sample grid
-        (the field's B-spline evaluation, its components' flip into grid_sample's (x, y)
-        order and scaling, the identity added: two matrix products) and the weighted
+        (:meth:`_fused_field`) takes one :class:`_SplineGrid2d` (3-D:
+        :class:`_SplineGrid3d`): the grid_sample grid (the field's B-spline evaluation,
+        its components' flip into grid_sample's (x, y) order and scaling, the identity
+        added: two matrix products, three in 3-D) and the weighted
         bending or diffusion energy, with its gradient folded into the field's (a few
         launches where the separate forms take about fifteen, forward and backward).
         """
