@@ -52,22 +52,32 @@ def scaling_and_squaring(v: torch.Tensor, steps: int) -> torch.Tensor:
     border), so the values are :func:`~.compose.resample_field`'s up to rounding.
     """
     u = v.to(compute_dtype(v.dtype)) / (2**steps)
-    if steps:
-        base, mix = _grid_constants(tuple(u.shape[2:]), u.dtype, u.device)
-        if torch.is_grad_enabled() and u.requires_grad:
-            u = _Squarings.apply(u, base, mix, steps)
-        else:  # nothing saved for a backward (a full-resolution field, 14 copies of it)
-            with torch.no_grad():
-                for _ in range(steps):
-                    u = _square(u, base, mix)[0]
-    return u.to(v.dtype)
+    return squarings(u, steps).to(v.dtype)
+
+
+def squarings(u: torch.Tensor, steps: int, constants=None) -> torch.Tensor:
+    """``steps`` squarings ``u ← u + u(x + u(x))`` of ``u`` ``(N, D, *S)`` (pixels, a
+    compute dtype), no checks: :func:`scaling_and_squaring` after its division.
+    ``constants``: :func:`squaring_constants` of ``S`` if the caller keeps them (made
+    here otherwise)."""
+    if not steps:
+        return u
+    if constants is None:
+        constants = squaring_constants(tuple(u.shape[2:]), u.dtype, u.device)
+    base, mix = constants
+    if torch.is_grad_enabled() and u.requires_grad:
+        return _Squarings.apply(u, base, mix, steps)
+    with torch.no_grad():  # nothing saved for a backward (a full-resolution field: 14 copies)
+        for _ in range(steps):
+            u = _square(u, base, mix)[0]
+    return u
 
 
 #: grid_sampler's codes: bilinear interpolation, "border" padding (SciPy's "nearest")
 _BILINEAR, _BORDER = 0, 1
 
 
-def _grid_constants(shape, dtype, device):
+def squaring_constants(shape, dtype, device):
     """``(base (1, P, D), mix (D, D))`` for a field of spatial ``shape`` (``P`` pixels):
     grid_sample's normalized grid of ``x + u(x)`` is ``base + uᵀ mix`` (``uᵀ``: ``(N, P,
     D)``), ``base`` the identity grid, ``mix[d, e]`` the factor that takes array component

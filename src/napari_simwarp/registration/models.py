@@ -24,7 +24,7 @@ from ..ops._sampling import (
     identity_grid,
     level_matrix,
 )
-from ..ops.integrate_velocity import scaling_and_squaring
+from ..ops.integrate_velocity import squaring_constants, squarings
 from .grid import Grid, unit_grid
 from .pyramid import level_anisotropy, resize
 from .transforms import AffineTransform, DisplacementTransform, VelocityTransform
@@ -793,14 +793,28 @@ class DenseModel:
         """The displacement at a level of ``shape``, in that level's pixels ``(N, D, *shape)``."""
         f = self.field if field is None else field
         if self.kind == "diffeomorphic":
-            # Integrate on the control grid (cheap), in control-grid pixels.
-            cshape = tuple(f.shape[2:])
-            v = self._rescale(f, self.shape, cshape)
-            f = self._rescale(scaling_and_squaring(v, self.steps), cshape, self.shape)
+            f = self._rescale(self._flow(f), tuple(f.shape[2:]), self.shape)
         d = self._rescale(self._interpolate(f, shape), self.shape, shape)
         if self.init is not None:
             d = d + self._rescale(resize(self.init, shape), self.shape, shape)
         return d
+
+    def _flow(self, f: torch.Tensor) -> torch.Tensor:
+        """The diffeomorphic field's displacement on its control grid, in control-grid
+        pixels: the velocity ``f`` (full-resolution pixels) integrated there (cheap), its
+        scaling to control pixels and by ``2**-steps`` as one product."""
+        cshape = tuple(f.shape[2:])
+        key = (cshape, f.dtype, f.device)
+        factor = self._constant(
+            ("flow", *key),
+            lambda: torch.tensor(
+                [c / n / 2**self.steps for c, n in zip(cshape, self.shape)],
+                dtype=f.dtype,
+                device=f.device,
+            ).view(1, -1, *([1] * self.ndim)),
+        )
+        constants = self._constant(("squaring", *key), lambda: squaring_constants(*key))
+        return squarings(f * factor, self.steps, constants)
 
     def moving_displacement(self, shape, field=None) -> torch.Tensor:
         """The displacement from the fixed grid into the original moving image,
@@ -822,19 +836,30 @@ class DenseModel:
         (warped, in-bounds), in-bounds 1 where a sample fell within half a pixel of the
         moving level. What :func:`~napari_simwarp.ops.warp` computes, without its input
         checks: they read values back to the host, and the model makes its own field."""
+        if tuple(moving.shape[2:]) == tuple(shape) and min(shape) > 1:
+            # displacement_to_grid's positions, with the identity part made once: in
+            # grid_sample's normalized (x, y[, z]) order, base + dᵀ · mix (one launch; mix
+            # flips the components, scales them to normalized units and, for a
+            # diffeomorphic field interpolated in control pixels, to the level's pixels)
+            if self.kind == "diffeomorphic" and self.init is None:
+                flow = self._flow(self.field)  # control pixels
+                d, units = self._interpolate(flow, shape), tuple(flow.shape[2:])
+            else:
+                d, units = self.displacement(shape), tuple(shape)
+            n, dims = d.shape[:2]
+            src = moving if moving.shape[0] == n else moving.expand(n, *moving.shape[1:])
+            base, mix = self._constant(
+                ("grid-mix", tuple(shape), units, src.dtype, src.device),
+                lambda: self._grid_mix(shape, units, src.dtype, src.device),
+            )
+            flat = d.to(src.dtype).reshape(n, dims, -1).transpose(1, 2)
+            grid = torch.baddbmm(base.expand(n, *base.shape[1:]), flat, mix.expand(n, dims, dims))
+            grid = grid.view(n, *shape, dims)
+            warped = grid_sample(src, grid, "linear", "nearest")
+            return warped, inside_mask(grid.detach(), shape, self._constants)
         d = self.displacement(shape)
         n = d.shape[0]
         src = moving if moving.shape[0] == n else moving.expand(n, *moving.shape[1:])
-        if tuple(moving.shape[2:]) == tuple(shape) and min(shape) > 1:
-            # displacement_to_grid's positions, with the identity part made once: in
-            # grid_sample's normalized (x, y[, z]) order, base + scale · d (one launch)
-            base, scale = self._constant(
-                ("grid", tuple(shape), src.dtype, src.device),
-                lambda: self._grid_constants(shape, src.dtype, src.device),
-            )
-            grid = torch.addcmul(base, d.to(src.dtype).flip(1).movedim(1, -1), scale)
-            warped = grid_sample(src, grid, "linear", "nearest")
-            return warped, inside_mask(grid.detach(), shape, self._constants)
         warped = warp(src, d, padding="nearest")
         with torch.no_grad():
             pos = [torch.arange(s, dtype=d.dtype, device=d.device) for s in shape]
@@ -968,6 +993,17 @@ class DenseModel:
             # twice the weights (the term is ½ Σ g · w2 g)
             weights = (weights * (2.0 * weight)).permute(1, 2, 0, 3)[None].contiguous()
         return m_x, wy.contiguous(), base.reshape(h, w * d), stencils, weights
+
+    def _grid_mix(self, shape, units, dtype, device):
+        """``(base (1, P, D), mix (D, D))``: the identity grid of ``shape`` (``P`` pixels)
+        and ``mix[a, D − 1 − a]``, the factor from a displacement along array axis ``a``
+        in pixels of a grid ``units`` to grid_sample's normalized units at ``shape``."""
+        d = len(shape)
+        base, _ = self._grid_constants(shape, dtype, device)
+        mix = torch.zeros(d, d, dtype=dtype, device=device)
+        for a, (n, u) in enumerate(zip(shape, units)):
+            mix[a, d - 1 - a] = (n / u) * 2.0 / (n - 1)
+        return base.reshape(1, -1, d), mix
 
     def _grid_constants(self, shape, dtype, device):
         """``(base (1, *S, D), scale (D,))``: the identity grid of ``shape`` and the pixel
