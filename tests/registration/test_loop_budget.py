@@ -12,7 +12,11 @@ ops and <= 1 sync per 10 iterations (met with "mse", "ncc" and the default "lncc
 B-spline field, its warp grid and its regularizer in one autograd Function, the loop's own
 losses, ops/_lncc_pair.py, _ncc_pair.py and _mse_pair.py, and a one-launch Adam step,
 solvers/adam.py), a Gauss–Newton iteration <= 120 ops and <= 1 sync (met by
-every linear model with "ncc", "mse" and "mi", 2-D and 3-D).
+every linear model with "ncc", "mse" and "mi", 2-D and 3-D). The other dense fields
+(:data:`OTHER_DENSE_BUDGETS`): a 3-D B-spline field takes 40.2 with "lncc" (one
+_SplineGrid3d: its third axis costs a product each way, the 0.2 is the read every 10
+iterations) and 26.2 with "mse"; a diffeomorphic field (7 squarings, three launches each
+way) 86.2 / 87.2 (2-D / 3-D) with "lncc", 71.2 / 72.2 with "mse", one sync per 10.
 
 The parameters counted must be device tensors: a tensor read back to the host (and what
 is made from it alone) counts no launch, so a field refitted through the host would hide
