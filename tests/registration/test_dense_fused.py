@@ -143,3 +143,27 @@ def test_set_level_keeps_the_field_on_the_same_grid_and_refits_onto_a_finer_one(
     torch.testing.assert_close(
         model.displacement((64, 48)), coarse.displacement((64, 48)), atol=1e-5, rtol=0
     )
+
+
+@pytest.mark.parametrize(
+    "kwargs,level",
+    [
+        (dict(kind="diffeomorphic", shape=(32, 40)), (32, 40)),
+        (dict(kind="diffeomorphic", shape=(12, 16, 20)), (12, 16, 20)),
+        (dict(kind="deformable", shape=(32, 40), control="linear"), (16, 20)),
+    ],
+)
+def test_other_fields_give_one_plus_the_term_as_a_base(kwargs, level):
+    model = DenseModel(batch=2, dtype=torch.float64, **kwargs)
+    model.set_level(level)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(3)
+        model.field.copy_(torch.randn(model.field.shape, generator=gen, dtype=torch.float64))
+    v = torch.rand(2, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    moving = torch.rand(1, 1, *level, dtype=torch.float64)
+    _, _, base = model.warp_regularized(moving, level, 0.3, plus_one=True)
+    (grad,) = torch.autograd.grad((base * v).sum(), model.field)
+    ref = 1.0 + 0.3 * model.regularizer_by_differences()
+    (ref_grad,) = torch.autograd.grad((ref * v).sum(), model.field)
+    torch.testing.assert_close(base, ref, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-14)

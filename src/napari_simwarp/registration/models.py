@@ -434,17 +434,20 @@ class _WeightedSquares(torch.autograd.Function):
     three forward and four backward). ``w2`` (twice the weights) is a constant."""
 
     @staticmethod
-    def forward(ctx, g, w2):
+    def forward(ctx, g, w2, ones=None):
         wg2 = torch.mul(g, w2)
         ctx.save_for_backward(wg2)
-        # β = 0: the first argument (a view of g) is only read for its shape
-        out = torch.baddbmm(g[:, :1, None], g.unsqueeze(1), wg2.unsqueeze(2), beta=0, alpha=0.5)
+        if ones is None:
+            # β = 0: the first argument (a view of g) is only read for its shape
+            out = torch.baddbmm(g[:, :1, None], g.unsqueeze(1), wg2.unsqueeze(2), beta=0, alpha=0.5)
+        else:  # ones (N, 1, 1): 1 + the sum, in the same launch
+            out = torch.baddbmm(ones, g.unsqueeze(1), wg2.unsqueeze(2), alpha=0.5)
         return out.view(g.shape[0])
 
     @staticmethod
     def backward(ctx, grad):
         (wg2,) = ctx.saved_tensors
-        return torch.mul(wg2, grad.unsqueeze(1)), None
+        return torch.mul(wg2, grad.unsqueeze(1)), None, None
 
 
 class _SplineGrid2d(torch.autograd.Function):
@@ -856,6 +859,8 @@ class DenseModel:
             grid = torch.baddbmm(base.expand(n, *base.shape[1:]), flat, mix.expand(n, dims, dims))
             grid = grid.view(n, *shape, dims)
             warped = grid_sample(src, grid, "linear", "nearest")
+            if self.ndim == 3:
+                return warped, self._inside_sampled(grid.detach(), shape)
             return warped, inside_mask(grid.detach(), shape, self._constants)
         d = self.displacement(shape)
         n = d.shape[0]
@@ -875,7 +880,8 @@ class DenseModel:
         """:meth:`warp` and ``weight ·`` :meth:`regularizer`: ``(warped, in-bounds, term
         (N,))``, the term None where the two are not evaluated together (``plus_one``:
         ``1 +`` the term, for a loss that takes it as its base, as
-        :class:`~..ops._lncc_pair.PairLocalNCCLoss` does).
+        :class:`~..ops._lncc_pair.PairLocalNCCLoss` does; other fields then give
+        :meth:`_regularizer_plus_one`, which saves the loop the launch of a sum).
 
         A B-spline displacement field warping a moving level of the level's shape
         (:meth:`_fused_field`) takes one :class:`_SplineGrid2d` (3-D:
@@ -893,7 +899,10 @@ class DenseModel:
             and moving.dtype == self.field.dtype
         ):
             warped, valid = self.warp(moving, shape)
-            return warped, valid, None
+            if not (weight and plus_one):
+                return warped, valid, None
+            # a loss that takes a base: 1 + weight · the regularizer in its own launches
+            return warped, valid, self._regularizer_plus_one(weight)
         f = self.field
         n = f.shape[0]
         src = moving if moving.shape[0] == n else moving.expand(n, *moving.shape[1:])
@@ -1097,6 +1106,26 @@ class DenseModel:
             torch.as_tensor(kernel, dtype=dtype, device=device),
             torch.as_tensor(weights, dtype=dtype, device=device),
         )
+
+    def _regularizer_plus_one(self, weight: float) -> torch.Tensor:
+        """``1 + weight ·`` :meth:`regularizer` ``(N,)`` in :meth:`regularizer`'s
+        launches (the weight in its constant, the 1 in its last product's)."""
+        f = self.field
+        n, d = f.shape[:2]
+        cshape = tuple(f.shape[2:])
+        key = (self.regularizer_kind, cshape, self.level_pixel, float(weight), f.dtype, f.device)
+
+        def make():
+            stencils, weights = self._regularizer_plan(cshape, f.dtype, f.device)
+            return stencils, None if weights is None else (2.0 * weight) * weights
+
+        stencils, twice = self._constant(("regularizer-plus-one", *key), make)
+        ones = self._constant(("ones", n, f.dtype, f.device), lambda: f.new_ones((n, 1, 1)))
+        if stencils is None:
+            return ones.view(n).clone()
+        conv = F.conv2d if d == 2 else F.conv3d
+        g = conv(f.reshape(n * d, 1, *cshape), stencils, padding=1)
+        return _WeightedSquares.apply(g.view(n, -1), twice.view(1, -1), ones)
 
     def regularizer_by_differences(self) -> torch.Tensor:
         """:meth:`regularizer` written with :func:`torch.diff` term by term (the
