@@ -167,3 +167,19 @@ def test_other_fields_give_one_plus_the_term_as_a_base(kwargs, level):
     (ref_grad,) = torch.autograd.grad((ref * v).sum(), model.field)
     torch.testing.assert_close(base, ref, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-14)
+
+
+def test_set_level_refits_a_3d_field_in_the_fused_layout():
+    model = _model((32, 16, 48), (16, 8, 24), 2, None, "bending", torch.float32)
+    before = model.field.detach().clone()
+    model.set_level((32, 16, 48))  # a finer grid: the least-squares refit, stored as before
+    assert model.field.shape[2:] != before.shape[2:]
+    assert model.field.permute(*FUSED_LAYOUT[3]).is_contiguous() and model.field.requires_grad
+    coarse = DenseModel("deformable", (32, 16, 48), 2)
+    coarse.set_level((16, 8, 24))
+    with torch.no_grad():
+        coarse.field.copy_(before)
+    # the knots nest (half the cells): the same displacement up to float32 rounding
+    torch.testing.assert_close(
+        model.displacement((32, 16, 48)), coarse.displacement((32, 16, 48)), atol=1e-5, rtol=0
+    )
