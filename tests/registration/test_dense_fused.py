@@ -1,12 +1,18 @@
-"""DenseModel.warp_regularized (one _SplineGrid2d) against warp() and regularizer() apart,
-values and gradients, and its autograd Function against gradcheck in float64."""
+"""DenseModel.warp_regularized (one _SplineGrid2d, in 3-D one _SplineGrid3d) against warp()
+and regularizer() apart, values and gradients, and its autograd Functions against gradcheck
+in float64."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from napari_simwarp.registration.models import DenseModel, _SplineGrid2d
+from napari_simwarp.registration.models import (
+    FUSED_LAYOUT,
+    DenseModel,
+    _SplineGrid2d,
+    _SplineGrid3d,
+)
 
 # (shape, level, batch, spacing, regularizer)
 CASES = [
@@ -14,6 +20,9 @@ CASES = [
     ((64, 48), (32, 24), 3, (1.0, 1.5), "bending"),
     ((40, 56), (40, 56), 2, None, "diffusion"),
     ((24, 16), (24, 16), 1, (2.0, 1.0), "bending"),  # a grid of 3 × 2 cells
+    ((24, 28, 32), (24, 28, 32), 1, None, "bending"),
+    ((24, 20, 32), (12, 10, 16), 2, (2.0, 1.0, 1.0), "bending"),
+    ((16, 20, 24), (16, 20, 24), 2, None, "diffusion"),
 ]
 
 
@@ -31,7 +40,7 @@ def _model(shape, level, batch, spacing, regularizer, dtype):
 @pytest.mark.parametrize("shape,level,batch,spacing,regularizer", CASES)
 def test_warp_regularized_equals_warp_and_regularizer(shape, level, batch, spacing, regularizer):
     model = _model(shape, level, batch, spacing, regularizer, torch.float64)
-    assert model.field.permute(0, 2, 1, 3).is_contiguous()  # the stored layout
+    assert model.field.permute(*FUSED_LAYOUT[len(shape)]).is_contiguous()  # the stored layout
     gen = torch.Generator().manual_seed(6)
     moving = torch.rand(1, 1, *level, generator=gen, dtype=torch.float64)
     v_warped = torch.randn(batch, 1, *level, generator=gen, dtype=torch.float64)
@@ -84,10 +93,26 @@ def test_spline_grid_gradcheck(batch, plus_one):
     assert torch.autograd.gradcheck(fn, (field,))
 
 
+@pytest.mark.parametrize("batch,plus_one", [(1, False), (2, True)])
+def test_spline_grid_3d_gradcheck(batch, plus_one):
+    model = _model((12, 10, 14), (12, 10, 14), batch, (1.5, 1.0, 1.0), "bending", torch.float64)
+    consts = model._fused_constants((12, 10, 14), 0.5)
+    ones = torch.ones(batch, 1, 1, dtype=torch.float64) if plus_one else None
+    order = FUSED_LAYOUT[3]
+
+    def fn(field):
+        # the stored layout, (N, c_z, c_y, D, c_x) in memory
+        field = field.permute(*order).contiguous().permute(0, 3, 1, 2, 4)
+        return _SplineGrid3d.apply(field, *consts, ones)
+
+    field = model.field.detach().clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(fn, (field,))
+
+
 def test_other_fields_take_the_separate_path():
     for kwargs, level in [
         (dict(kind="diffeomorphic", shape=(32, 32)), (32, 32)),
-        (dict(kind="deformable", shape=(16, 16, 16)), (16, 16, 16)),
+        (dict(kind="deformable", shape=(16, 16, 16), control="linear"), (16, 16, 16)),
         (dict(kind="deformable", shape=(32, 32), control="linear"), (32, 32)),
     ]:
         model = DenseModel(batch=1, **kwargs)
@@ -117,4 +142,44 @@ def test_set_level_keeps_the_field_on_the_same_grid_and_refits_onto_a_finer_one(
     # displacement (±2 px) up to float32 rounding
     torch.testing.assert_close(
         model.displacement((64, 48)), coarse.displacement((64, 48)), atol=1e-5, rtol=0
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs,level",
+    [
+        (dict(kind="diffeomorphic", shape=(32, 40)), (32, 40)),
+        (dict(kind="diffeomorphic", shape=(12, 16, 20)), (12, 16, 20)),
+        (dict(kind="deformable", shape=(32, 40), control="linear"), (16, 20)),
+    ],
+)
+def test_other_fields_give_one_plus_the_term_as_a_base(kwargs, level):
+    model = DenseModel(batch=2, dtype=torch.float64, **kwargs)
+    model.set_level(level)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(3)
+        model.field.copy_(torch.randn(model.field.shape, generator=gen, dtype=torch.float64))
+    v = torch.rand(2, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    moving = torch.rand(1, 1, *level, dtype=torch.float64)
+    _, _, base = model.warp_regularized(moving, level, 0.3, plus_one=True)
+    (grad,) = torch.autograd.grad((base * v).sum(), model.field)
+    ref = 1.0 + 0.3 * model.regularizer_by_differences()
+    (ref_grad,) = torch.autograd.grad((ref * v).sum(), model.field)
+    torch.testing.assert_close(base, ref, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-14)
+
+
+def test_set_level_refits_a_3d_field_in_the_fused_layout():
+    model = _model((32, 16, 48), (16, 8, 24), 2, None, "bending", torch.float32)
+    before = model.field.detach().clone()
+    model.set_level((32, 16, 48))  # a finer grid: the least-squares refit, stored as before
+    assert model.field.shape[2:] != before.shape[2:]
+    assert model.field.permute(*FUSED_LAYOUT[3]).is_contiguous() and model.field.requires_grad
+    coarse = DenseModel("deformable", (32, 16, 48), 2)
+    coarse.set_level((16, 8, 24))
+    with torch.no_grad():
+        coarse.field.copy_(before)
+    # the knots nest (half the cells): the same displacement up to float32 rounding
+    torch.testing.assert_close(
+        model.displacement((32, 16, 48)), coarse.displacement((32, 16, 48)), atol=1e-5, rtol=0
     )

@@ -12,7 +12,11 @@ ops and <= 1 sync per 10 iterations (met with "mse", "ncc" and the default "lncc
 B-spline field, its warp grid and its regularizer in one autograd Function, the loop's own
 losses, ops/_lncc_pair.py, _ncc_pair.py and _mse_pair.py, and a one-launch Adam step,
 solvers/adam.py), a Gauss–Newton iteration <= 120 ops and <= 1 sync (met by
-every linear model with "ncc", "mse" and "mi", 2-D and 3-D).
+every linear model with "ncc", "mse" and "mi", 2-D and 3-D). The other dense fields
+(:data:`OTHER_DENSE_BUDGETS`): a 3-D B-spline field takes 40.2 with "lncc" (one
+_SplineGrid3d: its third axis costs a product each way, the 0.2 is the read every 10
+iterations) and 26.2 with "mse"; a diffeomorphic field (7 squarings, three launches each
+way) 85.2 / 83.2 (2-D / 3-D) with "lncc", 71.2 / 69.2 with "mse", one sync per 10.
 
 The parameters counted must be device tensors: a tensor read back to the host (and what
 is made from it alone) counts no launch, so a field refitted through the host would hide
@@ -113,6 +117,38 @@ def test_a_dense_adam_iteration_holds_the_budget(metric, most, syncs_most):
 
     def make():
         return DenseModel("deformable", (64, 64), 1)
+
+    launches, syncs, wide, counter = adam_per_iteration(make, fixed, moving, metric)
+    assert launches <= most, dict(counter.ops)
+    assert syncs <= syncs_most, dict(counter.sync_ops)
+    assert wide == 0, dict(counter.float64_ops)
+
+
+# (kind, shape, metric, launches, syncs per iteration) of the other dense fields. 3-D
+# B-spline: one _SplineGrid3d (three products each way where 2-D takes two) and the
+# in-bounds mask as one nearest grid_sample (issue 24, before: lncc 53.2, mse 38.2).
+# Diffeomorphic (linear control grid, scaling and squaring): no host read of the
+# velocity's finite check, the squarings as one autograd Function, three launches per
+# squaring each way (ops/integrate_velocity.py), its constants made once, the level's grid
+# as one product, 3-D's mask as one nearest grid_sample, 1 + the regularizer as the NCC
+# losses' base (before: lncc 203.2 / 253.2 in 2-D / 3-D, mse 188.2 / 238.2, 1.1 syncs).
+OTHER_DENSE_BUDGETS = [
+    ("deformable", (24, 28, 32), "lncc", 40.2, 0.1),
+    ("deformable", (24, 28, 32), "mse", 26.2, 0.1),
+    ("diffeomorphic", (64, 64), "lncc", 85.2, 0.1),
+    ("diffeomorphic", (64, 64), "mse", 71.2, 0.1),
+    ("diffeomorphic", (24, 28, 32), "lncc", 83.2, 0.1),
+    ("diffeomorphic", (24, 28, 32), "mse", 69.2, 0.1),
+]
+
+
+@pytest.mark.usefixtures("gpu_policy")
+@pytest.mark.parametrize("kind,shape,metric,most,syncs_most", OTHER_DENSE_BUDGETS)
+def test_other_dense_adam_iterations_hold_the_budget(kind, shape, metric, most, syncs_most):
+    fixed, moving = _pair(shape)
+
+    def make():
+        return DenseModel(kind, shape, 1)
 
     launches, syncs, wide, counter = adam_per_iteration(make, fixed, moving, metric)
     assert launches <= most, dict(counter.ops)

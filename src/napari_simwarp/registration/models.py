@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..ops import integrate_velocity, warp
+from ..ops import warp
 from ..ops._autograd import first_order_backward
 from ..ops._sampling import (
     affine_grid,
@@ -24,6 +24,7 @@ from ..ops._sampling import (
     identity_grid,
     level_matrix,
 )
+from ..ops.integrate_velocity import squaring_constants, squarings
 from .grid import Grid, unit_grid
 from .pyramid import level_anisotropy, resize
 from .transforms import AffineTransform, DisplacementTransform, VelocityTransform
@@ -383,6 +384,10 @@ class LinearModel:
         ]
 
 
+#: the memory order of a fused B-spline field's axes, by dimension (see
+#: :class:`_SplineGrid2d`, :class:`_SplineGrid3d`): the components before the last axis
+FUSED_LAYOUT = {2: (0, 2, 1, 3), 3: (0, 2, 3, 1, 4)}
+
 #: the dense models' control-grid interpolations (see :class:`DenseModel`)
 CONTROLS = ("linear", "bspline")
 #: each dense model's control grid by default (see :class:`DenseModel`)
@@ -429,17 +434,20 @@ class _WeightedSquares(torch.autograd.Function):
     three forward and four backward). ``w2`` (twice the weights) is a constant."""
 
     @staticmethod
-    def forward(ctx, g, w2):
+    def forward(ctx, g, w2, ones=None):
         wg2 = torch.mul(g, w2)
         ctx.save_for_backward(wg2)
-        # β = 0: the first argument (a view of g) is only read for its shape
-        out = torch.baddbmm(g[:, :1, None], g.unsqueeze(1), wg2.unsqueeze(2), beta=0, alpha=0.5)
+        if ones is None:
+            # β = 0: the first argument (a view of g) is only read for its shape
+            out = torch.baddbmm(g[:, :1, None], g.unsqueeze(1), wg2.unsqueeze(2), beta=0, alpha=0.5)
+        else:  # ones (N, 1, 1): 1 + the sum, in the same launch
+            out = torch.baddbmm(ones, g.unsqueeze(1), wg2.unsqueeze(2), alpha=0.5)
         return out.view(g.shape[0])
 
     @staticmethod
     def backward(ctx, grad):
         (wg2,) = ctx.saved_tensors
-        return torch.mul(wg2, grad.unsqueeze(1)), None
+        return torch.mul(wg2, grad.unsqueeze(1)), None, None
 
 
 class _SplineGrid2d(torch.autograd.Function):
@@ -507,6 +515,84 @@ class _SplineGrid2d(torch.autograd.Function):
         else:
             out = torch.baddbmm(reg, rows, m_t)
         return out.view(n, cy, d, cx).permute(0, 2, 1, 3), None, None, None, None, None, None
+
+
+class _SplineGrid3d(torch.autograd.Function):
+    """:class:`_SplineGrid2d` in 3-D: a B-spline field ``(N, D, c_z, c_y, c_x)`` (stored
+    ``(N, c_z, c_y, D, c_x)`` in memory) ↦ ``(grid (N, Z, Y, X, D), term (N,))``.
+
+    The grid in three batched products: the x axis's weights with the components' flip
+    and scale (``m_x``), the y axis's (a product per ``(pair, z knot)``), the z axis's and
+    the identity in one ``baddbmm``. The regularizer's stencils ``(T, 1, 3, 3, 3)`` run
+    over ``(c_z, c_y, D·c_x)``, the components side by side along the last axis: a tap
+    that crosses from one component into the next falls where the term's weight is 0
+    (every stencil is weighted only where all its taps are on the grid), so neither the
+    term nor its gradient mixes components.
+
+    Backward: ``∂/∂F = (B_zᵀ, B_yᵀ) G m_xᵀ + stencilsᵀ ⋆ (2 w g · t)``, the regularizer's
+    share summed in by the last product: five launches (autograd's separable form takes
+    about twenty, forward and backward, with its copies).
+    """
+
+    @staticmethod
+    def forward(ctx, field, m_x, w_y, w_z, base, stencils, w2, ones):
+        n, d, cz, cy, cx = field.shape
+        zs, ys = w_z.shape[0], w_y.shape[0]
+        fp = field.permute(0, 2, 3, 1, 4)  # (N, c_z, c_y, D, c_x): contiguous as stored
+        x_done = torch.bmm(fp.reshape(n, cz * cy, d * cx), m_x.expand(n, *m_x.shape))
+        xd = x_done.shape[-1]  # X·D
+        y_done = torch.bmm(w_y.expand(n * cz, *w_y.shape), x_done.view(n * cz, cy, xd))
+        grid = torch.baddbmm(
+            base.expand(n, *base.shape),
+            w_z.expand(n, *w_z.shape),
+            y_done.view(n, cz, ys * xd),
+        )
+        grid = grid.view(n, zs, ys, -1, d)
+        wg = None
+        if stencils is None:
+            term = field.new_zeros(n) if ones is None else ones.view(n).clone()
+        else:
+            g = F.conv3d(fp.reshape(n, 1, cz, cy, d * cx), stencils, padding=1)
+            wg = torch.mul(g, w2)  # (N, T, c_z, c_y, D·c_x), twice the weights
+            gf = g.view(n, 1, -1)
+            if ones is None:  # β = 0: the first argument (a view of g) is only read for its shape
+                term = torch.baddbmm(gf[:, :, :1], gf, wg.view(n, -1, 1), beta=0, alpha=0.5)
+            else:  # 1 + the term
+                term = torch.baddbmm(ones, gf, wg.view(n, -1, 1), alpha=0.5)
+            term = term.view(n)
+        ctx.save_for_backward(m_x, w_y, w_z, stencils, wg)
+        ctx.shape = (n, d, cz, cy, cx)
+        return grid, term
+
+    @staticmethod
+    @first_order_backward("B-spline grid")
+    def backward(ctx, grad_grid, grad_term):
+        m_x, w_y, w_z, stencils, wg = ctx.saved_tensors
+        n, d, cz, cy, cx = ctx.shape
+        zs, ys = w_z.shape[0], w_y.shape[0]
+        rows = None  # ∂/∂(F m_x) (N, c_z·c_y, X·D)
+        if grad_grid is not None:
+            g = grad_grid.reshape(n, zs, -1)  # (N, Z, Y·X·D)
+            zt, yt = w_z.t(), w_y.t()
+            rz = torch.bmm(zt.expand(n, *zt.shape), g)  # (N, c_z, Y·X·D)
+            xd = g.shape[-1] // ys
+            rows = torch.bmm(yt.expand(n * cz, *yt.shape), rz.view(n * cz, ys, xd))
+            rows = rows.view(n, cz * cy, xd)
+        reg = None  # ∂/∂F of the term, (N, c_z·c_y, D·c_x)
+        if grad_term is not None and wg is not None:
+            scaled = torch.mul(wg, grad_term.view(n, 1, 1, 1, 1))
+            reg = F.conv_transpose3d(scaled, stencils, padding=1).view(n, cz * cy, d * cx)
+        if rows is None and reg is None:
+            return (None,) * 8
+        m_t = m_x.t().expand(n, *m_x.t().shape)
+        if rows is None:
+            out = reg
+        elif reg is None:
+            out = torch.bmm(rows, m_t)
+        else:
+            out = torch.baddbmm(reg, rows, m_t)
+        out = out.view(n, cz, cy, d, cx).permute(0, 3, 1, 2, 4)
+        return (out,) + (None,) * 7
 
 
 def _doubled(plan):
@@ -680,20 +766,18 @@ class DenseModel:
         else:
             f = resize(self.field.detach(), cshape)
         if self._fused_field():
-            # stored with the components between the two grid axes, (N, c_y, D, c_x) in
-            # memory, as _SplineGrid2d reads and writes it (no copy in either direction)
-            f = f.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+            # stored with the components before the last grid axis, (N, c_y, D, c_x) or
+            # (N, c_z, c_y, D, c_x) in memory, as _SplineGrid2d/3d read and write it (no
+            # copy in either direction)
+            order = FUSED_LAYOUT[self.ndim]
+            f = f.permute(*order).contiguous().permute(*np.argsort(order).tolist())
         self.field = f.clone().requires_grad_(True)
 
     def _fused_field(self) -> bool:
         """Whether :meth:`warp_regularized` evaluates the field, its warp grid and its
-        regularizer in one :class:`_SplineGrid2d` (2-D B-spline displacement fields)."""
-        return (
-            self.ndim == 2
-            and self.control == "bspline"
-            and self.kind == "deformable"
-            and self.init is None
-        )
+        regularizer in one :class:`_SplineGrid2d` or :class:`_SplineGrid3d` (B-spline
+        displacement fields)."""
+        return self.control == "bspline" and self.kind == "deformable" and self.init is None
 
     def _rescale(self, d: torch.Tensor, from_shape, to_shape) -> torch.Tensor:
         """A displacement in pixels of a grid ``from_shape`` to pixels of ``to_shape``."""
@@ -712,14 +796,28 @@ class DenseModel:
         """The displacement at a level of ``shape``, in that level's pixels ``(N, D, *shape)``."""
         f = self.field if field is None else field
         if self.kind == "diffeomorphic":
-            # Integrate on the control grid (cheap), in control-grid pixels.
-            cshape = tuple(f.shape[2:])
-            v = self._rescale(f, self.shape, cshape)
-            f = self._rescale(integrate_velocity(v, self.steps), cshape, self.shape)
+            f = self._rescale(self._flow(f), tuple(f.shape[2:]), self.shape)
         d = self._rescale(self._interpolate(f, shape), self.shape, shape)
         if self.init is not None:
             d = d + self._rescale(resize(self.init, shape), self.shape, shape)
         return d
+
+    def _flow(self, f: torch.Tensor) -> torch.Tensor:
+        """The diffeomorphic field's displacement on its control grid, in control-grid
+        pixels: the velocity ``f`` (full-resolution pixels) integrated there (cheap), its
+        scaling to control pixels and by ``2**-steps`` as one product."""
+        cshape = tuple(f.shape[2:])
+        key = (cshape, f.dtype, f.device)
+        factor = self._constant(
+            ("flow", *key),
+            lambda: torch.tensor(
+                [c / n / 2**self.steps for c, n in zip(cshape, self.shape)],
+                dtype=f.dtype,
+                device=f.device,
+            ).view(1, -1, *([1] * self.ndim)),
+        )
+        constants = self._constant(("squaring", *key), lambda: squaring_constants(*key))
+        return squarings(f * factor, self.steps, constants)
 
     def moving_displacement(self, shape, field=None) -> torch.Tensor:
         """The displacement from the fixed grid into the original moving image,
@@ -741,19 +839,32 @@ class DenseModel:
         (warped, in-bounds), in-bounds 1 where a sample fell within half a pixel of the
         moving level. What :func:`~napari_simwarp.ops.warp` computes, without its input
         checks: they read values back to the host, and the model makes its own field."""
+        if tuple(moving.shape[2:]) == tuple(shape) and min(shape) > 1:
+            # displacement_to_grid's positions, with the identity part made once: in
+            # grid_sample's normalized (x, y[, z]) order, base + dᵀ · mix (one launch; mix
+            # flips the components, scales them to normalized units and, for a
+            # diffeomorphic field interpolated in control pixels, to the level's pixels)
+            if self.kind == "diffeomorphic" and self.init is None:
+                flow = self._flow(self.field)  # control pixels
+                d, units = self._interpolate(flow, shape), tuple(flow.shape[2:])
+            else:
+                d, units = self.displacement(shape), tuple(shape)
+            n, dims = d.shape[:2]
+            src = moving if moving.shape[0] == n else moving.expand(n, *moving.shape[1:])
+            base, mix = self._constant(
+                ("grid-mix", tuple(shape), units, src.dtype, src.device),
+                lambda: self._grid_mix(shape, units, src.dtype, src.device),
+            )
+            flat = d.to(src.dtype).reshape(n, dims, -1).transpose(1, 2)
+            grid = torch.baddbmm(base.expand(n, *base.shape[1:]), flat, mix.expand(n, dims, dims))
+            grid = grid.view(n, *shape, dims)
+            warped = grid_sample(src, grid, "linear", "nearest")
+            if self.ndim == 3:
+                return warped, self._inside_sampled(grid.detach(), shape)
+            return warped, inside_mask(grid.detach(), shape, self._constants)
         d = self.displacement(shape)
         n = d.shape[0]
         src = moving if moving.shape[0] == n else moving.expand(n, *moving.shape[1:])
-        if tuple(moving.shape[2:]) == tuple(shape) and min(shape) > 1:
-            # displacement_to_grid's positions, with the identity part made once: in
-            # grid_sample's normalized (x, y[, z]) order, base + scale · d (one launch)
-            base, scale = self._constant(
-                ("grid", tuple(shape), src.dtype, src.device),
-                lambda: self._grid_constants(shape, src.dtype, src.device),
-            )
-            grid = torch.addcmul(base, d.to(src.dtype).flip(1).movedim(1, -1), scale)
-            warped = grid_sample(src, grid, "linear", "nearest")
-            return warped, inside_mask(grid.detach(), shape, self._constants)
         warped = warp(src, d, padding="nearest")
         with torch.no_grad():
             pos = [torch.arange(s, dtype=d.dtype, device=d.device) for s in shape]
@@ -769,12 +880,14 @@ class DenseModel:
         """:meth:`warp` and ``weight ·`` :meth:`regularizer`: ``(warped, in-bounds, term
         (N,))``, the term None where the two are not evaluated together (``plus_one``:
         ``1 +`` the term, for a loss that takes it as its base, as
-        :class:`~..ops._lncc_pair.PairLocalNCCLoss` does).
+        :class:`~..ops._lncc_pair.PairLocalNCCLoss` does; other fields then give
+        :meth:`_regularizer_plus_one`, which saves the loop the launch of a sum).
 
-        A 2-D B-spline displacement field warping a moving level of the level's shape
-        (:meth:`_fused_field`) takes one :class:`_SplineGrid2d`: the grid_sample grid
-        (the field's B-spline evaluation, its components' flip into grid_sample's (x, y)
-        order and scaling, the identity added: two matrix products) and the weighted
+        A B-spline displacement field warping a moving level of the level's shape
+        (:meth:`_fused_field`) takes one :class:`_SplineGrid2d` (3-D:
+        :class:`_SplineGrid3d`): the grid_sample grid (the field's B-spline evaluation,
+        its components' flip into grid_sample's (x, y) order and scaling, the identity
+        added: two matrix products, three in 3-D) and the weighted
         bending or diffusion energy, with its gradient folded into the field's (a few
         launches where the separate forms take about fifteen, forward and backward).
         """
@@ -786,7 +899,10 @@ class DenseModel:
             and moving.dtype == self.field.dtype
         ):
             warped, valid = self.warp(moving, shape)
-            return warped, valid, None
+            if not (weight and plus_one):
+                return warped, valid, None
+            # a loss that takes a base: 1 + weight · the regularizer in its own launches
+            return warped, valid, self._regularizer_plus_one(weight)
         f = self.field
         n = f.shape[0]
         src = moving if moving.shape[0] == n else moving.expand(n, *moving.shape[1:])
@@ -797,9 +913,32 @@ class DenseModel:
         ones = None
         if plus_one:
             ones = self._constant(("ones", n, f.dtype, f.device), lambda: f.new_ones((n, 1, 1)))
-        grid, term = _SplineGrid2d.apply(f, *consts, ones)
+        spline = _SplineGrid2d if self.ndim == 2 else _SplineGrid3d
+        grid, term = spline.apply(f, *consts, ones)
         warped = grid_sample(src, grid, "linear", "nearest")
+        if self.ndim == 3:
+            return warped, self._inside_sampled(grid.detach(), shape), term
         return warped, self._inside(grid.detach(), shape), term
+
+    def _inside_sampled(self, grid: torch.Tensor, shape) -> torch.Tensor:
+        """:func:`inside_mask` of a normalized grid ``(N, *S, D)`` onto an image of
+        ``shape`` as one launch: a ones image sampled at the nearest pixel with zero
+        padding, 1 where the nearest pixel is on the image, i.e. within half a pixel of it
+        (the comparisons of :func:`inside_mask` take four launches where the axes' limits
+        differ). The two differ only where a position rounds to exactly half a pixel past
+        the last one (half-to-even rounding there)."""
+        ones = self._constant(
+            ("ones", tuple(shape), grid.dtype, grid.device),
+            lambda: grid.new_ones((1, 1, *shape)),
+        )
+        n = grid.shape[0]
+        return F.grid_sample(
+            ones.expand(n, 1, *shape),
+            grid,
+            mode="nearest",
+            padding_mode="zeros",
+            align_corners=True,
+        )
 
     def _inside(self, grid: torch.Tensor, shape) -> torch.Tensor:
         """:func:`inside_mask` written into a tensor of the model's, one per shape (one
@@ -823,7 +962,9 @@ class DenseModel:
     def _fused_constants(self, shape, weight):
         """The constants of :class:`_SplineGrid2d` at a level of ``shape`` (made once):
         ``(m_x (D·c_x, W·D), w_y (H, c_y), base (H, W·D), stencils (T, 1, 3, 1, 3) or
-        None, w2 (1, T, c_y, D, c_x) or None)``.
+        None, w2 (1, T, c_y, D, c_x) or None)``; in 3-D :class:`_SplineGrid3d`'s, ``(m_x
+        (D·c_x, X·D), w_y (Y, c_y), w_z (Z, c_z), base (Z, Y·X·D), stencils (T, 1, 3, 3, 3)
+        or None, w2 (1, T, c_z, c_y, D·c_x) or None)``.
 
         ``m_x[(d, k), (w, e)] = B_x[w, k] · S[e, d]``: the x axis's B-spline weights and
         ``S``, which takes the field's component ``d`` (array order, full-resolution
@@ -831,8 +972,8 @@ class DenseModel:
         this level)."""
         f = self.field
         dtype, device = f.dtype, f.device
-        cy, cx = f.shape[2:]
-        h, w = shape
+        cy, cx = f.shape[-2:]
+        h, w = shape[-2:]
         d = self.ndim
         wy = bspline_weights(cy, h, dtype, device)  # (H, c_y)
         bx = bspline_weights(cx, w, dtype, device)  # (W, c_x)
@@ -844,13 +985,34 @@ class DenseModel:
         # m_x[d, k, w, e] = B_x[w, k] S[e, d] (in the field's dtype: no float64 on a GPU)
         m_x = torch.einsum("wk,ed->dkwe", bx, mix).reshape(d * cx, w * d)
         base, _ = self._grid_constants(shape, dtype, device)
-        stencils, weights = self._regularizer_plan((cy, cx), dtype, device)
+        cshape = tuple(f.shape[2:])
+        stencils, weights = self._regularizer_plan(cshape, dtype, device)
+        if d == 3:
+            wz = bspline_weights(cshape[0], shape[0], dtype, device)  # (Z, c_z)
+            if stencils is not None:
+                # (D, T, c_z, c_y, c_x) → (1, T, c_z, c_y, D·c_x), the layout of the
+                # stencils' output; twice the weights
+                weights = (weights * (2.0 * weight)).permute(1, 2, 3, 0, 4)
+                weights = weights.reshape(1, -1, *cshape[:2], d * cx).contiguous()
+            base = base.reshape(shape[0], -1)
+            return m_x, wy.contiguous(), wz.contiguous(), base, stencils, weights
         if stencils is not None:
             stencils = stencils[:, :, :, None, :]
             # (D, T, c_y, c_x) → (1, T, c_y, D, c_x), the layout of the stencils' output;
             # twice the weights (the term is ½ Σ g · w2 g)
             weights = (weights * (2.0 * weight)).permute(1, 2, 0, 3)[None].contiguous()
         return m_x, wy.contiguous(), base.reshape(h, w * d), stencils, weights
+
+    def _grid_mix(self, shape, units, dtype, device):
+        """``(base (1, P, D), mix (D, D))``: the identity grid of ``shape`` (``P`` pixels)
+        and ``mix[a, D − 1 − a]``, the factor from a displacement along array axis ``a``
+        in pixels of a grid ``units`` to grid_sample's normalized units at ``shape``."""
+        d = len(shape)
+        base, _ = self._grid_constants(shape, dtype, device)
+        mix = torch.zeros(d, d, dtype=dtype, device=device)
+        for a, (n, u) in enumerate(zip(shape, units)):
+            mix[a, d - 1 - a] = (n / u) * 2.0 / (n - 1)
+        return base.reshape(1, -1, d), mix
 
     def _grid_constants(self, shape, dtype, device):
         """``(base (1, *S, D), scale (D,))``: the identity grid of ``shape`` and the pixel
@@ -944,6 +1106,26 @@ class DenseModel:
             torch.as_tensor(kernel, dtype=dtype, device=device),
             torch.as_tensor(weights, dtype=dtype, device=device),
         )
+
+    def _regularizer_plus_one(self, weight: float) -> torch.Tensor:
+        """``1 + weight ·`` :meth:`regularizer` ``(N,)`` in :meth:`regularizer`'s
+        launches (the weight in its constant, the 1 in its last product's)."""
+        f = self.field
+        n, d = f.shape[:2]
+        cshape = tuple(f.shape[2:])
+        key = (self.regularizer_kind, cshape, self.level_pixel, float(weight), f.dtype, f.device)
+
+        def make():
+            stencils, weights = self._regularizer_plan(cshape, f.dtype, f.device)
+            return stencils, None if weights is None else (2.0 * weight) * weights
+
+        stencils, twice = self._constant(("regularizer-plus-one", *key), make)
+        ones = self._constant(("ones", n, f.dtype, f.device), lambda: f.new_ones((n, 1, 1)))
+        if stencils is None:
+            return ones.view(n).clone()
+        conv = F.conv2d if d == 2 else F.conv3d
+        g = conv(f.reshape(n * d, 1, *cshape), stencils, padding=1)
+        return _WeightedSquares.apply(g.view(n, -1), twice.view(1, -1), ones)
 
     def regularizer_by_differences(self) -> torch.Tensor:
         """:meth:`regularizer` written with :func:`torch.diff` term by term (the

@@ -1,0 +1,66 @@
+"""DenseModel("diffeomorphic").warp (the velocity integrated by ops/integrate_velocity.py's
+one autograd Function, the level's grid as one product) against the definition written
+with the separate ops: scaling and squaring by ``resample_field``, bilinear upsampling,
+``ops.warp``; values, in-bounds mask and gradients, in float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from napari_simwarp.ops import warp
+from napari_simwarp.ops.compose import resample_field
+from napari_simwarp.registration.models import DenseModel
+from napari_simwarp.registration.pyramid import resize
+
+
+def _reference(model, moving, shape):
+    """(warped, in-bounds) by the definition, differentiable with respect to the field."""
+    f = model.field
+    cshape = f.shape[2:]
+    view = (1, -1) + (1,) * model.ndim
+    to_control = torch.tensor([c / n for c, n in zip(cshape, model.shape)], dtype=f.dtype)
+    u = f * to_control.view(view) / 2**model.steps
+    for _ in range(model.steps):
+        u = u + resample_field(u, u)
+    to_level = torch.tensor([m / c for m, c in zip(shape, cshape)], dtype=f.dtype)
+    d = resize(u, shape) * to_level.view(view)
+    warped = warp(moving.expand(f.shape[0], *moving.shape[1:]), d, padding="nearest")
+    inside = torch.ones_like(d[:, :1])
+    for axis, n in enumerate(shape):
+        pos = torch.arange(n, dtype=d.dtype).view(
+            [n if a == axis else 1 for a in range(len(shape))]
+        )
+        p = pos + d[:, axis].detach()
+        inside = inside * ((p >= -0.5) & (p <= n - 0.5)).unsqueeze(1).to(d.dtype)
+    return warped, inside
+
+
+# (full shape, level, batch)
+CASES = [((64, 48), (64, 48), 1), ((64, 48), (32, 24), 2), ((20, 24, 28), (20, 24, 28), 2)]
+
+
+@pytest.mark.parametrize("shape,level,batch", CASES)
+def test_diffeomorphic_warp_equals_the_definition(shape, level, batch):
+    model = DenseModel("diffeomorphic", shape, batch, dtype=torch.float64)
+    model.set_level(level)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():  # velocities of about ±4 px: some samples past the border
+        model.field.copy_(4.0 * torch.randn(model.field.shape, generator=gen, dtype=torch.float64))
+    moving = torch.rand(1, 1, *level, generator=gen, dtype=torch.float64)
+    v = torch.randn(batch, 1, *level, generator=gen, dtype=torch.float64)
+
+    warped, valid = model.warp(moving, level)
+    (grad,) = torch.autograd.grad((warped * v).sum(), model.field)
+    ref_warped, ref_valid = _reference(model, moving, level)
+    (ref_grad,) = torch.autograd.grad((ref_warped * v).sum(), model.field)
+
+    torch.testing.assert_close(warped, ref_warped, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(valid, ref_valid)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-10)
+    assert 0 < valid.mean() < 1
+    # the same displacement as the model's displacement() (the transforms' path)
+    d = model.displacement(level)
+    torch.testing.assert_close(
+        model.warp(moving, level)[0], warp(moving.expand(batch, -1, *level), d)
+    )
