@@ -13,10 +13,10 @@ B-spline field, its warp grid and its regularizer in one autograd Function, the 
 losses, ops/_lncc_pair.py, _ncc_pair.py and _mse_pair.py, and a one-launch Adam step,
 solvers/adam.py), a Gauss–Newton iteration <= 120 ops and <= 1 sync (met by
 every linear model with "ncc", "mse" and "mi", 2-D and 3-D). The other dense fields
-(:data:`OTHER_DENSE_BUDGETS`): a 3-D B-spline field takes 40.2 with "lncc" (one
-_SplineGrid3d: its third axis costs a product each way, the 0.2 is the read every 10
+(:data:`OTHER_DENSE_BUDGETS`): a 3-D B-spline field takes 39.2 with "lncc" (one
+_SplineGrid3d: its third axis costs a product each way; the 0.2 is the read every 10
 iterations) and 26.2 with "mse"; a diffeomorphic field (7 squarings, three launches each
-way) 85.2 / 83.2 (2-D / 3-D) with "lncc", 71.2 / 69.2 with "mse", one sync per 10.
+way) 84.2 / 82.2 (2-D / 3-D) with "lncc", 71.2 / 69.2 with "mse", one sync per 10.
 
 The parameters counted must be device tensors: a tensor read back to the host (and what
 is made from it alone) counts no launch, so a field refitted through the host would hide
@@ -107,7 +107,7 @@ def adam_per_iteration(make_model, fixed, moving, metric):
 # best-so-far's clone 0.2 launches. (Issue 24, before: mse 40, ncc 113, lncc 165 launches
 # and 3.1 syncs; then, counted with the field as a device tensor, mse 35.2, ncc 107.2,
 # lncc 53.2.)
-DENSE_BUDGETS = [("mse", 25.2, 0.1), ("ncc", 39.2, 0.1), ("lncc", 39.2, 0.1)]
+DENSE_BUDGETS = [("mse", 25.2, 0.1), ("ncc", 39.2, 0.1), ("lncc", 38.2, 0.1)]
 
 
 @pytest.mark.usefixtures("gpu_policy")
@@ -133,11 +133,11 @@ def test_a_dense_adam_iteration_holds_the_budget(metric, most, syncs_most):
 # as one product, 3-D's mask as one nearest grid_sample, 1 + the regularizer as the NCC
 # losses' base (before: lncc 203.2 / 253.2 in 2-D / 3-D, mse 188.2 / 238.2, 1.1 syncs).
 OTHER_DENSE_BUDGETS = [
-    ("deformable", (24, 28, 32), "lncc", 40.2, 0.1),
+    ("deformable", (24, 28, 32), "lncc", 39.2, 0.1),
     ("deformable", (24, 28, 32), "mse", 26.2, 0.1),
-    ("diffeomorphic", (64, 64), "lncc", 85.2, 0.1),
+    ("diffeomorphic", (64, 64), "lncc", 84.2, 0.1),
     ("diffeomorphic", (64, 64), "mse", 71.2, 0.1),
-    ("diffeomorphic", (24, 28, 32), "lncc", 83.2, 0.1),
+    ("diffeomorphic", (24, 28, 32), "lncc", 82.2, 0.1),
     ("diffeomorphic", (24, 28, 32), "mse", 69.2, 0.1),
 ]
 

@@ -43,6 +43,11 @@ from ._padding import centered_pads
 from ._validation import check_pair, check_window
 from .losses import LocalNCCLoss
 
+#: added to a pair's weight sum Σw (about its pixel count, or 0 where no pixel counts):
+#: LocalNCCLoss's floor (there a clamp; here one launch fewer, and a relative change of
+#: 1e-8 / Σw where any pixel counts)
+WEIGHT_FLOOR = 1e-8
+
 
 def reflect_index(shape: Sequence[int], window: Sequence[int]) -> np.ndarray:
     """The flat index into an image of ``shape`` of every pixel of its SciPy "reflect"
@@ -156,7 +161,7 @@ class _FixedSide:
 
     def buffers(self, n: int, fresh: bool = False):
         """``(pair (2, N, *P), rho (N, 2, S'), q (3, N, *S), partials (3, N, *S), unit
-        (N,))`` for ``N`` pairs, made once: ``pair[0]`` holds the fixed image's padded copy
+        (N,), floor (N, 1, 2))`` for ``N`` pairs, made once: ``pair[0]`` holds the fixed image's padded copy
         and ``pair[1]`` takes the moving image's; ``rho[:, 0]`` takes the local NCC beside
         a row of ones (``S'``: the pixel count), so that one product gives the weighted sum
         and the weight's sum; ``q`` takes the gradient's three maps per unit ``∂L/∂ρ``
@@ -177,7 +182,11 @@ class _FixedSide:
             rho[:, 1] = 1.0
             q = torch.empty((3, n, *self.spatial), **like)
             partials = torch.empty_like(q)
-            made = (pair, rho, q, partials, p.new_ones((n,)))
+            # added to (Σwρ, Σw): LocalNCCLoss's floor of Σw (a clamp there), in the
+            # weighted sums' own launch
+            floor = torch.zeros((n, 1, 2), **like)
+            floor[..., 1] = WEIGHT_FLOOR
+            made = (pair, rho, q, partials, p.new_ones((n,)), floor)
             if fresh:
                 return made
             self._buffers = made
@@ -206,7 +215,7 @@ class _PairLocalNCC(torch.autograd.Function):
         acc, impl, total = side.acc, side.impl, side.total
         n = moving.shape[0]
         keep = side.lease.free()
-        pair, rho_rows, q, partials, unit = side.buffers(n, fresh=not keep)
+        pair, rho_rows, q, partials, unit, floor = side.buffers(n, fresh=not keep)
         if keep and any(ctx.needs_input_grad):
             side.lease.hold(ctx)
         ctx.partials = partials
@@ -236,8 +245,8 @@ class _PairLocalNCC(torch.autograd.Function):
             w = wsum = None
         else:
             w = weight.to(acc).expand(n, 1, *spatial).reshape(n, 1, -1)
-            sums = torch.bmm(w, rho_rows.transpose(1, 2)).view(n, 2)  # Σwρ, Σw
-            wsum = sums[:, 1].clamp_min(1e-8)  # LocalNCCLoss's floor
+            sums = torch.baddbmm(floor, w, rho_rows.transpose(1, 2)).view(n, 2)  # Σwρ, Σw
+            wsum = sums[:, 1]
             loss = torch.addcdiv(base, sums[:, 0], wsum, value=-1.0)
         ctx.side, ctx.scale, ctx.n = side, scale, n
         ctx.save_for_backward(pair, q, w, wsum)
