@@ -161,10 +161,11 @@ class _FixedSide:
 
     def buffers(self, n: int, fresh: bool = False):
         """``(pair (2, N, *P), rho (N, 2, S'), q (3, N, *S), partials (3, N, *S), unit
-        (N,), floor (N, 1, 2))`` for ``N`` pairs, made once: ``pair[0]`` holds the fixed image's padded copy
-        and ``pair[1]`` takes the moving image's; ``rho[:, 0]`` takes the local NCC beside
-        a row of ones (``S'``: the pixel count), so that one product gives the weighted sum
-        and the weight's sum; ``q`` takes the gradient's three maps per unit ``∂L/∂ρ``
+        (N,), floor (N, 1, 2))`` for ``N`` pairs, made once: ``pair[0]`` holds the fixed
+        image's padded copy and ``pair[1]`` takes the moving image's; ``rho[:, 0]`` takes
+        the local NCC beside a row of ones (``S'``: the pixel count), so that one product
+        gives the weighted sum and the weight's sum (plus ``floor``: 0 and
+        :data:`WEIGHT_FLOOR`); ``q`` takes the gradient's three maps per unit ``∂L/∂ρ``
         (:class:`_PairLocalNCC`) and ``partials`` their products in the backward.
 
         Lent to one call at a time (:class:`BufferLease`); ``fresh``: new ones, not kept.
