@@ -88,6 +88,18 @@ def _local_std_bwd(make, shape, window, normalize=True):
     return (grad, make.place(out), make.place(s1), make.place(flat), xp, window, normalize)
 
 
+def _parzen_fwd(make):
+    return (make(2, 50, grad=True), make(2, 50, grad=True), make(2, 50).abs(), 8, True, [])
+
+
+def _parzen_bwd(make):
+    a, b, w = make(2, 50), make(2, 50), make(2, 50).abs()
+    score, g, frame = torch.ops.simwarp.parzen_fwd(
+        a.contiguous(), b.contiguous(), w.contiguous(), 8, True, []
+    )
+    return (make(2), make.place(score), make.place(g), a, b, w, make.place(frame), 8)
+
+
 def _local_std_2d_fwd(make, padding):
     return (
         make(2, 3, 9, 10, scale=3.0, offset=10.0, grad=True),
@@ -162,6 +174,8 @@ CASES = [
     ("splat_fwd-3d-plain", "splat_fwd", lambda m: _splat_fwd(m, (5, 6, 7), False)),
     ("splat_bwd-2d", "splat_bwd", lambda m: _splat_bwd(m, (9, 10), True, True)),
     ("splat_bwd-3d-plain-no-v_den", "splat_bwd", lambda m: _splat_bwd(m, (5, 6, 7), False, False)),
+    ("parzen_fwd", "parzen_fwd", _parzen_fwd),
+    ("parzen_bwd", "parzen_bwd", _parzen_bwd),
 ]
 
 
