@@ -171,6 +171,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parzen_fwd(const at::Tensor& a_in
                                                           at::ArrayRef<double> value_range) {
   checks::parzen_fwd(a_in, b_in, weight_in, bins, value_range);
   const int64_t M = a_in.size(0), P = a_in.size(1);
+  if (M == 0 || P == 0) {  // nothing counted: an empty histogram's score, no gradient
+    return {at::full({M}, normalize ? 2.0 : 0.0, a_in.options()), at::zeros({M, bins, bins}, a_in.options()),
+            at::zeros({M, 4}, a_in.options())};
+  }
   const at::Tensor a = a_in.contiguous(), b = b_in.contiguous();
   const at::Tensor w = weight_in.has_value() ? weight_in->contiguous() : at::Tensor();
   at::Tensor score = at::empty({M}, a.options());
@@ -199,6 +203,7 @@ std::tuple<at::Tensor, at::Tensor> parzen_bwd(const at::Tensor& grad_score_in, c
                                               const at::Tensor& frame_in, int64_t bins) {
   checks::parzen_bwd(grad_score_in, score_in, grad_joint_in, a_in, b_in, weight_in, frame_in, bins);
   const int64_t M = a_in.size(0), P = a_in.size(1);
+  if (M == 0 || P == 0) return {at::zeros(a_in.sizes(), a_in.options()), at::zeros(b_in.sizes(), b_in.options())};
   const at::Tensor a = a_in.contiguous(), b = b_in.contiguous();
   const at::Tensor w = weight_in.has_value() ? weight_in->contiguous() : at::Tensor();
   const at::Tensor gs = grad_score_in.contiguous(), score = score_in.contiguous();

@@ -25,7 +25,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> parzen_fwd(const at::Tensor& a_in
                                                           at::ArrayRef<double> value_range) {
   checks::parzen_fwd(a_in, b_in, weight_in, bins, value_range);
   const int64_t M = a_in.size(0), P = a_in.size(1);
-  if (M == 0 || P == 0) {  // nothing counted: the score of an empty histogram, on the CPU's rule
+  if (M == 0 || P == 0) {  // nothing counted: an empty histogram's score, no gradient
     return {at::full({M}, normalize ? 2.0 : 0.0, a_in.options()), at::zeros({M, bins, bins}, a_in.options()),
             at::zeros({M, 4}, a_in.options())};
   }
