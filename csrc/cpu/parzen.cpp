@@ -17,7 +17,7 @@
 #include <tuple>
 #include <vector>
 
-#include "parzen_checks.h"
+#include "checks.h"
 #include "simwarp/parzen.h"
 
 namespace simwarp {

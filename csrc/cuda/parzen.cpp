@@ -13,8 +13,8 @@
 #include <tuple>
 
 #include "binding.h"
+#include "checks.h"
 #include "parzen.h"
-#include "parzen_checks.h"
 
 namespace simwarp {
 namespace cuda {

@@ -32,6 +32,10 @@ def as_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
     """``t``'s values, same shape, in the given memory layout."""
     if layout == "contiguous":
         return t.contiguous()
+    if layout in ("transposed", "channels_last") and t.dim() < 2:
+        return t.contiguous()  # a vector has one layout (a case's other tensors vary)
+    if layout == "channels_last" and t.dim() < 4:
+        layout = "transposed"  # (M, P) tensors (parzen): the other dense permutation
     if layout == "transposed":  # a dense permutation: empty_like would copy its strides
         return t.transpose(-1, -2).contiguous().transpose(-1, -2)
     if layout == "sliced":  # every other column of a wider tensor: neither dense nor contiguous

@@ -219,13 +219,13 @@ def local_std_fused_bwd(grad, out, s1, flat, x, shift, sizes, padding, max_windo
         shape(op, name, t, x.shape)
 
 
-#: the most bins simwarp::parzen_fwd takes (csrc/parzen_checks.h)
+#: the most bins simwarp::parzen_fwd takes (csrc/checks.h)
 PARZEN_MAX_BINS = 1024
 
 
 def parzen(a: torch.Tensor, b: torch.Tensor, weight, bins: int) -> None:
     """The mutual information's Parzen histogram: ``a``, ``b`` (and ``weight``) ``(M, P)``
-    of one dtype and device, at least 4 bins (csrc/parzen_checks.h)."""
+    of one dtype and device, at least 4 bins (csrc/checks.h)."""
     floating("parzen", "a", a)
     like_first("parzen", [("a", a), ("b", b)] + ([] if weight is None else [("weight", weight)]))
     if a.dim() != 2:
