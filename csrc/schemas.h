@@ -37,6 +37,11 @@ inline void define_ops(torch::Library& m) {
   // (out, S1, flat) as local_std_fwd. CPU only; elsewhere the caller pads and centers.
   m.def("local_std_2d_fwd(Tensor x, int[] window, str padding, float eps, bool normalize, float flat_factor) -> (Tensor, Tensor, Tensor)");
   m.def("local_std_2d_bwd(Tensor grad, Tensor out, Tensor s1, Tensor flat, Tensor x, int[] window, str padding, bool normalize) -> Tensor");
+  // The mutual information's B-spline Parzen joint histogram of a, b (M, P) (weight (M, P)
+  // optional; value_range empty: each row's own frame): returns (score (M,), ∂score/∂joint
+  // (M, bins, bins), frame (M, 4)); the backward returns the gradients of a and b.
+  m.def("parzen_fwd(Tensor a, Tensor b, Tensor? weight, int bins, bool normalize, float[] value_range) -> (Tensor, Tensor, Tensor)");
+  m.def("parzen_bwd(Tensor grad_score, Tensor score, Tensor grad_joint, Tensor a, Tensor b, Tensor? weight, Tensor frame, int bins) -> (Tensor, Tensor)");
 }
 
 }  // namespace simwarp

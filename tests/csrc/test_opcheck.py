@@ -32,6 +32,10 @@ def as_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
     """``t``'s values, same shape, in the given memory layout."""
     if layout == "contiguous":
         return t.contiguous()
+    if layout in ("transposed", "channels_last") and t.dim() < 2:
+        return t.contiguous()  # a vector has one layout (a case's other tensors vary)
+    if layout == "channels_last" and t.dim() < 4:
+        layout = "transposed"  # (M, P) tensors (parzen): the other dense permutation
     if layout == "transposed":  # a dense permutation: empty_like would copy its strides
         return t.transpose(-1, -2).contiguous().transpose(-1, -2)
     if layout == "sliced":  # every other column of a wider tensor: neither dense nor contiguous
@@ -86,6 +90,18 @@ def _local_std_bwd(make, shape, window, normalize=True):
     out, s1, flat = torch.ops.simwarp.local_std_fwd(xp.contiguous(), window, 1e-2, normalize, 1e-14)
     grad = make(*out.shape)
     return (grad, make.place(out), make.place(s1), make.place(flat), xp, window, normalize)
+
+
+def _parzen_fwd(make):
+    return (make(2, 50, grad=True), make(2, 50, grad=True), make(2, 50).abs(), 8, True, [])
+
+
+def _parzen_bwd(make):
+    a, b, w = make(2, 50), make(2, 50), make(2, 50).abs()
+    score, g, frame = torch.ops.simwarp.parzen_fwd(
+        a.contiguous(), b.contiguous(), w.contiguous(), 8, True, []
+    )
+    return (make(2), make.place(score), make.place(g), a, b, w, make.place(frame), 8)
 
 
 def _local_std_2d_fwd(make, padding):
@@ -162,6 +178,8 @@ CASES = [
     ("splat_fwd-3d-plain", "splat_fwd", lambda m: _splat_fwd(m, (5, 6, 7), False)),
     ("splat_bwd-2d", "splat_bwd", lambda m: _splat_bwd(m, (9, 10), True, True)),
     ("splat_bwd-3d-plain-no-v_den", "splat_bwd", lambda m: _splat_bwd(m, (5, 6, 7), False, False)),
+    ("parzen_fwd", "parzen_fwd", _parzen_fwd),
+    ("parzen_bwd", "parzen_bwd", _parzen_bwd),
 ]
 
 

@@ -14,7 +14,9 @@ import math
 
 import torch
 
+from . import _kernels
 from ._autograd import first_order_backward
+from ._kernels.preconditions import PARZEN_MAX_BINS
 from ._numerics import moment_dtype
 from ._validation import check_bool, check_choice, check_pair, check_positive
 
@@ -818,21 +820,33 @@ def mutual_information(
     check_bool(normalize, "normalize")
 
     n, c = a.shape[:2]
-    # The NaN rule on the device, with no host read (issue 24: two syncs per call in a
-    # registration's loop): an image and channel with a non-finite pixel scores NaN; its
-    # non-finite pixels count as 0 meanwhile (its own frame and histogram only).
-    # (x − x is 0 exactly where x is finite: two launches where isfinite takes four)
-    finite = (a.detach() - a.detach()).add_(b.detach() - b.detach()).flatten(2).eq(0).all(-1)
-    a, b = (torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0) for x in (a, b))
     xa = a.to(dtype).reshape(n * c, -1)
     xb = b.to(dtype).reshape(n * c, -1)
-    if weight is None:
-        w, valid = None, torch.ones_like(xa, dtype=torch.bool)
-    else:
+    w = None
+    if weight is not None:
         w = weight.to(dtype).expand(n, c, *weight.shape[2:]).reshape(n * c, -1)
-        valid = w > 0
-    pad = 1.0 if kernel == "bspline" else 0.0
-    xi_a, xi_b = _pair_bin_coordinates(xa, xb, valid, value_range, bins, pad)
-    joint = _JointHistogram.apply(xi_a, xi_b, w, _Parzen(kernel, bins, sigma))
-    score = _Score.apply(joint, normalize).reshape(n, c)
-    return torch.where(finite, score, math.nan).to(out_dtype)
+    if kernel == "bspline" and bins <= PARZEN_MAX_BINS:  # one compiled call each way (issue 24)
+        impl = _kernels.implementation("mutual_information", xa, xb)
+        score = impl.parzen_mutual_information(xa, xb, w, bins, normalize, value_range)
+    else:
+        score = parzen_score(xa, xb, w, _Parzen(kernel, bins, sigma), normalize, value_range)
+    return score.reshape(n, c).to(out_dtype)
+
+
+def parzen_score(xa, xb, w, parzen: _Parzen, normalize: bool, value_range) -> torch.Tensor:
+    """The (normalized) mutual information ``(M,)`` of intensities ``xa``, ``xb`` ``(M,
+    P)`` (pixel weights ``w`` ``(M, P)`` or None; ``value_range`` None or checked), NaN
+    for a row holding a non-finite value: the pure torch path of :func:`mutual_information`
+    (the twin of ``simwarp::parzen_fwd`` for the B-spline window)."""
+    # The NaN rule on the device, with no host read (issue 24: two syncs per call in a
+    # registration's loop): a row with a non-finite pixel scores NaN; its non-finite
+    # pixels count as 0 meanwhile (its own frame and histogram only).
+    # (x − x is 0 exactly where x is finite: two launches where isfinite takes four)
+    finite = (xa.detach() - xa.detach()).add_(xb.detach() - xb.detach()).eq(0).all(-1)
+    xa, xb = (torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0) for x in (xa, xb))
+    valid = torch.ones_like(xa, dtype=torch.bool) if w is None else w > 0
+    pad = 1.0 if parzen.kernel == "bspline" else 0.0
+    xi_a, xi_b = _pair_bin_coordinates(xa, xb, valid, value_range, parzen.bins, pad)
+    joint = _JointHistogram.apply(xi_a, xi_b, w, parzen)
+    score = _Score.apply(joint, normalize)
+    return torch.where(finite, score, math.nan)

@@ -54,6 +54,7 @@ COMPILED_OPS = {
         "box_sum",
     ),
     "splat": ("splat_fwd", "splat_bwd"),
+    "mutual_information": ("parzen_fwd", "parzen_bwd"),
     "ssim": ("moments5", "correlate"),
     "local_ncc": ("moments5", "box_sum", "correlate"),
 }
@@ -76,7 +77,7 @@ AUTO_DEVICE_TYPES = {
 SELF_CHECKED_DEVICE_TYPES = {"cuda"}
 
 #: ops whose kernels are not deterministic on these device types (atomic additions).
-NONDETERMINISTIC = {"splat": {"cuda"}}
+NONDETERMINISTIC = {"splat": {"cuda"}, "mutual_information": {"cuda"}}
 
 _lock = threading.Lock()
 _check_lock = threading.Lock()

@@ -101,6 +101,36 @@ def register_fakes_and_autograd() -> None:
         "simwarp::splat_fwd", _splat_backward, setup_context=_splat_setup
     )
 
+    @torch.library.register_fake("simwarp::parzen_fwd")
+    def _parzen_fwd_fake(a, b, weight, bins, normalize, value_range):
+        m = a.shape[0]
+        return a.new_empty(m), a.new_empty(m, bins, bins), a.new_empty(m, 4)
+
+    @torch.library.register_fake("simwarp::parzen_bwd")
+    def _parzen_bwd_fake(grad_score, score, grad_joint, a, b, weight, frame, bins):
+        return a.new_empty(a.shape), b.new_empty(b.shape)
+
+    def _parzen_setup(ctx, inputs, output):
+        a, b, weight, ctx.bins, _, _ = inputs
+        score, grad_joint, frame = output
+        ctx.save_for_backward(a, b, weight, score, grad_joint, frame)
+
+    @first_order_backward("mutual_information")
+    def _parzen_backward(ctx, grad_score, _grad_joint, _grad_frame):
+        # ∂score/∂joint and the frame are returned for this backward only: not part of
+        # the public result, their incoming gradients are ignored
+        a, b, weight, score, grad_joint, frame = ctx.saved_tensors
+        if grad_score is None:
+            return None, None, None, None, None, None
+        grad_a, grad_b = torch.ops.simwarp.parzen_bwd(
+            grad_score.contiguous(), score, grad_joint, a, b, weight, frame, ctx.bins
+        )
+        return grad_a, grad_b, None, None, None, None
+
+    torch.library.register_autograd(
+        "simwarp::parzen_fwd", _parzen_backward, setup_context=_parzen_setup
+    )
+
     @torch.library.register_fake("simwarp::local_std_fwd")
     def _local_std_fwd_fake(xp, window, eps, normalize, flat_factor):
         shape = _window_shape(xp.shape, window, False)

@@ -231,3 +231,14 @@ def local_std_fused_bwd(grad, out, s1, flat, x, shift, window, padding, normaliz
     return library.local_std_fused_bwd(
         grad, out, s1, flat, x, shift, window, padding, bool(normalize)
     )
+
+
+def parzen_mutual_information(a, b, weight, bins: int, normalize: bool, value_range):
+    """The B-spline Parzen mutual information ``(M,)`` of intensities ``a``, ``b`` ``(M,
+    P)`` (one dtype, float32 or float64; ``weight`` ``(M, P)`` or None; ``value_range``
+    None or ``(lo, hi)``), NaN for a row holding a non-finite value, differentiable in
+    ``a`` and ``b``: ``simwarp::parzen_fwd`` (histogram, entropies and their gradient in
+    one call) and ``parzen_bwd``."""
+    preconditions.parzen(a, b, weight, bins)
+    vr = [] if value_range is None else [float(v) for v in value_range]
+    return torch.ops.simwarp.parzen_fwd(a, b, weight, int(bins), bool(normalize), vr)[0]

@@ -255,3 +255,21 @@ def local_std_fused_bwd(grad, out, s1, flat, x, shift, sizes, padding, max_windo
         raise TypeError(f"{op}: flat must be bool, got {_type_name(flat.dtype)}")
     for name, t in (("grad", grad), ("out", out), ("s1", s1), ("flat", flat)):
         shape(op, name, t, x.shape)
+
+
+#: the most bins simwarp::parzen_fwd takes (csrc/checks.h)
+PARZEN_MAX_BINS = 1024
+
+
+def parzen(a: torch.Tensor, b: torch.Tensor, weight, bins: int) -> None:
+    """The mutual information's Parzen histogram: ``a``, ``b`` (and ``weight``) ``(M, P)``
+    of one dtype and device, at least 4 bins (csrc/checks.h)."""
+    floating("parzen", "a", a)
+    like_first("parzen", [("a", a), ("b", b)] + ([] if weight is None else [("weight", weight)]))
+    if a.dim() != 2:
+        raise ValueError(f"parzen: a must be (M, P), got shape {_sizes(a.shape)}")
+    shape("parzen", "b", b, a.shape)
+    if weight is not None:
+        shape("parzen", "weight", weight, a.shape)
+    if not 4 <= bins <= PARZEN_MAX_BINS:
+        raise ValueError(f"parzen: bins must be between 4 and {PARZEN_MAX_BINS}, got {bins}")

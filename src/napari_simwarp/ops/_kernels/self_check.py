@@ -39,6 +39,7 @@ PRIMITIVES = {
     "ssim": ("moments5", "correlate", "box_sum", "ssim_fused"),
     "local_ncc": ("moments5", "correlate", "box_sum", "local_ncc_fused"),
     "splat": ("splat",),
+    "mutual_information": ("parzen",),
 }
 
 
@@ -201,6 +202,27 @@ def _check_splat(device, dtype, gen) -> float:
     return max(errors)
 
 
+def _check_parzen(device, dtype, gen) -> float:
+    """The B-spline Parzen mutual information, plain and normalized, with pixel weights:
+    the score and both images' gradients against the torch path."""
+    a = _random(gen, (2, 3000), device, dtype, grad=True)
+    b = (torch.sin(3 * a.detach()) + 0.2 * _random(gen, (2, 3000), device, dtype)).requires_grad_()
+    w = torch.rand((2, 3000), generator=gen, device=device, dtype=dtype)
+    errors = []
+    for normalize in (True, False):
+        errors.append(
+            _compare_with_gradients(
+                lambda x, y, n=normalize: calls.parzen_mutual_information(x, y, w, 32, n, None),
+                lambda x, y, n=normalize: _reference.parzen_mutual_information(
+                    x, y, w, 32, n, None
+                ),
+                [a, b],
+                seed=5,
+            )
+        )
+    return max(errors)
+
+
 def _check_ssim_fused(device, dtype, gen) -> float:
     """The fused 2-D SSIM (CUDA, float32 only; nothing to check elsewhere) against the
     moment engine's pure torch path in float64, values and both gradients, on offset
@@ -294,6 +316,7 @@ PRIMITIVE_CHECKS = {
     "moments5": _check_moments5,
     "local_std": _check_local_std,
     "splat": _check_splat,
+    "parzen": _check_parzen,
     "ssim_fused": _check_ssim_fused,
     "local_std_fused": _check_local_std_fused,
     "local_ncc_fused": _check_local_ncc_fused,

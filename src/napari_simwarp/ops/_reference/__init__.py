@@ -15,11 +15,23 @@ function                   what it computes                   kernel
 ``local_std_2d``           local std with its padding          ``simwarp::local_std_2d_fwd``
 ``splat_fwd``              splatting, with its weights         ``simwarp::splat_fwd``
 ========================= =================================== ===========================
+
+and ``parzen_mutual_information``, the B-spline Parzen mutual information of
+:mod:`..mutual_information` (``simwarp::parzen_fwd`` / ``parzen_bwd``).
 """
 
 from .local_std import local_std_2d, local_std_valid
 from .moments import moments5
+from .parzen import parzen_mutual_information
 from .splat import splat_fwd
 from .window_sums import box_sum, correlate
 
-__all__ = ["box_sum", "correlate", "local_std_2d", "local_std_valid", "moments5", "splat_fwd"]
+__all__ = [
+    "box_sum",
+    "correlate",
+    "local_std_2d",
+    "local_std_valid",
+    "moments5",
+    "parzen_mutual_information",
+    "splat_fwd",
+]
