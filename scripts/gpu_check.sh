@@ -8,7 +8,7 @@
 #   3. refusals   the C++ refusals of the issue-23 crash, each in a child process, and the
 #                 "auto" refusal probe; if one crashes: the compilers and libstdc++ in play
 #                 and a rebuild with the system g++ (does another compiler fix it?)
-#   4. parity     every CUDA op against the CPU kernels and float64 (test_host_shim -k cuda)
+#   4. parity     every CUDA op against the CPU kernels and float64 (test_host_shim*.py -k cuda)
 #   5. bench      benchmarks/bench_gpu.py: kernels against the bytes they move, ops against
 #                 pure torch and the peers that are installed or carried (below)
 #   6. match_template  benchmarks/match_template_float32.py: float32 on the GPU against
@@ -141,7 +141,7 @@ assert checks and not failed, failed
 step refusals 90 250 checks "issue 23's crash: refused calls in child processes" \
     "$python" scripts/gpu_refusals.py "$scratch/alt-cache"
 step parity 60 220 parity "CUDA vs CPU kernels and float64" \
-    "$python" -m pytest -q -p no:cacheprovider tests/csrc/test_host_shim.py -k cuda
+    "$python" -m pytest -q -p no:cacheprovider tests/csrc/test_host_shim*.py -k cuda
 step bench 90 190 bench "peers: $peers_note" \
     "$python" benchmarks/bench_gpu.py --markdown "$scratch/bench.md"
 step match_template 45 180 bench "float32 on the GPU against scikit-image's float64" \
@@ -169,7 +169,7 @@ if [ -x "$sanitizer" ] && [ "$box" -ge 10 ]; then
         t0=$SECONDS
         PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -s INT -k 15 "$box" "$sanitizer" --tool memcheck \
             --error-exitcode 1 --target-processes all "$python" -m pytest -q -p no:cacheprovider \
-            tests/csrc/test_host_shim.py -k cuda -x >>"$out/memcheck.log" 2>&1
+            tests/csrc/test_host_shim*.py -k cuda -x >>"$out/memcheck.log" 2>&1
         rc=$?
         race_box=$((box - (SECONDS - t0)))
         if [ "$rc" -eq 0 ] && [ "$race_box" -ge 20 ]; then
