@@ -94,6 +94,10 @@ T row_score(const std::vector<double>& J, int64_t B, bool normalize, T* grad) {
             static_cast<T>((logp(J[i * B + j]) * score - logp(ma[i]) - logp(mb[j])) / scale);
   } else {
     score = nh_ab - nh_a - nh_b;
+    if (total == 0.0) {  // no weight: a score of 0 that no pixel moves
+      for (int64_t k = 0; k < B * B; ++k) grad[k] = T(0);
+      return static_cast<T>(score);
+    }
     for (int64_t i = 0; i < B; ++i)
       for (int64_t j = 0; j < B; ++j)
         grad[i * B + j] =

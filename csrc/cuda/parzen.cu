@@ -146,7 +146,7 @@ __global__ void parzen_score_kernel(int64_t bins, bool normalize, T* grad, T* sc
     const double lab = log(pab > tiny ? pab : tiny), la = log(pa > tiny ? pa : tiny);
     const double lb = log(pb > tiny ? pb : tiny);
     double g = normalize ? (lab * value - la - lb) / scale : (lab - la - lb - value) / scale;
-    if (flat || !finite) g = 0.0;
+    if (flat || !finite || total == 0.0) g = 0.0;  // total 0: no weight, nothing moves
     J[k] = static_cast<T>(g);
   }
   __syncthreads();  // every thread has read its flag before thread 0 overwrites it

@@ -384,3 +384,35 @@ def test_score_and_gradient_of_an_empty_histogram():
     assert float(score[0]) == 2.0 and not grad[0].any() and torch.isfinite(score[1])
     loose, _ = score_and_gradient(joint, True, empty=False)
     assert torch.isnan(loose[0]) and float(loose[1]) == float(score[1])
+
+
+@pytest.mark.parametrize("backend", ["compiled", "torch"])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_a_pair_with_no_weight_scores_without_moving_a_pixel(backend, normalize, monkeypatch):
+    """A pair whose weight is zero everywhere (with a value range, so its pixels fall inside
+    the frame) scores a constant (2 normalized, 0 not) with a zero gradient, and leaves the
+    other pair of the batch as it scores alone: a NaN there would poison that pair's
+    parameters in a batched registration (review of issue 24's closed-form gradient)."""
+    from napari_simwarp.ops import mutual_information
+
+    if backend == "compiled":
+        from tests.compiled import require_compiled
+
+        require_compiled()
+    else:
+        monkeypatch.setenv("SIMWARP_BACKEND", "torch")
+    gen = torch.Generator().manual_seed(3)
+    a = torch.rand(2, 1, 16, 16, dtype=torch.float64, generator=gen)
+    b = (0.5 * a + 0.3 * torch.rand(a.shape, dtype=torch.float64, generator=gen)).requires_grad_()
+    w = torch.ones_like(a)
+    w[1] = 0
+    kw = dict(value_range=(0.0, 1.0), bins=16, normalize=normalize)
+    score = mutual_information(a, b, weight=w, **kw)
+    (grad,) = torch.autograd.grad(score.sum(), b)
+    assert score[1].item() == (2.0 if normalize else 0.0)
+    assert torch.equal(grad[1], torch.zeros_like(grad[1]))
+    b0 = b[:1].detach().requires_grad_()
+    alone = mutual_information(a[:1], b0, weight=w[:1], **kw)
+    (grad0,) = torch.autograd.grad(alone.sum(), b0)
+    torch.testing.assert_close(score[:1], alone)
+    torch.testing.assert_close(grad[:1], grad0)

@@ -503,7 +503,7 @@ def score_and_gradient(
     bins)`` and (``gradient``) its gradient ``∂S/∂J`` ``(M, bins, bins)``, else None, in
     closed form (``negate``: ``−∂S/∂J``, the gradient of a loss ``c − S``, at no cost;
     ``empty=False``: a histogram with nothing counted gives NaN where the normalized form
-    is otherwise 2 with a zero gradient, three launches less) and
+    is otherwise 2, and MI 0, each with a zero gradient; two or three launches less) and
     in the histograms' dtype (float32 on a GPU: no float64 and no
     autograd pass; 10 to 20 launches).
 
@@ -544,6 +544,8 @@ def score_and_gradient(
             grad = (log_a + log_b + score.view(m, 1, 1) - log_ab) / total.view(m, 1, 1)
         else:
             grad = (log_ab - log_a - log_b - score.view(m, 1, 1)) / total.view(m, 1, 1)
+        if empty:  # no weight (total 0): a score of 0 that no pixel moves
+            grad = grad.masked_fill_((total == 0).view(m, 1, 1), 0.0)
         return score, grad
     # ∂S/∂J = (S log p_ab − log p_a − log p_b) / (H_ab T), and H_ab = −(Σ p log p)
     scale = neg_h_ab * total[:, 0]
