@@ -16,8 +16,8 @@
 //      round no coarser than the data, as in ops/_moments.py and cuda/local_ncc.cu (from
 //      the centred copy they would keep the spacing of |a − m|, coarse in a dim region
 //      beside a bright one); its first moments are then taken back to the tile's shift.
-// Traffic: reads a and b once (plus halos from L2), writes the map, 4 partial maps and
-// two floats per tile: 7 floats per pixel.
+// Traffic: reads a and b once (plus halos, and the windows of risky outputs, from L2),
+// writes the map, 4 partial maps and two floats per tile: 7 floats per pixel.
 //
 // With M the window moments of the centred images (M_a = W⋆(a − m), ...), μ = M_a + m,
 // σa² = M_aa − M_a², σab = M_ab − M_a M_b, A1 = 2μaμb + C1, B1 = μa² + μb² + C1,
