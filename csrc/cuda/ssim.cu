@@ -12,10 +12,12 @@
 //   4. vertical pass, one thread per output: the five moments, the SSIM and its partial
 //      maps, in registers. A window whose sum of squares about m exceeds FLOAT32_RISK
 //      (128, ops/_moments.py) times its variance plus C2/2 is redone two-pass from the
-//      centred inputs in shared memory (its mean, then the squares about it): what the
-//      unfused float32 path redoes in float64.
-// Traffic: reads a and b once (plus halos from L2), writes the map, 4 partial maps and
-// two floats per tile: 7 floats per pixel.
+//      images themselves in global memory (L2), about its own mean: the differences then
+//      round no coarser than the data, as in ops/_moments.py and cuda/local_ncc.cu (from
+//      the centred copy they would keep the spacing of |a − m|, coarse in a dim region
+//      beside a bright one); its first moments are then taken back to the tile's shift.
+// Traffic: reads a and b once (plus halos, and the windows of risky outputs, from L2),
+// writes the map, 4 partial maps and two floats per tile: 7 floats per pixel.
 //
 // With M the window moments of the centred images (M_a = W⋆(a − m), ...), μ = M_a + m,
 // σa² = M_aa − M_a², σab = M_ab − M_a M_b, A1 = 2μaμb + C1, B1 = μa² + μb² + C1,
@@ -186,39 +188,44 @@ __global__ void ssim_fwd_kernel(const float* __restrict__ a, const float* __rest
   }
   float va = mxx - mx * mx, vb = myy - my * my, cov = mxy - mx * my;
   const float floor = 0.5f * c2;
+  float mua = mx + shift_a, mub = my + shift_b;
   if (mxx > kRisk * (va + floor) || myy > kRisk * (vb + floor)) {
-    // Two-pass: the window's means, then the (co)variances about them.
-    float sa = 0.0f, sb = 0.0f;
+    // Two-pass from the images themselves (the reflection applied to the index), about
+    // the window's mean as the one pass found it: the centred copy in shared memory holds
+    // a − m rounded to the spacing of |a − m|, coarser than the data wherever the tile's
+    // mean is more than twice the window's values (a dim region beside a bright one).
+    const float ca = mua, cb = mub;
+    float m0 = 0.0f, m1 = 0.0f, m2 = 0.0f, m3 = 0.0f, m4 = 0.0f;
     for (int j = 0; j < taps.ky; ++j) {
-      float ra = 0.0f, rb = 0.0f;
+      const int64_t row = reflect(gy - ry + j, H) * W;
+      float r0 = 0.0f, r1 = 0.0f, r2 = 0.0f, r3 = 0.0f, r4 = 0.0f;
       for (int i = 0; i < taps.kx; ++i) {
-        ra += taps.wx[i] * in_a[(ly + j) * RX + ox + i];
-        rb += taps.wx[i] * in_b[(ly + j) * RX + ox + i];
+        const int64_t idx = row + reflect(gx - rx + i, W);
+        const float w = taps.wx[i], da = ai[idx] - ca, db = bi[idx] - cb;
+        const float wa = w * da, wb = w * db;
+        r0 += wa;
+        r1 += wb;
+        r2 += wa * da;
+        r3 += wb * db;
+        r4 += wa * db;
       }
-      sa += taps.wy[j] * ra;
-      sb += taps.wy[j] * rb;
+      const float w = taps.wy[j];
+      m0 += w * r0;
+      m1 += w * r1;
+      m2 += w * r2;
+      m3 += w * r3;
+      m4 += w * r4;
     }
-    float saa = 0.0f, sbb = 0.0f, sab = 0.0f;
-    for (int j = 0; j < taps.ky; ++j) {
-      float raa = 0.0f, rbb = 0.0f, rab = 0.0f;
-      for (int i = 0; i < taps.kx; ++i) {
-        const float da = in_a[(ly + j) * RX + ox + i] - sa;
-        const float db = in_b[(ly + j) * RX + ox + i] - sb;
-        raa += taps.wx[i] * da * da;
-        rbb += taps.wx[i] * db * db;
-        rab += taps.wx[i] * da * db;
-      }
-      saa += taps.wy[j] * raa;
-      sbb += taps.wy[j] * rbb;
-      sab += taps.wy[j] * rab;
-    }
-    mx = sa;
-    my = sb;
-    va = saa;
-    vb = sbb;
-    cov = sab;
+    // The taps sum to 1: m0, m1 are the means' offsets from the centres.
+    va = m2 - m0 * m0;
+    vb = m3 - m1 * m1;
+    cov = m4 - m0 * m1;
+    mua = ca + m0;
+    mub = cb + m1;
+    // The partials below take the first moments about the tile's shift (the backward's).
+    mx = mua - shift_a;
+    my = mub - shift_b;
   }
-  const float mua = mx + shift_a, mub = my + shift_b;
   const float a1 = 2.0f * mua * mub + c1, b1 = mua * mua + mub * mub + c1;
   const float a2 = 2.0f * cov + c2, b2 = va + vb + c2;
   const float r = 1.0f / (b1 * b2);

@@ -479,6 +479,56 @@ def test_fused_ssim_redoes_step_edges(fused):
         assert (got - want).abs().max() <= 2e-4 * want.abs().max()
 
 
+def test_fused_ssim_dim_region_beside_a_bright_one(fused, monkeypatch):
+    """A dim stripe (10 to 50, noise 0.7, 11 columns: one window wide) in a 60000 field,
+    data_range 1 so that C1 and C2 hide nothing: its tiles' means are ~35000, so the tile
+    centred values a − m round to 2^-8, far coarser than the dim data's 2^-19 to 2^-18;
+    the dim windows are risky (sum of squares about m ~10^7 times the variance) and must be
+    redone from the images themselves, not from the centred tile (from which the map was
+    off by 1.8e-4, the pure torch float32 path by 2.3e-5). Map within 1e-4 of float64 and
+    of scikit-image, and no worse than twice the torch float32 path's error; gradients no
+    worse than the torch float32 path's (~1e-2 of the largest here: both take the backward
+    about the tiles' shifts)."""
+    from napari_simwarp.ops import _numerics
+
+    rng = np.random.default_rng(13)
+    shape = (48, 48)
+    rows = np.arange(shape[0])[:, None] * np.ones((1, shape[1]))
+    a = np.full(shape, 60000.0) + rng.standard_normal(shape) * 5
+    dim = 10 + 40 * rows / (shape[0] - 1) + rng.standard_normal(shape) * 0.7
+    a[:, 16:27] = dim[:, 16:27]
+    b = a + rng.standard_normal(shape) * 0.5
+    a = a.astype(np.float32).astype(np.float64)[None, None]
+    b = b.astype(np.float32).astype(np.float64)[None, None]
+    window = make_window("gaussian", (11, 11), (1.5, 1.5))
+    upstream = torch.as_tensor(rng.standard_normal(a.shape))
+    ours = _fused_with_gradients(fused, a, b, window, 1.0, "none", upstream)
+    expected = _float64_with_gradients(a, b, window, 1.0, "none", upstream)
+    _, full = structural_similarity(
+        a[0, 0],
+        b[0, 0],
+        full=True,
+        gaussian_weights=True,
+        sigma=1.5,
+        use_sample_covariance=False,
+        data_range=1.0,
+    )
+    types = _numerics.FLOAT32_MOMENT_DEVICE_TYPES | {"cpu"}
+    monkeypatch.setattr(_numerics, "FLOAT32_MOMENT_DEVICE_TYPES", types)
+    monkeypatch.setenv("SIMWARP_BACKEND", "torch")
+    a32 = torch.tensor(a, dtype=torch.float32, requires_grad=True)
+    b32 = torch.tensor(b, dtype=torch.float32, requires_grad=True)
+    torch_path = ssim_module.ssim(a32, b32, data_range=1.0)
+    (torch_path.double() * upstream).sum().backward()
+    torch_error = (torch_path.detach().double() - expected[0]).abs().max().item()
+    error = (ours[0] - expected[0]).abs().max().item()
+    assert error <= 1e-4 and error <= 2 * torch_error + 1e-6, (error, torch_error)
+    np.testing.assert_allclose(ours[0][0, 0].numpy(), full, rtol=0, atol=1e-4)
+    for got, torch_grad, want in zip(ours[1:], (a32.grad, b32.grad), expected[1:]):
+        torch_grad_error = (torch_grad.double() - want).abs().max()
+        assert (got - want).abs().max() <= 1.5 * torch_grad_error
+
+
 def test_fused_ssim_nan_where_a_window_sees_one(fused):
     rng = np.random.default_rng(11)
     a, b = _microscopy_pair(rng, (1, 1, 40, 37))
