@@ -363,9 +363,10 @@ inline void parzen_bwd(const at::Tensor& grad_score, const at::Tensor& score,
 // The most squarings (ops/integrate_velocity.py MAX_STEPS).
 constexpr int64_t kSquaringMaxSteps = 30;
 
-// squaring_fwd's result with keep=True: (steps + 1, N, D, *S), u and each squaring of it.
-inline std::vector<int64_t> squaring_saved_shape(at::IntArrayRef u, int64_t steps) {
-  std::vector<int64_t> out{steps + 1};
+// squaring_fwd's saved fields (count, N, D, *S): with keep=True, count = steps (u and each
+// squaring but the last, what the backward reads); else 0.
+inline std::vector<int64_t> squaring_saved_shape(at::IntArrayRef u, int64_t count) {
+  std::vector<int64_t> out{count};
   out.insert(out.end(), u.begin(), u.end());
   return out;
 }
@@ -380,16 +381,15 @@ inline void squaring_fwd(const at::Tensor& u, int64_t steps) {
               kSquaringMaxSteps, ", got ", steps);
 }
 
-// grad (N, D, *S), the gradient of the last squaring; saved (steps + 1, N, D, *S) the
-// forward's result with keep=True.
+// grad (N, D, *S), the gradient of the last squaring; saved (steps, N, D, *S) the
+// forward's saved fields with keep=True.
 inline void squaring_bwd(const at::Tensor& grad, const at::Tensor& saved) {
   squaring_fwd(grad, 0);
   like_first("squaring_bwd", {{"grad", grad}, {"saved", saved}});
-  TORCH_CHECK(saved.dim() == grad.dim() + 1 && saved.size(0) >= 1 &&
-                  saved.size(0) <= kSquaringMaxSteps + 1,
-              "squaring_bwd: saved must be (steps + 1, *grad.shape) with 0 <= steps <= ",
+  TORCH_CHECK(saved.dim() == grad.dim() + 1 && saved.size(0) <= kSquaringMaxSteps,
+              "squaring_bwd: saved must be (steps, *grad.shape) with 0 <= steps <= ",
               kSquaringMaxSteps, ", got shape ", saved.sizes());
-  shape("squaring_bwd", {"saved", saved}, squaring_saved_shape(grad.sizes(), saved.size(0) - 1));
+  shape("squaring_bwd", {"saved", saved}, squaring_saved_shape(grad.sizes(), saved.size(0)));
 }
 
 }  // namespace checks

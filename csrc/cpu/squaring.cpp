@@ -10,6 +10,9 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <tuple>
+#include <vector>
+
 #include "checks.h"
 #include "simwarp/squaring.h"
 
@@ -53,39 +56,36 @@ void run_forward(const T* u, T* const* buffers, int64_t steps, int64_t D, int64_
 
 }  // namespace
 
-at::Tensor squaring_fwd(const at::Tensor& u_in, int64_t steps, bool keep) {
+std::tuple<at::Tensor, at::Tensor> squaring_fwd(const at::Tensor& u_in, int64_t steps, bool keep) {
   checks::squaring_fwd(u_in, steps);
   const at::Tensor u = u_in.contiguous();
-  if (u.numel() == 0 || steps == 0)
-    return keep ? u.unsqueeze(0).expand(checks::squaring_saved_shape(u.sizes(), steps)).clone()
-                : u.clone();
+  at::Tensor saved = at::empty(checks::squaring_saved_shape(u.sizes(), keep ? steps : 0), u.options());
+  if (u.numel() == 0 || steps == 0) return {u.clone(), saved};  // saved: empty or no field
   const int64_t D = u.dim() - 2, N = u.size(0);
   int64_t size[3] = {1, 1, 1}, P = 1;
   for (int64_t k = 0; k < D; ++k) { size[k] = u.size(2 + k); P *= size[k]; }
-  at::Tensor out, spare;
-  if (keep) {
-    out = at::empty(checks::squaring_saved_shape(u.sizes(), steps), u.options());
-    out.select(0, 0).copy_(u);
-  } else {
-    out = at::empty_like(u);
-    spare = steps > 1 ? at::empty_like(u) : at::Tensor();
-  }
+  // Squaring k < steps − 1 goes to saved[k + 1] (keep) or, ping-pong, to out and spare;
+  // the last one to out.
+  at::Tensor out = at::empty_like(u);
+  at::Tensor spare = !keep && steps > 1 ? at::empty_like(u) : at::Tensor();
+  if (keep) saved.select(0, 0).copy_(u);
   AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "simwarp_squaring_fwd", [&] {
     std::vector<scalar_t*> buffers(steps);
     const int64_t field = N * D * P;
     for (int64_t k = 0; k < steps; ++k) {
-      if (keep) buffers[k] = out.data_ptr<scalar_t>() + (k + 1) * field;
+      if (k == steps - 1) buffers[k] = out.data_ptr<scalar_t>();
+      else if (keep) buffers[k] = saved.data_ptr<scalar_t>() + (k + 1) * field;
       else  // ping-pong, the last squaring writing `out`
         buffers[k] = ((steps - 1 - k) % 2 == 0 ? out : spare).data_ptr<scalar_t>();
     }
     run_forward<scalar_t>(u.data_ptr<scalar_t>(), buffers.data(), steps, D, N, P, size);
   });
-  return out;
+  return {out, saved};
 }
 
 at::Tensor squaring_bwd(const at::Tensor& grad_in, const at::Tensor& saved_in) {
   checks::squaring_bwd(grad_in, saved_in);
-  const int64_t steps = saved_in.size(0) - 1;
+  const int64_t steps = saved_in.size(0);
   at::Tensor a = grad_in.contiguous();
   if (a.numel() == 0 || steps == 0) return a.clone();
   const at::Tensor saved = saved_in.contiguous();

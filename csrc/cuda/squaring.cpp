@@ -9,6 +9,7 @@
 #include <ATen/Context.h>
 #include <torch/library.h>
 
+#include <tuple>
 #include <vector>
 
 #include "binding.h"
@@ -18,30 +19,27 @@
 namespace simwarp {
 namespace cuda {
 
-at::Tensor squaring_fwd(const at::Tensor& u_in, int64_t steps, bool keep) {
+std::tuple<at::Tensor, at::Tensor> squaring_fwd(const at::Tensor& u_in, int64_t steps, bool keep) {
   checks::squaring_fwd(u_in, steps);
   const at::Tensor u = u_in.contiguous();
-  if (u.numel() == 0 || steps == 0)
-    return keep ? u.unsqueeze(0).expand(checks::squaring_saved_shape(u.sizes(), steps)).clone()
-                : u.clone();
+  at::Tensor saved = at::empty(checks::squaring_saved_shape(u.sizes(), keep ? steps : 0), u.options());
+  if (u.numel() == 0 || steps == 0) return {u.clone(), saved};  // saved: empty or no field
   const DeviceGuard guard(u.device());
   const int64_t D = u.dim() - 2, N = u.size(0);
   int64_t size[3] = {1, 1, 1}, P = 1;
   for (int64_t k = 0; k < D; ++k) { size[k] = u.size(2 + k); P *= size[k]; }
-  at::Tensor out, spare;
-  if (keep) {
-    out = at::empty(checks::squaring_saved_shape(u.sizes(), steps), u.options());
-    out.select(0, 0).copy_(u);
-  } else {
-    out = at::empty_like(u);
-    spare = steps > 1 ? at::empty_like(u) : at::Tensor();
-  }
+  // Squaring k < steps − 1 goes to saved[k + 1] (keep) or, ping-pong, to out and spare;
+  // the last one to out.
+  at::Tensor out = at::empty_like(u);
+  at::Tensor spare = !keep && steps > 1 ? at::empty_like(u) : at::Tensor();
+  if (keep) saved.select(0, 0).copy_(u);
   const cudaStream_t stream = current_stream();
   AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "simwarp_squaring_fwd_cuda", [&] {
     std::vector<scalar_t*> outputs(steps);
     const int64_t field = N * D * P;
     for (int64_t k = 0; k < steps; ++k) {
-      if (keep) outputs[k] = out.data_ptr<scalar_t>() + (k + 1) * field;
+      if (k == steps - 1) outputs[k] = out.data_ptr<scalar_t>();
+      else if (keep) outputs[k] = saved.data_ptr<scalar_t>() + (k + 1) * field;
       else  // ping-pong, the last squaring writing `out`
         outputs[k] = ((steps - 1 - k) % 2 == 0 ? out : spare).data_ptr<scalar_t>();
     }
@@ -49,12 +47,12 @@ at::Tensor squaring_fwd(const at::Tensor& u_in, int64_t steps, bool keep) {
                                                    N, static_cast<int>(D), size, stream),
                  "squaring_fwd");
   });
-  return out;
+  return {out, saved};
 }
 
 at::Tensor squaring_bwd(const at::Tensor& grad_in, const at::Tensor& saved_in) {
   checks::squaring_bwd(grad_in, saved_in);
-  const int64_t steps = saved_in.size(0) - 1;
+  const int64_t steps = saved_in.size(0);
   const at::Tensor grad = grad_in.contiguous();
   if (grad.numel() == 0 || steps == 0) return grad.clone();
   at::globalContext().alertNotDeterministic("simwarp::squaring_bwd on CUDA (atomic additions)");

@@ -14,9 +14,9 @@ namespace cuda {
 // squarings of u, squaring k written to outputs[k] (the caller's buffers; outputs[k] may
 // alias outputs[k − 2]), one gather launch each. Backward: from squaring steps − 1 down to
 // 0, a zero fill of buffers[k] and one launch whose threads add, with atomics, their pixel's
-// share of the gradient with respect to saved[k] (saved: the forward's steps + 1 fields,
-// one after another); grad is the gradient of the last one, and the result is in
-// buffers[0]. Instantiated for float and double.
+// share of the gradient with respect to saved[k] (saved: the forward's inputs u_0 … u_{steps
+// − 1}, one field after another); grad is the gradient of the last squaring's output, and
+// the result is in buffers[0]. Instantiated for float and double.
 template <typename T>
 cudaError_t launch_squaring_forward(const T* u, T* const* outputs, int64_t steps, int64_t N, int D,
                                     const int64_t* size, cudaStream_t stream);

@@ -112,7 +112,7 @@ def _squaring_fwd(make, shape, keep):
 
 def _squaring_bwd(make, shape):
     u = make(2, len(shape), *shape, scale=0.8)
-    saved = torch.ops.simwarp.squaring_fwd(u.contiguous(), 3, True)
+    _, saved = torch.ops.simwarp.squaring_fwd(u.contiguous(), 3, True)
     # channels_last has no 6-D format: a 3-D saved stack stays contiguous there
     keep = make.layout == "channels_last" and saved.dim() > 5
     return (make(2, len(shape), *shape), saved if keep else make.place(saved))

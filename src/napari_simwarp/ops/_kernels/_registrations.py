@@ -133,7 +133,7 @@ def register_fakes_and_autograd() -> None:
 
     @torch.library.register_fake("simwarp::squaring_fwd")
     def _squaring_fwd_fake(u, steps, keep):
-        return u.new_empty((steps + 1, *u.shape)) if keep else u.new_empty(u.shape)
+        return u.new_empty(u.shape), u.new_empty((steps if keep else 0, *u.shape))
 
     @torch.library.register_fake("simwarp::squaring_bwd")
     def _squaring_bwd_fake(grad, saved):

@@ -246,15 +246,15 @@ def parzen_mutual_information(a, b, weight, bins: int, normalize: bool, value_ra
 
 
 class _Squarings(torch.autograd.Function):
-    """``simwarp::squaring_fwd`` keeping every squaring (``(steps + 1, N, D, *S)``, one
-    field a squaring: what ``squaring_bwd`` reads) and returning the last; the backward is
+    """``simwarp::squaring_fwd`` keeping every squaring's input (``(steps, N, D, *S)``:
+    what ``squaring_bwd`` reads) and returning the last squaring; the backward is
     ``squaring_bwd``, one call for the whole chain."""
 
     @staticmethod
     def forward(ctx, u, steps):
-        saved = torch.ops.simwarp.squaring_fwd(u, steps, True)
+        out, saved = torch.ops.simwarp.squaring_fwd(u, steps, True)
         ctx.save_for_backward(saved)
-        return saved[steps]
+        return out
 
     @staticmethod
     @first_order_backward("scaling and squaring")
@@ -270,4 +270,4 @@ def squarings(u: torch.Tensor, steps: int) -> torch.Tensor:
     preconditions.squaring(u, steps)
     if torch.is_grad_enabled() and u.requires_grad:
         return _Squarings.apply(u, int(steps))
-    return torch.ops.simwarp.squaring_fwd(u, int(steps), False)
+    return torch.ops.simwarp.squaring_fwd(u, int(steps), False)[0]
