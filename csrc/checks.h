@@ -358,5 +358,39 @@ inline void parzen_bwd(const at::Tensor& grad_score, const at::Tensor& score,
 }
 
 
+// ---- squaring_fwd / squaring_bwd (scaling and squaring, ops/integrate_velocity.py) ------
+
+// The most squarings (ops/integrate_velocity.py MAX_STEPS).
+constexpr int64_t kSquaringMaxSteps = 30;
+
+// squaring_fwd's saved fields (count, N, D, *S): with keep=True, count = steps (u and each
+// squaring but the last, what the backward reads); else 0.
+inline std::vector<int64_t> squaring_saved_shape(at::IntArrayRef u, int64_t count) {
+  std::vector<int64_t> out{count};
+  out.insert(out.end(), u.begin(), u.end());
+  return out;
+}
+
+// u (N, D, *S), D = len(S) = 2 or 3, in pixels along array axes; 0 ≤ steps ≤ 30.
+inline void squaring_fwd(const at::Tensor& u, int64_t steps) {
+  floating("squaring", {"u", u});
+  const int64_t D = u.dim() - 2;  // u.size(1) read only where u has 4 or 5 axes
+  TORCH_CHECK((D == 2 || D == 3) && u.size(1) == D,
+              "squaring: u must be (N, 2, H, W) or (N, 3, D, H, W), got shape ", u.sizes());
+  TORCH_CHECK(steps >= 0 && steps <= kSquaringMaxSteps, "squaring: steps must be between 0 and ",
+              kSquaringMaxSteps, ", got ", steps);
+}
+
+// grad (N, D, *S), the gradient of the last squaring; saved (steps, N, D, *S) the
+// forward's saved fields with keep=True.
+inline void squaring_bwd(const at::Tensor& grad, const at::Tensor& saved) {
+  squaring_fwd(grad, 0);
+  like_first("squaring_bwd", {{"grad", grad}, {"saved", saved}});
+  TORCH_CHECK(saved.dim() == grad.dim() + 1 && saved.size(0) <= kSquaringMaxSteps,
+              "squaring_bwd: saved must be (steps, *grad.shape) with 0 <= steps <= ",
+              kSquaringMaxSteps, ", got shape ", saved.sizes());
+  shape("squaring_bwd", {"saved", saved}, squaring_saved_shape(grad.sizes(), saved.size(0)));
+}
+
 }  // namespace checks
 }  // namespace simwarp

@@ -104,6 +104,20 @@ def _parzen_bwd(make):
     return (make(2), make.place(score), make.place(g), a, b, w, make.place(frame), 8)
 
 
+def _squaring_fwd(make, shape, keep):
+    # no autograd is registered on the op (ops/_kernels/calls.py wraps the pair in a
+    # Function), so no input requires grad
+    return (make(2, len(shape), *shape, scale=0.8), 3, keep)
+
+
+def _squaring_bwd(make, shape):
+    u = make(2, len(shape), *shape, scale=0.8)
+    _, saved = torch.ops.simwarp.squaring_fwd(u.contiguous(), 3, True)
+    # channels_last has no 6-D format: a 3-D saved stack stays contiguous there
+    keep = make.layout == "channels_last" and saved.dim() > 5
+    return (make(2, len(shape), *shape), saved if keep else make.place(saved))
+
+
 def _local_std_2d_fwd(make, padding):
     return (
         make(2, 3, 9, 10, scale=3.0, offset=10.0, grad=True),
@@ -180,6 +194,10 @@ CASES = [
     ("splat_bwd-3d-plain-no-v_den", "splat_bwd", lambda m: _splat_bwd(m, (5, 6, 7), False, False)),
     ("parzen_fwd", "parzen_fwd", _parzen_fwd),
     ("parzen_bwd", "parzen_bwd", _parzen_bwd),
+    ("squaring_fwd-2d-keep", "squaring_fwd", lambda m: _squaring_fwd(m, (9, 10), True)),
+    ("squaring_fwd-3d", "squaring_fwd", lambda m: _squaring_fwd(m, (5, 6, 7), False)),
+    ("squaring_bwd-2d", "squaring_bwd", lambda m: _squaring_bwd(m, (9, 10))),
+    ("squaring_bwd-3d", "squaring_bwd", lambda m: _squaring_bwd(m, (5, 6, 7))),
 ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from . import _kernels
 from ._autograd import first_order_backward
 from ._numerics import compute_dtype
 from ._sampling import displacement_to_grid, normalizing_scale
@@ -45,11 +46,15 @@ def scaling_and_squaring(v: torch.Tensor, steps: int) -> torch.Tensor:
     finite check reads a value back to the host, a sync per iteration on a GPU; the
     model's own field needs none).
 
-    Each squaring ``u ← u + u(x + u(x))`` is three launches (the grid as one ``baddbmm``,
-    the sampling, the sum) and, where a gradient is wanted, the whole chain is one
-    autograd Function (:class:`_Squarings`) whose backward takes three per squaring; the
-    sampling is :func:`~._sampling.sample_displaced`'s (linear, the edge values beyond the
-    border), so the values are :func:`~.compose.resample_field`'s up to rounding.
+    Where the compiled kernels run (``_kernels.use_compiled("squaring", ...)``) the whole
+    chain is one ``simwarp::squaring_fwd`` and its backward one ``squaring_bwd``
+    (csrc/cpu/squaring.cpp, csrc/cuda/squaring.cu). Otherwise (``SIMWARP_BACKEND=torch``,
+    devices without kernels) each squaring ``u ← u + u(x + u(x))`` is three launches (the
+    grid as one ``baddbmm``, the sampling, the sum) and, where a gradient is wanted, the
+    whole chain is one autograd Function (:class:`_Squarings`) whose backward takes three
+    per squaring. Both sample as :func:`~._sampling.sample_displaced` does (linear, the
+    edge values beyond the border), so the values are :func:`~.compose.resample_field`'s
+    up to rounding.
     """
     u = v.to(compute_dtype(v.dtype)) / (2**steps)
     return squarings(u, steps).to(v.dtype)
@@ -60,6 +65,18 @@ def squarings(u: torch.Tensor, steps: int, constants=None) -> torch.Tensor:
     compute dtype), no checks: :func:`scaling_and_squaring` after its division.
     ``constants``: :func:`squaring_constants` of ``S`` if the caller keeps them (made
     here otherwise)."""
+    if not steps:
+        return u
+    if _kernels.use_compiled("squaring", u):
+        from ._kernels import calls
+
+        return calls.squarings(u, steps)
+    return torch_squarings(u, steps, constants)
+
+
+def torch_squarings(u: torch.Tensor, steps: int, constants=None) -> torch.Tensor:
+    """:func:`squarings` through torch's ``grid_sampler`` (the compiled op's twin and
+    fallback): three launches per squaring each way."""
     if not steps:
         return u
     if constants is None:

@@ -131,6 +131,14 @@ def register_fakes_and_autograd() -> None:
         "simwarp::parzen_fwd", _parzen_backward, setup_context=_parzen_setup
     )
 
+    @torch.library.register_fake("simwarp::squaring_fwd")
+    def _squaring_fwd_fake(u, steps, keep):
+        return u.new_empty(u.shape), u.new_empty((steps if keep else 0, *u.shape))
+
+    @torch.library.register_fake("simwarp::squaring_bwd")
+    def _squaring_bwd_fake(grad, saved):
+        return grad.new_empty(grad.shape)
+
     @torch.library.register_fake("simwarp::local_std_fwd")
     def _local_std_fwd_fake(xp, window, eps, normalize, flat_factor):
         shape = _window_shape(xp.shape, window, False)

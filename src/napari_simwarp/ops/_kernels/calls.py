@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .._autograd import first_order_backward
 from .._numerics import FLAT_TOLERANCE, flat_threshold_factor
 from . import preconditions
 
@@ -242,3 +243,31 @@ def parzen_mutual_information(a, b, weight, bins: int, normalize: bool, value_ra
     preconditions.parzen(a, b, weight, bins)
     vr = [] if value_range is None else [float(v) for v in value_range]
     return torch.ops.simwarp.parzen_fwd(a, b, weight, int(bins), bool(normalize), vr)[0]
+
+
+class _Squarings(torch.autograd.Function):
+    """``simwarp::squaring_fwd`` keeping every squaring's input (``(steps, N, D, *S)``:
+    what ``squaring_bwd`` reads) and returning the last squaring; the backward is
+    ``squaring_bwd``, one call for the whole chain."""
+
+    @staticmethod
+    def forward(ctx, u, steps):
+        out, saved = torch.ops.simwarp.squaring_fwd(u, steps, True)
+        ctx.save_for_backward(saved)
+        return out
+
+    @staticmethod
+    @first_order_backward("scaling and squaring")
+    def backward(ctx, grad):
+        (saved,) = ctx.saved_tensors
+        return torch.ops.simwarp.squaring_bwd(grad, saved), None
+
+
+def squarings(u: torch.Tensor, steps: int) -> torch.Tensor:
+    """``steps`` squarings ``u <- u + u(x + u(x))`` of ``u`` ``(N, D, *S)`` (pixels, array
+    axes), :func:`..integrate_velocity.squarings`'s twin: one ``simwarp::squaring_fwd``
+    (and, where a gradient is wanted, one ``squaring_bwd``) for the whole chain."""
+    preconditions.squaring(u, steps)
+    if torch.is_grad_enabled() and u.requires_grad:
+        return _Squarings.apply(u, int(steps))
+    return torch.ops.simwarp.squaring_fwd(u, int(steps), False)[0]

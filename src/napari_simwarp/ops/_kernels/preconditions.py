@@ -273,3 +273,19 @@ def parzen(a: torch.Tensor, b: torch.Tensor, weight, bins: int) -> None:
         shape("parzen", "weight", weight, a.shape)
     if not 4 <= bins <= PARZEN_MAX_BINS:
         raise ValueError(f"parzen: bins must be between 4 and {PARZEN_MAX_BINS}, got {bins}")
+
+
+#: the most squarings simwarp::squaring_fwd takes (csrc/checks.h, integrate_velocity.MAX_STEPS)
+SQUARING_MAX_STEPS = 30
+
+
+def squaring(u: torch.Tensor, steps: int) -> None:
+    """Scaling and squaring: ``u`` ``(N, 2, H, W)`` or ``(N, 3, D, H, W)``, float32 or
+    float64, ``0 <= steps <= 30`` (csrc/checks.h)."""
+    floating("squaring", "u", u)
+    if u.dim() not in (4, 5) or u.shape[1] != u.dim() - 2:
+        raise ValueError(
+            f"squaring: u must be (N, 2, H, W) or (N, 3, D, H, W), got shape {_sizes(u.shape)}"
+        )
+    if not 0 <= steps <= SQUARING_MAX_STEPS:
+        raise ValueError(f"squaring: steps must be between 0 and {SQUARING_MAX_STEPS}, got {steps}")

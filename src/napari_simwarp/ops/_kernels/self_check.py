@@ -40,6 +40,7 @@ PRIMITIVES = {
     "local_ncc": ("moments5", "correlate", "box_sum", "local_ncc_fused"),
     "splat": ("splat",),
     "mutual_information": ("parzen",),
+    "squaring": ("squaring",),
 }
 
 
@@ -223,6 +224,34 @@ def _check_parzen(device, dtype, gen) -> float:
     return max(errors)
 
 
+def _check_squaring(device, dtype, gen) -> float:
+    """Seven squarings of smooth 2-D and 3-D velocities of a few pixels (5 px waves and
+    3.3 px along the first axis: samples leave the image, so the border's clamp counts):
+    the field and its gradient against the torch path (grid_sampler). Smooth, because a
+    rough field puts float32 sample positions within rounding of a cell boundary, where
+    the bilinear derivative jumps."""
+    from ..integrate_velocity import torch_squarings  # it imports this package
+
+    errors = []
+    for shape in ((2, 2, 9, 11), (1, 3, 5, 6, 7)):
+        axes = torch.meshgrid(
+            *[torch.linspace(0, 1, n, device=device, dtype=dtype) for n in shape[2:]],
+            indexing="ij",
+        )
+        phase = torch.rand(shape[:2], generator=gen, device=device, dtype=dtype) * 6.28
+        waves = torch.sin(3.1 * sum(axes)[None, None] + phase[(...,) + (None,) * len(axes)])
+        v = 5.0 * waves + 3.3 * (torch.arange(shape[1], device=device) == 0).to(dtype).view(
+            1, -1, *[1] * len(axes)
+        )
+        u = (v / 2**7).requires_grad_()
+        errors.append(
+            _compare_with_gradients(
+                lambda x: calls.squarings(x, 7), lambda x: torch_squarings(x, 7), [u], seed=6
+            )
+        )
+    return max(errors)
+
+
 def _check_ssim_fused(device, dtype, gen) -> float:
     """The fused 2-D SSIM (CUDA, float32 only; nothing to check elsewhere) against the
     moment engine's pure torch path in float64, values and both gradients, on offset
@@ -317,6 +346,7 @@ PRIMITIVE_CHECKS = {
     "local_std": _check_local_std,
     "splat": _check_splat,
     "parzen": _check_parzen,
+    "squaring": _check_squaring,
     "ssim_fused": _check_ssim_fused,
     "local_std_fused": _check_local_std_fused,
     "local_ncc_fused": _check_local_ncc_fused,
