@@ -180,6 +180,10 @@ def test_drift_docked_from_the_menu_reuses_its_layers_and_keeps_the_selection(
     _run_register(qtbot, w)
     assert watch.removed == [] and watch.added == []
     assert set(viewer.layers.selection) == selected
+    # the bar counts the frames aligned (of every pass), ending on all of them
+    frames = w._run.frame_total * w._run.passes
+    assert w._bar.value == w._bar.max == frames
+    assert w._bar.native.text().startswith(f"{frames}/{frames} frames")
 
     api = sw.register_stack(stack.data, model="translation", reference="first")
     np.testing.assert_allclose(w.result.shifts, api.shifts, atol=1e-4)

@@ -399,9 +399,15 @@ class RegisterWidget(WorkerWidget):
         self._plot.set_curve(empty_curve(self.mode, self._metric.value))
         # the progress bar, advanced by the steps each snapshot covers (snapshots are
         # merged in the worker, so one yield may stand for several steps); a drift run's
-        # steps are frames (of every pass)
-        self._bar.native.setFormat("%v/%m frames" if self.mode == "stack" else "%p%")
-        self._bar.max = run.expected_steps() + 1
+        # steps are frames (of every pass), the last of them the final snapshot; a pair
+        # run's final snapshot is a step of its own
+        if self.mode == "stack":
+            passes = f" ({run.passes} passes)" if run.passes > 1 else ""
+            self._bar.native.setFormat(f"%v/%m frames{passes}")
+            self._bar.max = run.expected_steps()
+        else:
+            self._bar.native.setFormat("%p%")
+            self._bar.max = run.expected_steps() + 1
         self._set_bar(0)
         worker = create_worker(_snapshots, run, _ignore_errors=True)
         worker.yielded.connect(self._receive)

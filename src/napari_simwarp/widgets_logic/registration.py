@@ -401,7 +401,7 @@ class RegistrationRun:
         else:
             snap.frame, snap.frames = self.frame_total, self.frame_total
             snap.frame_pass = snap.passes = self.passes
-            snap.step = self.expected_steps() + 1
+            snap.step = self.expected_steps()  # every frame of every pass
         snap.curve = self._curve(snap, res)
         if self.settings.mode != "pair":
             snap.warped = res.warped
