@@ -38,6 +38,7 @@
 // Traffic: reads G, a, b, the five partial maps, writes the two gradients: 10 floats per
 // voxel (9 when G is one value, "mean" reduction).
 #include "launch.h"
+#include "reflect_taps.h"
 #include "local_ncc.h"
 
 #include <cmath>
@@ -50,26 +51,6 @@ constexpr int kTile = kNccTile;
 constexpr int kThreadsPerTile = kNccTile * kNccTile;
 // ops/_moments.py's FLOAT32_RISK.
 constexpr float kRisk = 128.0f;
-
-// SciPy's "reflect" (half-sample symmetric) of a padded index i in [−r, n − 1 + r], r < n.
-__device__ __forceinline__ int64_t reflect(int64_t i, int64_t n) {
-  return i < 0 ? -1 - i : (i >= n ? 2 * n - 1 - i : i);
-}
-
-// The weight with which input q enters the window of output p along one axis of n samples
-// (taps w of 2r + 1): the taps of every padded position reflecting to q within it.
-__device__ __forceinline__ float folded_tap(const float* w, int r, int64_t n, int64_t p,
-                                            int64_t q) {
-  float s = 0.0f;
-  const int64_t k = 2 * r;
-  int64_t j = q - p + r;  // q itself
-  if (j >= 0 && j <= k) s += w[j];
-  j = -1 - q - p + r;  // its mirror before the axis
-  if (j >= 0 && j <= k) s += w[j];
-  j = 2 * n - 1 - q - p + r;  // its mirror past the axis
-  if (j >= 0 && j <= k) s += w[j];
-  return s;
-}
 
 // The block's tile: volume, first plane, row and column; its index among the volume's.
 struct Tile {

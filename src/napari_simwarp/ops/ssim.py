@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from . import _kernels
-from ._autograd import first_order_backward
+from ._autograd import first_order_backward, fused_pair_backward, fused_pair_forward
 from ._kernels import calls
 from ._moments import MomentMetric, check_moment_inputs, moment_map
 from ._nonfinite import fill_nonfinite, nonfinite_mask, windows_seeing
@@ -165,27 +165,13 @@ class _FusedSSIM(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a, b, taps, c1: float, c2: float, reduction: str, library):
-        need = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        out, partials, shifts = calls.ssim_fwd(a, b, taps, c1, c2, need, library)
-        ctx.taps, ctx.library, ctx.reduction, ctx.numel = taps, library, reduction, out.numel()
-        if need:
-            ctx.save_for_backward(a, b, partials, shifts)
-        return out.mean() if reduction == "mean" else out
+        params = (c1, c2)
+        return fused_pair_forward(ctx, calls.ssim_fwd, a, b, taps, params, reduction, library)
 
     @staticmethod
     @first_order_backward("ssim")
     def backward(ctx, grad_out):
-        a, b, partials, shifts = ctx.saved_tensors
-        if ctx.reduction == "mean":  # one value on the device: no sync, no expanded map
-            grad = (grad_out.to(a.dtype) / ctx.numel).reshape(1)
-        else:
-            grad = grad_out.to(a.dtype).contiguous()
-        grad_a, grad_b = calls.ssim_bwd(grad, a, b, partials, shifts, ctx.taps, ctx.library)
-        return (
-            grad_a if ctx.needs_input_grad[0] else None,
-            grad_b if ctx.needs_input_grad[1] else None,
-            *(None,) * 5,
-        )
+        return *fused_pair_backward(ctx, calls.ssim_bwd, grad_out), *(None,) * 5
 
 
 def fused_ssim(
