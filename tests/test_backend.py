@@ -31,7 +31,7 @@ DOCUMENTED_OPS = {
     "similarity_gradient",
 }
 #: the operators with compiled kernels (csrc/)
-COMPILED = {"local_std", "local_ncc", "ssim", "splat"}
+COMPILED = {"local_std", "local_ncc", "ssim", "splat", "mutual_information", "integrate_velocity"}
 
 
 def _run(code: str, **env) -> subprocess.CompletedProcess:

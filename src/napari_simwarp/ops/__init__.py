@@ -6,6 +6,7 @@ No napari, no Qt. Each function lives in the module of its name; docs/maths.md g
 mathematics, docs/architecture.md the layers beneath.
 """
 
+from . import _op_self_checks  # noqa: F401 (adds their cases to the self-check)
 from .affine_to_displacement import affine_to_displacement
 from .compose import compose
 from .fft_cc import fft_cc

@@ -46,7 +46,7 @@ def scaling_and_squaring(v: torch.Tensor, steps: int) -> torch.Tensor:
     finite check reads a value back to the host, a sync per iteration on a GPU; the
     model's own field needs none).
 
-    Where the compiled kernels run (``_kernels.use_compiled("squaring", ...)``) the whole
+    Where the compiled kernels run (``_kernels.use_compiled("integrate_velocity", ...)``) the whole
     chain is one ``simwarp::squaring_fwd`` and its backward one ``squaring_bwd``
     (csrc/cpu/squaring.cpp, csrc/cuda/squaring.cu). Otherwise (``SIMWARP_BACKEND=torch``,
     devices without kernels) each squaring ``u ← u + u(x + u(x))`` is three launches (the
@@ -67,7 +67,7 @@ def squarings(u: torch.Tensor, steps: int, constants=None) -> torch.Tensor:
     here otherwise)."""
     if not steps:
         return u
-    if _kernels.use_compiled("squaring", u):
+    if _kernels.use_compiled("integrate_velocity", u):
         from ._kernels import calls
 
         return calls.squarings(u, steps)

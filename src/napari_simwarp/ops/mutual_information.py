@@ -827,8 +827,11 @@ def mutual_information(
     w = None
     if weight is not None:
         w = weight.to(dtype).expand(n, c, *weight.shape[2:]).reshape(n * c, -1)
-    if kernel == "bspline" and bins <= PARZEN_MAX_BINS:  # one compiled call each way (issue 24)
+    impl = None
+    if kernel == "bspline" and bins <= PARZEN_MAX_BINS:
         impl = _kernels.implementation("mutual_information", xa, xb)
+    if impl is not None and hasattr(impl, "parzen_mutual_information"):
+        # one compiled call each way (issue 24); the torch path below is its twin
         score = impl.parzen_mutual_information(xa, xb, w, bins, normalize, value_range)
     else:
         score = parzen_score(xa, xb, w, _Parzen(kernel, bins, sigma), normalize, value_range)

@@ -55,8 +55,8 @@ COMPILED_OPS = {
     ),
     "splat": ("splat_fwd", "splat_bwd"),
     "mutual_information": ("parzen_fwd", "parzen_bwd"),
-    # scaling and squaring (ops/integrate_velocity.py; the diffeomorphic models' exp)
-    "squaring": ("squaring_fwd", "squaring_bwd"),
+    # its scaling and squaring (also the diffeomorphic models' exponential)
+    "integrate_velocity": ("squaring_fwd", "squaring_bwd"),
     "ssim": ("moments5", "correlate"),
     "local_ncc": ("moments5", "box_sum", "correlate"),
 }
@@ -79,7 +79,11 @@ AUTO_DEVICE_TYPES = {
 SELF_CHECKED_DEVICE_TYPES = {"cuda"}
 
 #: ops whose kernels are not deterministic on these device types (atomic additions).
-NONDETERMINISTIC = {"splat": {"cuda"}, "mutual_information": {"cuda"}, "squaring": {"cuda"}}
+NONDETERMINISTIC = {
+    "splat": {"cuda"},
+    "mutual_information": {"cuda"},
+    "integrate_velocity": {"cuda"},
+}
 
 _lock = threading.Lock()
 _check_lock = threading.Lock()

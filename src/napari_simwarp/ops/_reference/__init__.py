@@ -16,13 +16,12 @@ function                   what it computes                   kernel
 ``splat_fwd``              splatting, with its weights         ``simwarp::splat_fwd``
 ========================= =================================== ===========================
 
-and ``parzen_mutual_information``, the B-spline Parzen mutual information of
-:mod:`..mutual_information` (``simwarp::parzen_fwd`` / ``parzen_bwd``).
+The twin of ``simwarp::parzen_fwd`` / ``parzen_bwd`` (the B-spline Parzen mutual
+information) is :func:`..mutual_information.parzen_score`, beside the op.
 """
 
 from .local_std import local_std_2d, local_std_valid
 from .moments import moments5
-from .parzen import parzen_mutual_information
 from .splat import splat_fwd
 from .window_sums import box_sum, correlate
 
@@ -32,6 +31,5 @@ __all__ = [
     "local_std_2d",
     "local_std_valid",
     "moments5",
-    "parzen_mutual_information",
     "splat_fwd",
 ]
