@@ -336,16 +336,23 @@ def test_result_layers_are_added_before_the_worker_starts(viewer, qtbot, small_p
             seen[name] = None if layer is None else (type(layer).__name__, layer.data.shape)
             seen[f"{name} visible"] = None if layer is None else layer.visible
         seen["limits"] = tuple(viewer.layers["moving registered"].contrast_limits)
+        seen["repainting at start"] = w.native.window().updatesEnabled()
         real(worker, **kwargs)
 
     monkeypatch.setattr(_register, "start_worker", start)
     w, _f, m = _setup(viewer, fixed, moving, model="affine", iterations=20)
+    # the window is not repainted between two additions (one repaint for them all)
+    repainting = []
+    viewer.layers.events.inserted.connect(
+        lambda e: repainting.append(w.native.window().updatesEnabled())
+    )
     m.contrast_limits = (0.1, 0.7)
     _run(qtbot, w)
     assert seen["moving registered"] == ("Image", fixed.shape)
     assert seen["displacement"] == ("Vectors", (1, 2, 2))
     assert seen["similarity gradient"] == ("Vectors", (1, 2, 2))
     assert seen["limits"] == (0.1, 0.7)  # the moving layer's, none computed on the blank
+    assert repainting == [False, False, False] and seen["repainting at start"]
     # hidden while blank (their first draw comes with their data, during the run), then
     # shown; a user's later choice to hide one stays (a rerun does not show it again)
     results = ("moving registered", "displacement", "similarity gradient")
@@ -358,6 +365,40 @@ def test_result_layers_are_added_before_the_worker_starts(viewer, qtbot, small_p
     assert viewer.layers["moving registered"].visible
     registered = viewer.layers["moving registered"].data
     np.testing.assert_allclose(registered, w.result.warped)  # then the result replaced it
+
+
+def test_closing_the_widget_while_its_layers_are_added_leaves_the_window_repainting(
+    viewer, qtbot, small_pair
+):
+    # The window is not repainted while the result layers are added, before the worker
+    # starts; a widget closed then must not leave the viewer's window frozen.
+    fixed, moving, _ = small_pair
+    w, _f, _m = _setup(viewer, fixed, moving, model="affine", iterations=20)
+    window = w.native.window()
+    w.run()
+    assert not window.updatesEnabled()  # frozen: the layers are being added
+    viewer.window.remove_dock_widget(w.native.parent())
+    w.native.deleteLater()
+    qtbot.waitUntil(lambda: window.updatesEnabled(), timeout=10000)
+    qtbot.waitUntil(no_workers_running, timeout=30000)
+
+
+def test_a_run_shorter_than_live_after_shows_its_result_only(
+    viewer, qtbot, small_pair, monkeypatch
+):
+    # Issue 27: a run that ends within a moment is not displayed live (each display cost
+    # it 0.05-0.1 s on 2 cores with software OpenGL): one snapshot, the final one.
+    from napari_simwarp._qt import _register
+
+    monkeypatch.setattr(_register, "LIVE_AFTER_MS", 10**9)
+    fixed, moving, _ = small_pair
+    w, _f, _m = _setup(viewer, fixed, moving, model="affine", iterations=20)
+    _run(qtbot, w)
+    assert w.snapshots_received == 1 and w.snapshots_shown == 1
+    np.testing.assert_allclose(viewer.layers["moving registered"].data, w.result.warped)
+    assert viewer.layers["moving registered"].visible
+    assert w._bar.native.value() == w._bar.max  # the bar ends full
+    assert len(w._plot.curve.x) >= 2  # the similarity from the start to the result
 
 
 def test_result_layers_stay_on_top_and_keep_their_order_between_runs(

@@ -55,6 +55,66 @@ def test_snapshots_are_throttled_to_what_the_display_can_show_and_lose_no_loss()
     assert reports >= 10 and len(run.losses) >= reports - 1  # merged, not dropped
 
 
+def test_a_run_within_live_after_shows_its_result_only_and_computes_no_display(monkeypatch):
+    # Issue 27: a live display of a run that ends within a moment cost it a third of its
+    # time. Within settings.live_after, nothing crosses to the GUI thread but the final
+    # snapshot and no display data (warped image, similarity, arrows) is made for it.
+    from scipy import ndimage as ndi
+
+    fixed = data.camera()[200:264, 200:264]
+    moving = ndi.shift(fixed, (2.0, -1.0), order=1, mode="nearest")
+    fills = []
+    real_fill = RegistrationRun._fill_pair
+    monkeypatch.setattr(
+        RegistrationRun,
+        "_fill_pair",
+        lambda self, snap, *a, **k: (
+            fills.append(k.get("final", False)) or real_fill(self, snap, *a, **k)
+        ),
+    )
+    settings = dict(model="translation", iterations=30, levels=1, report_every=1)
+    quiet = RegistrationRun(fixed, moving, RunSettings(**settings, live_after=1e9))
+    snaps = list(quiet.snapshots())
+    assert len(snaps) == 1 and snaps[0].final and snaps[0].warped is not None
+    assert fills == [True]  # the final snapshot's only
+    assert len(quiet.losses) >= len(quiet.result.loss_history) - 1  # every loss kept
+    # the curve still runs from the start to the result
+    assert len(snaps[0].curve.x) >= 2 and snaps[0].curve.x[0] == 0
+    fills.clear()
+    live = RegistrationRun(fixed, moving, RunSettings(**settings, live_after=0.0))
+    assert len(list(live.snapshots())) > 2 and fills.count(False) >= 1
+    # what the run computes does not depend on what it shows
+    np.testing.assert_array_equal(
+        quiet.result.transform.to_displacement(fixed.shape),
+        live.result.transform.to_displacement(fixed.shape),
+    )
+
+
+def test_drift_frames_aligned_within_live_after_reach_the_first_live_shift_plot(monkeypatch):
+    # The quiet start makes no display data, but the frames it aligned are on the shift
+    # plot of the first snapshot after it (not only on the final one).
+    stack, _ = data.drifting_timelapse(frames=8, size=64)
+    calls = []
+
+    def quiet_for_two_reports(self, now=None):
+        calls.append(1)
+        return len(calls) <= 2
+
+    monkeypatch.setattr(RegistrationRun, "_quiet", quiet_for_two_reports)
+    settings = RunSettings(
+        mode="stack", model="translation", iterations=5, report_every=1, min_interval=0.0
+    )
+    run = RegistrationRun(None, stack, settings)
+    snaps = list(run.snapshots())
+    live = [s for s in snaps if not s.final]
+    assert live, "no snapshot after the quiet start"
+    first = live[0]
+    shifts = run._frame_shifts.shifts
+    reached = len(first.curve.y)  # its points (finite only): frames x axes
+    assert reached >= 2 * 2  # at least the first batch's frames, both axes
+    assert np.isfinite(shifts).all()  # every frame was reached by the end
+
+
 def test_abort_ends_the_run_at_the_next_report_with_no_result():
     # A closing viewer wants the run over, not finished: no final level, no result.
     fixed, moving, _ = data.deformed_pair()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
+import weakref
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -69,6 +70,9 @@ MODES = {"pair (2D / 3D)": "pair", "time-lapse (drift)": "stack"}
 #: least time between two displays of snapshots (snapshots in between are merged: the
 #: screen cannot show more, and a display that fell behind starved the GUI thread)
 DISPLAY_MS = 100
+#: a run's live display starts this many ms into it: a shorter run shows its result only
+#: (see RunSettings.live_after)
+LIVE_AFTER_MS = 500
 #: display steps run in one turn of the event loop until this many ms have passed
 STEP_MS = 40
 #: least time between two updates of the Vectors layers (napari redraws their thumbnail,
@@ -230,6 +234,7 @@ class RegisterWidget(WorkerWidget):
         self._styled: set[str] = set()
         self._buffers: dict[str, np.ndarray] = {}
         self._reveal: set[str] = set()
+        self._frozen = None  # the window not repainted while result layers are added
         self._moving_hidden = False
         self._waiting = None  # the newest snapshot not yet displayed (merged)
         self._last_vectors = -np.inf
@@ -333,6 +338,7 @@ class RegisterWidget(WorkerWidget):
             min_interval=0.2,
             vectors_interval=VECTORS_MS / 1000,
             yield_interval=DISPLAY_MS / 1000,
+            live_after=LIVE_AFTER_MS / 1000,
         )
 
     def landmarks(self):
@@ -417,14 +423,8 @@ class RegisterWidget(WorkerWidget):
         self._display_ms = DISPLAY_MS
         self._status.value = f"registering ({run.settings.model}, {run.run_levels} levels)…"
 
-        # The worker starts now, and the result layers a session does not have yet are
-        # added meanwhile, one per turn of the event loop (napari's add_image and
-        # add_vectors are its costliest GUI-thread steps). They were added before the
-        # worker started, to spare them the GIL's contention: in a shown viewer each turn
-        # also repaints the canvas (0.2-0.5 s with software OpenGL), and the first run
-        # waited 1.7 s for them (issue 27). A snapshot that comes before its layer's
-        # placeholder was added replaces that step (same key): one layer, added once.
         def start():
+            self._thaw_window()
             self._worker = worker
             start_worker(worker, stop=run.abort)
             # the displays' pacing from now on (not the layers' additions before)
@@ -437,7 +437,32 @@ class RegisterWidget(WorkerWidget):
         # GUI-thread steps, and under a running worker they waited on the GIL too (issue
         # 27, a shown viewer under load 8: started together, the first add took 0.9-1.0 s
         # instead of 0.3-0.4 s and the run's worker 3.1-3.3 s instead of 1.3-1.9 s).
-        self._queue([*self._placeholders(run), ("start", start)])
+        # The window is not repainted until they are all added (they start hidden: a
+        # repaint between two showed nothing new, and each cost 30-90 ms with software
+        # OpenGL, more than an addition).
+        placeholders = self._placeholders(run)
+        if placeholders:
+            self._freeze_window()
+        self._queue([*placeholders, ("start", start)])
+
+    def _freeze_window(self) -> None:
+        """Stop repainting this widget's window (the viewer's, when docked) until
+        :meth:`_thaw_window`."""
+        window = self.native.window()
+        if window is not None and window.updatesEnabled():
+            window.setUpdatesEnabled(False)
+            # weakly: a reference kept here kept a closed viewer's window (and this
+            # widget) from being destroyed when napari let go of it
+            self._frozen = weakref.ref(window)
+
+    def _thaw_window(self) -> None:
+        """Repaint the window :meth:`_freeze_window` froze (one repaint for all that
+        changed meanwhile)."""
+        ref, self._frozen = self._frozen, None
+        window = None if ref is None else ref()
+        if window is not None:
+            with contextlib.suppress(RuntimeError):  # the window was closed meanwhile
+                window.setUpdatesEnabled(True)
 
     def _pair_planes(self, fixed, moving):
         """The fixed and moving :class:`~..widgets_logic.planes.Plane` s of a pair run:
@@ -981,6 +1006,7 @@ def _stop_run(widget) -> None:
     the display timer (snapshots still queued are then dropped by ``_closed``)."""
     widget._waiting = None
     widget._steps.clear()
+    widget._thaw_window()  # a run stopped before its worker started leaves none frozen
     with contextlib.suppress(Exception):  # the viewer may outlive the widget
         widget._viewer.dims.events.current_step.disconnect(widget._on_step)
     with contextlib.suppress(RuntimeError):  # already deleted with the widget

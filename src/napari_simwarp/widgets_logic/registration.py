@@ -58,6 +58,11 @@ class RunSettings:
         ``min_interval``
     yield_interval : least seconds between two snapshots yielded without display data
         (those in between are merged into the next): each crosses to the GUI thread
+    live_after : seconds from the run's start before its first snapshot (the final one
+        excepted) and before any display data is computed: a run shorter than that
+        shows its result only. A live display of a run that ends within a moment shows
+        nothing a user can follow, and costs it: with software OpenGL each display took
+        the worker 0.05-0.1 s on 2 cores, a third of a 0.3 s affine run (issue 27)
     """
 
     mode: str = "pair"
@@ -74,6 +79,7 @@ class RunSettings:
     min_interval: float = 0.0
     vectors_interval: float | None = None
     yield_interval: float = 0.0
+    live_after: float = 0.0
 
 
 @dataclass
@@ -232,6 +238,7 @@ class RegistrationRun:
         self._similarity_inputs = None  # the images as the engine measures them
         self._pass, self._last_start = 0, None  # drift: the pass, the last batch's start
         self._last_heavy = self._last_vectors = -np.inf
+        self._started = -np.inf  # when snapshots() began (perf_counter)
 
     # -- sizes ---------------------------------------------------------------------------
     def _refuse_beyond_budget(self, moving_shape) -> None:
@@ -362,7 +369,7 @@ class RegistrationRun:
             self.moving = self.moving.read()
         # The first arrows come one interval into the run (its first snapshots show an
         # almost untouched field; a short run gets its arrows with the final snapshot).
-        self._last_vectors = time.perf_counter()
+        self._started = self._last_vectors = time.perf_counter()
         if self.settings.mode == "pair":
             run = register_iter(self.fixed, self.moving, **self._engine_kwargs())
             fill = self._fill_pair_progress
@@ -426,6 +433,8 @@ class RegistrationRun:
                     return None
                 pending = snap.merged_into(pending)
                 now = time.perf_counter()
+                if self._quiet(now):
+                    continue
                 heavy = any(
                     getattr(pending, name) is not None
                     for name in ("warped", "displacement", "gradient")
@@ -435,6 +444,11 @@ class RegistrationRun:
                     yield out
         finally:
             snapshots.close()
+
+    def _quiet(self, now: float | None = None) -> bool:
+        """Whether the run is still within its first ``settings.live_after`` seconds."""
+        now = time.perf_counter() if now is None else now
+        return now - self._started < self.settings.live_after
 
     def _heavy_due(self, final: bool) -> bool:
         now = time.perf_counter()
@@ -466,7 +480,10 @@ class RegistrationRun:
             self._count_iterations(int(progress.level), int(progress.iteration))
         # each level's first report measured too: a level shorter than the interval
         # would have no point on the similarity curve
-        if self._heavy_due(new_level):
+        if self._quiet():  # nothing is shown yet: no display data made
+            if self._frame_shifts is not None:
+                self._record_frames(progress)  # the live shift plot's frames, all of them
+        elif self._heavy_due(new_level):
             fill(snap, progress)
         snap.curve = self._curve(snap)
         return snap
@@ -582,13 +599,18 @@ class RegistrationRun:
             snap.similarity = f"{label} {value:.3f}"
 
     def _fill_stack_progress(self, snap: Snapshot, progress) -> None:
+        self._record_frames(progress)
+        self._fill_stack(snap, self._current)
+
+    def _record_frames(self, progress) -> None:
+        """Keep the transforms of a drift batch's frames (the live display's, the shift
+        plot's)."""
         # With reference="previous", moving frame i is stack frame i + 1.
         offset = 1 if self.settings.reference == "previous" else 0
         frames = progress.frames
         for i, t in zip(range(frames.start, frames.stop), progress.transforms):
             self._current[i + offset] = t
         self._frame_shifts.update(self._current)
-        self._fill_stack(snap, self._current)
 
     def _vectors_due(self, final: bool) -> bool:
         interval = self.settings.vectors_interval
