@@ -175,16 +175,17 @@ def test_the_gil_switch_interval_is_short_while_a_worker_runs_and_put_back_after
     busy = [create_worker(time.sleep, 0.3) for _ in range(threads)]
     for worker in busy:
         _common.start_worker(worker)
-    queued = create_worker(time.sleep, 0)
+    ran = []
+    queued = create_worker(lambda: ran.append(1))
     _common.start_worker(queued)
-    for worker in [queued, *busy]:
+    qtbot.wait(50)  # superqt hands its workers to the pool at the next turn of the loop
+    _common.wait_for(queued)  # queued behind the busy ones: taken out, never run
+    assert queued._simwarp_done.is_set() and sys.getswitchinterval() != before
+    # nor left in superqt's set of started workers (which the tests' teardown waits on)
+    assert queued not in type(queued)._worker_set
+    for worker in busy:
         _common.wait_for(worker)
-    qtbot.waitUntil(lambda: queued._simwarp_done.is_set())
-    assert sys.getswitchinterval() == before
-    # (had it been taken out, it would never leave superqt's set of workers, which the
-    # tests' teardown waits on: run it, and its end counts once)
-    if not queued.is_running and queued in type(queued)._worker_set:
-        QThreadPool.globalInstance().start(queued)
+    assert sys.getswitchinterval() == before and not ran
     mine = [first, second, queued, *busy]
     # superqt forgets a worker at a queued signal: wait for it (the next tests' teardown
     # waits for superqt's workers to end)

@@ -484,6 +484,11 @@ def wait_for(worker, msecs: int = 10000) -> None:
             ended = getattr(worker, "_simwarp_ended", None)
             if ended is not None:
                 ended()  # it will never run, nor say it ended
+            # nor leave superqt's set of started workers (it leaves on finishing): a
+            # teardown that waits for that set to empty would wait for ever
+            discard = getattr(type(worker), "_set_discard", None)
+            if discard is not None:
+                discard(worker)
             return
     done = getattr(worker, "_simwarp_done", None)
     if done is not None:
