@@ -15,6 +15,8 @@ so float data must be written as TIFF or NPY, or converted by an explicit dtype.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import pathlib
 import tempfile
@@ -70,6 +72,10 @@ def read_image(path, *, what: str = "image", notes: list | None = None) -> np.nd
     try:
         if suffix == ".npy":
             image, samples = load_npy(path), False
+            # as _check_grey reads it: axes of one dropped from a 4-D or 5-D array
+            shape = tuple(n for n in image.shape if n != 1) if image.ndim > 3 else image.shape
+            if len(shape) == 3:  # a (Y, X, 3) color array, or a thin volume
+                refuse_color_last_axis(shape, where, spatial=3)
         elif suffix in (".tif", ".tiff"):
             image, samples = _read_tiff(path, where)
         else:
@@ -102,14 +108,90 @@ def load_npy(path: pathlib.Path, mmap_mode=None) -> np.ndarray:
     return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
 
 
+@contextlib.contextmanager
+def _quiet_tifffile():
+    """tifffile's own log lines silenced (it logs "invalid page offset" for a truncated
+    file on stderr): the error raised here says what is wrong, once, naming the argument."""
+    log = logging.getLogger("tifffile")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def check_tiff_complete(tif, path, where: str) -> None:
+    """Refuse a TIFF whose first image series is missing or whose pixels run past the end
+    of the file (an interrupted copy or write), before anything is read or registered.
+
+    ``tif``: an open ``tifffile.TiffFile``. tifffile itself would fail later, mid-run,
+    with a message naming neither the file nor the cause ("corrupted strip cannot be
+    reshaped"), or read the missing frames of a stack as garbage.
+    """
+    if not tif.series:
+        raise ImageFileError(f"{where} holds no image")
+    series = tif.series[0]
+    ends = []
+    if series.dataoffset is not None:
+        # contiguous pixels (tifffile's and ImageJ's default): the series' extent is known
+        # without loading every page (a long stack's first page may be all there is)
+        ends.append(int(series.dataoffset) + int(series.nbytes))
+    else:
+        for page in series.pages:
+            if page is None or getattr(page, "parent", tif) is not tif:  # in another file
+                continue
+            for offset, count in zip(
+                getattr(page, "dataoffsets", ()), getattr(page, "databytecounts", ())
+            ):
+                if count:
+                    ends.append(int(offset) + int(count))
+    size = os.path.getsize(path)
+    end = max(ends, default=0)
+    if end > size:
+        raise ImageFileError(
+            f"{where} is truncated: its image data runs to byte {end}, but the file has "
+            f"{size} bytes (an interrupted copy or write?); copy or export it again"
+        )
+
+
+#: how to give :func:`read_image` a color image it can convert
+COLOR_ADVICE = (
+    "save the image as grey (e.g. skimage.color.rgb2gray) or as an RGB .tif or .png, "
+    "which is converted to luminance"
+)
+
+
+def refuse_color_last_axis(
+    shape: tuple, where: str, *, spatial: int, advice: str = COLOR_ADVICE
+) -> None:
+    """Refuse an array without axis labels (``.npy``) whose last axis looks like the
+    samples of a color pixel: 2 to 4 entries under ``spatial`` axes of 8 or more.
+
+    ``shape``: the array's shape; ``spatial``: how many of its trailing axes are read as
+    (z,) y, x (2 or 3); ``advice``: what the user can do instead. Read as an image, such
+    an axis is only 2 to 4 pixels wide: a ``(Y, X, 3)`` RGB array would be registered as
+    a thin 3-D volume, silently wrong.
+    """
+    if len(shape) < 2 or spatial < 2 or not 2 <= shape[-1] <= 4:
+        return
+    if min(shape[len(shape) - spatial : -1]) < 8:
+        return
+    kind = "a stack" if len(shape) > spatial else "an image"
+    raise ImageFileError(
+        f"{where} has shape {tuple(shape)}: read as {kind} "
+        f"it is only {shape[-1]} pixels along x, its last axis; if that axis holds the "
+        f"color samples of each pixel (RGB, RGBA), {advice}"
+    )
+
+
 def _read_tiff(path: pathlib.Path, where: str):
     """``(array, has_samples)``: the first series of a TIFF, and whether its last axis holds
     the samples of a color (or grey+alpha) pixel."""
     import tifffile
 
-    with tifffile.TiffFile(path) as tif:
-        if not tif.series:
-            raise ImageFileError(f"{where} holds no image")
+    with _quiet_tifffile(), tifffile.TiffFile(path) as tif:
+        check_tiff_complete(tif, path, where)
         series = tif.series[0]
         axes = series.axes
         image = series.asarray()
@@ -192,9 +274,10 @@ def check_target(path, *, what: str, inputs: dict, overwrite: bool = False) -> p
             _same_file(path, pathlib.Path(source))
             or path.resolve() == pathlib.Path(source).resolve()
         ):
+            # "the input file" for register-stack's one input, not "the input input file"
+            role = "the input file" if name == "input" else f"the {name} input file"
             raise ImageFileError(
-                f"{where} is the {name} input file; input files are never "
-                "written over: choose another output"
+                f"{where} is {role}; input files are never written over: choose another output"
             )
     if path.is_dir():
         raise ImageFileError(f"{where} is a directory; give a file name")
