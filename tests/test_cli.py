@@ -1,6 +1,10 @@
-"""`napari-simwarp demo`: viewer with a display, the headless pipeline without one."""
+"""The `napari-simwarp` command: `demo` (viewer with a display, the headless pipeline
+without one), its errors naming the options as typed."""
 
 from __future__ import annotations
+
+import numpy as np
+import pytest
 
 from napari_simwarp import _cli, _demo
 
@@ -148,3 +152,38 @@ def test_info_names_the_gpu_and_how_many_ops_run_its_kernels(monkeypatch):
     assert lines[3].startswith("kernels: compiled CUDA kernels, 1 of 2 ops on the GPU")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert _cli.machine_lines(_info())[1] == "GPU: none (torch finds no CUDA device)"
+
+
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        (["--grid-spacing", "-8", "--model", "deformable"], "--grid-spacing must be positive"),
+        (["--fixed-spacing", "0"], "--fixed-spacing must be positive"),
+        (["--iterations", "-5"], "--iterations must be >= 0"),
+        (["--landmark-weight", "nan"], "--landmark-weight must be finite"),
+        (["--device", "gpu9"], "--device must be"),
+    ],
+)
+def test_an_option_the_library_refuses_is_named_as_typed(tmp_path, capsys, options, expected):
+    # the library's checks name its keywords (grid_spacing); the command's user typed
+    # --grid-spacing
+    y, x = np.mgrid[:32, :32]
+    picture = np.sin(x / 3.0) * np.cos(y / 4.0)
+    np.save(tmp_path / "f.npy", picture)
+    np.save(tmp_path / "m.npy", picture)
+    out = tmp_path / "r.npy"
+    code = _cli.main(
+        ["register", str(tmp_path / "f.npy"), str(tmp_path / "m.npy"), "-o", str(out), *options]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"napari-simwarp register: error: {expected}"), err
+    assert not out.exists()
+
+
+def test_a_message_that_names_no_option_is_left_as_it_is():
+    options = {"grid_spacing": "--grid-spacing", "levels": "--levels"}
+    assert _cli._as_option("levels=50 shrinks", options) == "--levels=50 shrinks"
+    assert _cli._as_option("levelsx must", options) == "levelsx must"
+    assert _cli._as_option("fixed: 'a.tif' does not exist", options) == (
+        "fixed: 'a.tif' does not exist"
+    )

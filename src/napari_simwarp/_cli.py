@@ -203,7 +203,8 @@ def main(argv=None) -> int:
         return args.func(args)
     except (ValueError, TypeError, OSError, MemoryError, MissingExtraError) as exc:
         # Input problems are the user's to fix: one clear line, no traceback.
-        print(f"napari-simwarp {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        message = _as_option(_one_line(exc), _options(parser, args.command))
+        print(f"napari-simwarp {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
         # a command that leaves something behind says what (register-stack: a partial
@@ -211,6 +212,31 @@ def main(argv=None) -> int:
         note = str(exc) or "interrupted; no output was written"
         print(f"napari-simwarp {args.command}: {note}", file=sys.stderr)
         return 130
+
+
+def _options(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
+    """``{dest: "--option"}`` of the subcommand ``command``'s options (``grid_spacing``:
+    ``--grid-spacing``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return {
+                a.dest: max(a.option_strings, key=len)
+                for a in action.choices[command]._actions
+                if a.option_strings and a.dest != "help"
+            }
+    return {}
+
+
+def _as_option(message: str, options: dict[str, str]) -> str:
+    """``message`` with a leading keyword name of the library (``grid_spacing must be
+    positive``, ``levels=50 shrinks``) written as the option the user typed
+    (``--grid-spacing must be positive``): the checks are the library's, shared with
+    scripts, but a command-line user knows the options."""
+    for dest, option in options.items():
+        for sep in (" ", "="):
+            if message.startswith(dest + sep):
+                return option + message[len(dest) :]
+    return message
 
 
 def _one_line(exc: BaseException) -> str:
