@@ -128,7 +128,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("fixed", help="fixed (reference) image file: .tif, .png, .jpg or .npy")
     p.add_argument("moving", help="moving image file: .tif, .png, .jpg or .npy")
     p.add_argument(
-        "-o", "--out", required=True, help="output image file: .tif, .tiff, .png or .npy"
+        "-o",
+        "--out",
+        required=True,
+        help="output image file: .tif, .tiff, .png or .npy (a missing folder is created)",
     )
     p.add_argument(
         "--overwrite",
@@ -426,7 +429,7 @@ def add_stack_parser(subparsers) -> argparse.ArgumentParser:
         "--out",
         required=True,
         help="output: an OME-Zarr store (.zarr, a folder; needs the large extra), or a "
-        ".tif, .tiff or .npy file",
+        ".tif, .tiff or .npy file (a missing parent folder is created)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace OUT and its transforms")
     p.add_argument("--reference", default="first", help="first, previous, mean or a frame index")
