@@ -53,8 +53,13 @@ def check_tiff_stack(path, *, where: str) -> str:
         raise ImageFileError(
             f"{where} could not be opened ({type(exc).__name__}: {reason})"
         ) from exc
+    # Samples interleaved in each pixel (axes ending in S) are color; planar ones (a
+    # leading S) are how tifffile stores a (3, Y, X) or (4, Y, X) array it is given
+    # without a photometric: a short stack more likely than a planar RGB picture, read
+    # as frames as before.
+    color = axes.endswith("S") and shape[-1] > 1
     for axis, what in (("S", "color samples (RGB, RGBA)"), ("C", "channels")):
-        if axis in axes and shape[axes.index(axis)] > 1:
+        if color if axis == "S" else axis in axes and shape[axes.index(axis)] > 1:
             raise ImageFileError(
                 f"{where} has {shape[axes.index(axis)]} {what} per pixel (axes {axes!r}, "
                 f"shape {tuple(shape)}); register-stack aligns a grey (T, Y, X) or "
