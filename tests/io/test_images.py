@@ -58,3 +58,36 @@ def test_an_rgb_tiff_is_still_converted_to_luminance(tmp_path):
     expected = np.rint(rgb.astype(np.float64) @ [0.2125, 0.7154, 0.0721]).astype(np.uint8)
     np.testing.assert_array_equal(grey, expected)
     assert len(notes) == 1 and "luminance" in notes[0]
+
+
+@pytest.mark.parametrize("version", [(1, 0), (2, 0)])
+def test_a_truncated_npy_is_refused_and_a_whole_one_read(tmp_path, version):
+    from napari_simwarp.io.images import load_npy
+
+    array = np.arange(6 * 40 * 48, dtype=np.float32).reshape(6, 40, 48)
+    path = tmp_path / "a.npy"
+    with open(path, "wb") as f:
+        np.lib.format.write_array(f, array, version=version)
+    np.testing.assert_array_equal(read_image(path), array)
+    np.testing.assert_array_equal(load_npy(path, mmap_mode="r"), array)
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-100])
+    with pytest.raises(ImageFileError, match=r"^fixed: .*a\.npy.* truncated: its header says"):
+        read_image(path, what="fixed")
+    with pytest.raises(ValueError, match=rf"^truncated: .* but the file has {len(whole) - 100}"):
+        load_npy(path, mmap_mode="r")  # register-stack's reader: np.load blamed "mmap length"
+
+
+@pytest.mark.parametrize("name", ["big.npy", "big.tif"])
+def test_an_image_larger_than_the_memory_budget_is_refused_before_it_is_read(
+    tmp_path, monkeypatch, name
+):
+    # 64 × 64 float32: 16 KiB as floats, against a budget of 10 KiB
+    array = np.ones((64, 64), np.float32)
+    path = tmp_path / name
+    np.save(path, array) if name.endswith(".npy") else tifffile.imwrite(path, array)
+    monkeypatch.setenv("SIMWARP_MEMORY_BUDGET", "10KiB")
+    with pytest.raises(ImageFileError, match=r"^reading moving: .* needs about 16\.0 KiB"):
+        read_image(path, what="moving")
+    monkeypatch.setenv("SIMWARP_MEMORY_BUDGET", "16KiB")  # exactly enough
+    np.testing.assert_array_equal(read_image(path, what="moving"), array)

@@ -217,3 +217,34 @@ def test_register_stack_scheduler_it_cannot_reach_names_the_option(tmp_path, out
             command="register-stack",
             names=["--scheduler", "tcp://127.0.0.1:9"],
         )
+
+
+def test_register_refuses_an_image_over_the_memory_budget_before_reading_it(
+    tmp_path, out_dir, capsys, monkeypatch
+):
+    # a .npy was read whole whatever its size (a 24 GiB file on a 24 GiB machine)
+    np.save(tmp_path / "f.npy", _picture())  # 64 × 64 float32: 16 KiB
+    monkeypatch.setenv("SIMWARP_MEMORY_BUDGET", "8KiB")
+    inputs = [tmp_path / "f.npy"]
+    _refused(
+        [*inputs, *inputs, "-o", out_dir / "r.npy"],
+        inputs,
+        out_dir,
+        capsys,
+        command="register",
+        names=["fixed: ", "f.npy", "needs about 16.0 KiB", "SIMWARP_MEMORY_BUDGET"],
+    )
+
+
+def test_register_stack_names_a_truncated_npy(tmp_path, out_dir, capsys):
+    path = tmp_path / "s.npy"
+    np.save(path, np.stack([_picture()] * 4))
+    path.write_bytes(path.read_bytes()[:-1000])
+    _refused(
+        [path, "-o", out_dir / "a.npy"],
+        [path],
+        out_dir,
+        capsys,
+        command="register-stack",
+        names=["input: ", "s.npy", "truncated: its header says shape (4, 64, 64)"],
+    )

@@ -71,7 +71,7 @@ def read_image(path, *, what: str = "image", notes: list | None = None) -> np.nd
         )
     try:
         if suffix == ".npy":
-            image, samples = load_npy(path), False
+            image, samples = _read_npy(path, where), False
             # as _check_grey reads it: axes of one dropped from a 4-D or 5-D array
             shape = tuple(n for n in image.shape if n != 1) if image.ndim > 3 else image.shape
             if len(shape) == 3:  # a (Y, X, 3) color array, or a thin volume
@@ -95,16 +95,69 @@ def read_image(path, *, what: str = "image", notes: list | None = None) -> np.nd
     return _check_grey(image, where)
 
 
+def refuse_too_big(shape, dtype, where: str) -> None:
+    """Refuse, before it is read, an image that would not fit the memory budget as floats
+    (what registering it holds, several times over): a 24 GiB ``.npy`` was read whole,
+    and could take the machine's memory, before anything said it was too big. The budget
+    is :func:`~.budget.memory_budget`'s (``SIMWARP_MEMORY_BUDGET``, else half the free
+    RAM), as for the dask and zarr arrays that ``register`` reads itself."""
+    from . import budget as _budget
+
+    need = int(np.prod(shape, dtype=np.float64)) * (8 if np.dtype(dtype) == np.float64 else 4)
+    try:
+        _budget.refuse(
+            need,
+            _budget.memory_budget(),
+            what=f"reading {where} (shape {tuple(int(n) for n in shape)}) as floats",
+            advice="crop or downsample it (a pair is registered in memory)",
+        )
+    except MemoryError as exc:  # an ImageFileError: read_image wraps any other error
+        raise ImageFileError(str(exc)) from None
+
+
+def _read_npy(path: pathlib.Path, where: str) -> np.ndarray:
+    """A ``.npy`` file read into memory after its size is checked against the memory
+    budget (its header, memory-mapped, says the shape without reading the data)."""
+    try:
+        mapped = load_npy(path, mmap_mode="r")
+    except ValueError as exc:
+        if "memory-mapped" not in str(exc):  # object arrays: np.load says why below
+            raise
+        return load_npy(path)
+    refuse_too_big(mapped.shape, mapped.dtype, where)
+    return np.array(mapped)  # a copy in memory: the file may change once read
+
+
 def load_npy(path: pathlib.Path, mmap_mode=None) -> np.ndarray:
     """A NumPy ``.npy`` array (memory-mapped with ``mmap_mode="r"``), never unpickled.
 
     A file without NumPy's magic string is a ValueError saying so: ``np.load`` would
-    take it for a pickle and blame "pickled (object) data".
+    take it for a pickle and blame "pickled (object) data"; so is a file shorter than its
+    header says (an interrupted copy: np.load blamed "mmap length" or a reshape).
     """
     with open(path, "rb") as f:
         head = f.read(6)
-    if head != b"\x93NUMPY":
-        raise ValueError("not a NumPy .npy file (it does not start with NumPy's magic string)")
+        if head != b"\x93NUMPY":
+            raise ValueError("not a NumPy .npy file (it does not start with NumPy's magic string)")
+        f.seek(0)
+        fmt = np.lib.format
+        try:
+            read_header = {
+                (1, 0): fmt.read_array_header_1_0,
+                (2, 0): fmt.read_array_header_2_0,
+            }.get(fmt.read_magic(f))
+            shape, _, dtype = read_header(f) if read_header else (None, None, None)
+        except ValueError:
+            shape = None  # a header np.load will describe itself
+        if shape is not None and not dtype.hasobject:
+            need = f.tell() + int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+            size = os.fstat(f.fileno()).st_size
+            if size < need:
+                raise ValueError(
+                    f"truncated: its header says shape {tuple(shape)} of {dtype}, {need} "
+                    f"bytes with the header, but the file has {size} (an interrupted copy "
+                    "or write?)"
+                )
     return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
 
 
@@ -194,6 +247,7 @@ def _read_tiff(path: pathlib.Path, where: str):
         check_tiff_complete(tif, path, where)
         series = tif.series[0]
         axes = series.axes
+        refuse_too_big(series.shape, series.dtype, where)
         image = series.asarray()
     if "C" in axes and image.shape[axes.index("C")] > 1:
         raise ImageFileError(
