@@ -248,3 +248,19 @@ def test_register_stack_names_a_truncated_npy(tmp_path, out_dir, capsys):
         command="register-stack",
         names=["input: ", "s.npy", "truncated: its header says shape (4, 64, 64)"],
     )
+
+
+@pytest.mark.parametrize("landmarks", ["nope.csv", "folder"])
+def test_register_landmarks_that_are_no_file_name_the_option(tmp_path, out_dir, capsys, landmarks):
+    # a missing CSV was "transform file 'nope.csv' does not exist", no option named
+    (tmp_path / "folder").mkdir()
+    np.save(tmp_path / "f.npy", _picture())
+    inputs = [tmp_path / "f.npy"]
+    _refused(
+        [*inputs, *inputs, "-o", out_dir / "r.npy", "--landmarks", tmp_path / landmarks],
+        inputs,
+        out_dir,
+        capsys,
+        command="register",
+        names=["error: --landmarks: ", landmarks, "expected a BigWarp landmark CSV"],
+    )

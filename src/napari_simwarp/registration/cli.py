@@ -229,6 +229,9 @@ def _read_landmarks(path):
         return None
     from ..io.transform_files.bigwarp import read_bigwarp_landmarks
 
+    if not pathlib.Path(path).is_file():  # the reader's own words are a transform file's
+        what = "is a directory" if pathlib.Path(path).is_dir() else "does not exist"
+        raise ValueError(f"--landmarks: {str(path)!r} {what}; expected a BigWarp landmark CSV")
     try:
         return read_bigwarp_landmarks(path)
     except ValueError as exc:  # not a BigWarp table: say which option it came from
@@ -432,7 +435,12 @@ def add_stack_parser(subparsers) -> argparse.ArgumentParser:
         ".tif, .tiff or .npy file (a missing parent folder is created)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace OUT and its transforms")
-    p.add_argument("--reference", default="first", help="first, previous, mean or a frame index")
+    p.add_argument(
+        "--reference",
+        default="first",
+        help="first, previous, mean or a frame index (negative counts from the end: -1 is "
+        "the last frame)",
+    )
     p.add_argument("--model", default="translation", choices=MODELS)
     p.add_argument(
         "--metric",
