@@ -264,3 +264,39 @@ def test_register_landmarks_that_are_no_file_name_the_option(tmp_path, out_dir, 
         command="register",
         names=["error: --landmarks: ", landmarks, "expected a BigWarp landmark CSV"],
     )
+
+
+@pytest.mark.parametrize(
+    "scale, dtype, note",
+    [
+        (1.0, "uint8", "take at most 2 grey levels"),  # an image in [0, 1] as uint8
+        (1000.0, "uint8", "lie outside uint8's range [0, 255] and are clipped"),
+        (200.0, "uint8", None),  # fits: nothing to say
+        (1.0, "float32", None),
+    ],
+)
+def test_register_says_what_an_integer_dtype_loses(tmp_path, capsys, scale, dtype, note):
+    picture = _picture()
+    picture = (picture - picture.min()) / np.ptp(picture) * scale  # [0, scale]
+    np.save(tmp_path / "f.npy", picture.astype(np.float32))
+    out = tmp_path / "r.tif"
+    code = _cli.main(
+        ["register", str(tmp_path / "f.npy"), str(tmp_path / "f.npy"), "-o", str(out),
+         "--model", "translation", "--dtype", dtype, "--quiet"]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0, err
+    written = tifffile.imread(out)
+    assert written.dtype == np.dtype(dtype)
+    if note is None:
+        assert "note:" not in err, err
+        return
+    assert f"napari-simwarp register: note: --dtype {dtype}: " in err and note in err, err
+    # the figures said are the file's: its distinct levels, or its clipped share
+    if "levels" in note:
+        assert len(np.unique(written)) <= 2
+    else:
+        # fixed onto itself: the warped image is the input, up to interpolation noise
+        share = float(err.split("values (")[1].split("%")[0])
+        assert share == pytest.approx(100 * np.mean(np.rint(picture) > 255), abs=0.5)
+        assert np.all(written[picture > 260] == 255)  # clipped, not wrapped around

@@ -377,6 +377,36 @@ def check_output_path(
     return check_target(path, what=what, inputs=inputs, overwrite=overwrite)
 
 
+def cast_note(image: np.ndarray, dtype) -> str | None:
+    """What writing ``image`` as integer ``dtype`` loses, for the user, or None.
+
+    The cast rounds and clips, never rescales (:func:`image_writer`): values outside the
+    type's range are clipped, and float data spanning a few units (an image in [0, 1])
+    rounds to a few grey levels. Either is said, with the figures, so that a nearly
+    black or saturated output is not a surprise.
+    """
+    target = np.dtype(dtype)
+    if not np.issubdtype(target, np.integer) or np.asarray(image).size == 0:
+        return None
+    values = np.asarray(image)
+    info = np.iinfo(target)
+    rounded = np.rint(values.astype(np.float64))
+    clipped = int(np.count_nonzero((rounded < info.min) | (rounded > info.max)))
+    if clipped:
+        return (
+            f"{clipped} values ({100 * clipped / values.size:.1f}%) lie outside {target}'s "
+            f"range [{info.min}, {info.max}] and are clipped to it"
+        )
+    levels = int(rounded.max() - rounded.min()) + 1
+    if np.issubdtype(values.dtype, np.floating) and levels <= 16:
+        return (
+            f"the values span [{float(values.min()):.4g}, {float(values.max()):.4g}]: rounded "
+            f"to {target} they take at most {levels} grey levels (nothing is rescaled); "
+            "write a float image (.tif or .npy with --dtype float32) to keep them"
+        )
+    return None
+
+
 def image_writer(path, image: np.ndarray, *, dtype=None):
     """A function that writes ``image`` as ``dtype`` (default: its own) to the path it is
     given, in the format of ``path``'s suffix (for

@@ -246,7 +246,7 @@ def run(args) -> int:
     """
     from ..io import check_output_path, check_target, read_image
     from ..io.atomic import write_together
-    from ..io.images import image_writer
+    from ..io.images import cast_note, image_writer
     from .pair import register
     from .plan import RunOptions
 
@@ -301,6 +301,11 @@ def run(args) -> int:
     finally:
         if progress is not None:
             progress.close()
+    # an integer --dtype rounds and clips (the moving file's own dtype loses nothing the
+    # file had: interpolation stays within its values)
+    lost = cast_note(result.warped, dtype) if args.dtype != "same" else None
+    if lost:
+        print(f"napari-simwarp register: note: --dtype {dtype}: {lost}", file=sys.stderr)
     # Both outputs or neither: written beside their targets, then renamed together (a
     # full disk or a Ctrl-C while writing the transform removes the image again).
     out.parent.mkdir(parents=True, exist_ok=True)
