@@ -81,10 +81,46 @@ def _run_demo(args) -> int:
 
             run_gui_demo(device=args.device)
             return 0
-    summary = run_headless_demo(args.out or "out/demo", device=args.device)
+    from ._devices import resolve_device
+
+    resolve_device(args.device)  # a bad --device before the folder is made
+    out = _demo_folder(args.out or "out/demo")
+    summary = run_headless_demo(out, device=args.device)
     for key, value in summary.items():
         print(f"{key}: {value}")
     return 0
+
+
+def _demo_folder(out: str):
+    """``--out`` checked and made: a folder (not a file) that can be created, where no file
+    the demo writes (:data:`napari_simwarp._demo.OUTPUTS`) would replace one of the user's
+    (files from an earlier demo run, marked by its summary.json, are replaced)."""
+    import json
+    import pathlib
+
+    from ._demo import OUTPUTS
+
+    path = pathlib.Path(out)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out: {out!r} is a file; expected a folder (made if missing)")
+    if path.is_dir():
+        taken = [name for name in OUTPUTS if (path / name).exists()]
+        try:
+            earlier = "template_cut_at" in json.loads((path / "summary.json").read_text())
+        except (OSError, ValueError, TypeError):
+            earlier = False
+        if taken and not earlier:
+            raise ValueError(
+                f"--out: {out!r} holds {', '.join(taken)}, not from an earlier demo run, "
+                "which the demo would replace; choose a new or empty folder"
+            )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(
+            f"--out: cannot make the folder {out!r} ({exc.strerror or exc}); choose another"
+        ) from None
+    return path
 
 
 def _add_build_kernels(subparsers) -> None:
