@@ -1,6 +1,10 @@
-"""`napari-simwarp demo`: viewer with a display, the headless pipeline without one."""
+"""The `napari-simwarp` command: `demo` (viewer with a display, the headless pipeline
+without one), its errors naming the options as typed."""
 
 from __future__ import annotations
+
+import numpy as np
+import pytest
 
 from napari_simwarp import _cli, _demo
 
@@ -21,14 +25,16 @@ def test_headless_flag_writes_into_out(monkeypatch, tmp_path):
     assert calls == [("headless", str(tmp_path))]
 
 
-def test_no_display_falls_back_to_headless(monkeypatch, capsys):
+def test_no_display_falls_back_to_headless(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)  # the command makes its folder, out/demo
     calls = _record(monkeypatch)
     monkeypatch.setattr(_cli, "_has_display", lambda: False)
     assert _cli.main(["demo"]) == 0
     assert calls == [("headless", "out/demo")] and "no display" in capsys.readouterr().err
 
 
-def test_out_without_a_display_says_only_that_it_runs_headless(monkeypatch, capsys):
+def test_out_without_a_display_says_only_that_it_runs_headless(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
     calls = _record(monkeypatch)
     monkeypatch.setattr(_cli, "_has_display", lambda: False)
     assert _cli.main(["demo", "--out", "out/demo1"]) == 0
@@ -148,3 +154,75 @@ def test_info_names_the_gpu_and_how_many_ops_run_its_kernels(monkeypatch):
     assert lines[3].startswith("kernels: compiled CUDA kernels, 1 of 2 ops on the GPU")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert _cli.machine_lines(_info())[1] == "GPU: none (torch finds no CUDA device)"
+
+
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        (["--grid-spacing", "-8", "--model", "deformable"], "--grid-spacing must be positive"),
+        (["--fixed-spacing", "0"], "--fixed-spacing must be positive"),
+        (["--iterations", "-5"], "--iterations must be >= 0"),
+        (["--landmark-weight", "nan"], "--landmark-weight must be finite"),
+        (["--device", "gpu9"], "--device must be"),
+    ],
+)
+def test_an_option_the_library_refuses_is_named_as_typed(tmp_path, capsys, options, expected):
+    # the library's checks name its keywords (grid_spacing); the command's user typed
+    # --grid-spacing
+    y, x = np.mgrid[:32, :32]
+    picture = np.sin(x / 3.0) * np.cos(y / 4.0)
+    np.save(tmp_path / "f.npy", picture)
+    np.save(tmp_path / "m.npy", picture)
+    out = tmp_path / "r.npy"
+    code = _cli.main(
+        ["register", str(tmp_path / "f.npy"), str(tmp_path / "m.npy"), "-o", str(out), *options]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"napari-simwarp register: error: {expected}"), err
+    assert not out.exists()
+
+
+def test_a_message_that_names_no_option_is_left_as_it_is():
+    options = {"grid_spacing": "--grid-spacing", "levels": "--levels"}
+    assert _cli._as_option("levels=50 shrinks", options) == "--levels=50 shrinks"
+    assert _cli._as_option("levelsx must", options) == "levelsx must"
+    assert _cli._as_option("fixed: 'a.tif' does not exist", options) == (
+        "fixed: 'a.tif' does not exist"
+    )
+
+
+def test_demo_out_that_is_a_file_is_refused_untouched(monkeypatch, tmp_path, capsys):
+    # it said "File exists: 'afile'", naming no option
+    calls = _record(monkeypatch)
+    (tmp_path / "afile").write_bytes(b"mine")
+    assert _cli.main(["demo", "--headless", "--out", str(tmp_path / "afile")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("napari-simwarp demo: error: --out: ") and "is a file" in err, err
+    assert calls == [] and (tmp_path / "afile").read_bytes() == b"mine"
+
+
+def test_demo_never_replaces_a_file_of_the_users(monkeypatch, tmp_path, capsys):
+    # the demo wrote registered.npy, summary.json... over whatever the folder held
+    calls = _record(monkeypatch)
+    (tmp_path / "registered.npy").write_bytes(b"my data")
+    assert _cli.main(["demo", "--headless", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--out: " in err and "holds registered.npy, not from an earlier demo run" in err
+    assert calls == [] and (tmp_path / "registered.npy").read_bytes() == b"my data"
+
+
+def test_demo_reruns_into_its_own_earlier_folder(monkeypatch, tmp_path):
+    calls = _record(monkeypatch)
+    (tmp_path / "registered.npy").write_bytes(b"from the demo")
+    (tmp_path / "summary.json").write_text('{"template_cut_at": [200, 230]}')
+    assert _cli.main(["demo", "--headless", "--out", str(tmp_path)]) == 0
+    assert calls == [("headless", str(tmp_path))]
+
+
+def test_demo_bad_device_makes_no_folder(monkeypatch, tmp_path, capsys):
+    # the folder was made before the device was checked
+    calls = _record(monkeypatch)
+    out = tmp_path / "new"
+    assert _cli.main(["demo", "--headless", "--out", str(out), "--device", "gpu9"]) == 2
+    assert "--device must be" in capsys.readouterr().err
+    assert calls == [] and not out.exists()

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy import ndimage as ndi
 
-from napari_simwarp import data
+from napari_simwarp import _demo, data
 from napari_simwarp.registration import load_transform
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
@@ -174,3 +174,9 @@ def test_demo_png_is_a_readable_picture(demo):
         pixels = np.asarray(image.convert("RGB"))
     assert 800 <= width <= 4000 and 600 <= height <= 4000
     assert pixels.std() > 10  # a figure, not a blank canvas
+
+
+def test_the_demo_writes_the_files_the_command_protects(demo):
+    # napari-simwarp demo refuses a folder where one of these is a file of the user's
+    written = sorted(p.name for p in demo.iterdir() if p.name != "returncode")  # the fixture's
+    assert written == sorted(_demo.OUTPUTS)

@@ -81,10 +81,46 @@ def _run_demo(args) -> int:
 
             run_gui_demo(device=args.device)
             return 0
-    summary = run_headless_demo(args.out or "out/demo", device=args.device)
+    from ._devices import resolve_device
+
+    resolve_device(args.device)  # a bad --device before the folder is made
+    out = _demo_folder(args.out or "out/demo")
+    summary = run_headless_demo(out, device=args.device)
     for key, value in summary.items():
         print(f"{key}: {value}")
     return 0
+
+
+def _demo_folder(out: str):
+    """``--out`` checked and made: a folder (not a file) that can be created, where no file
+    the demo writes (:data:`napari_simwarp._demo.OUTPUTS`) would replace one of the user's
+    (files from an earlier demo run, marked by its summary.json, are replaced)."""
+    import json
+    import pathlib
+
+    from ._demo import OUTPUTS
+
+    path = pathlib.Path(out)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out: {out!r} is a file; expected a folder (made if missing)")
+    if path.is_dir():
+        taken = [name for name in OUTPUTS if (path / name).exists()]
+        try:
+            earlier = "template_cut_at" in json.loads((path / "summary.json").read_text())
+        except (OSError, ValueError, TypeError):
+            earlier = False
+        if taken and not earlier:
+            raise ValueError(
+                f"--out: {out!r} holds {', '.join(taken)}, not from an earlier demo run, "
+                "which the demo would replace; choose a new or empty folder"
+            )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(
+            f"--out: cannot make the folder {out!r} ({exc.strerror or exc}); choose another"
+        ) from None
+    return path
 
 
 def _add_build_kernels(subparsers) -> None:
@@ -203,7 +239,8 @@ def main(argv=None) -> int:
         return args.func(args)
     except (ValueError, TypeError, OSError, MemoryError, MissingExtraError) as exc:
         # Input problems are the user's to fix: one clear line, no traceback.
-        print(f"napari-simwarp {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        message = _as_option(_one_line(exc), _options(parser, args.command))
+        print(f"napari-simwarp {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
         # a command that leaves something behind says what (register-stack: a partial
@@ -211,6 +248,31 @@ def main(argv=None) -> int:
         note = str(exc) or "interrupted; no output was written"
         print(f"napari-simwarp {args.command}: {note}", file=sys.stderr)
         return 130
+
+
+def _options(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
+    """``{dest: "--option"}`` of the subcommand ``command``'s options (``grid_spacing``:
+    ``--grid-spacing``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return {
+                a.dest: max(a.option_strings, key=len)
+                for a in action.choices[command]._actions
+                if a.option_strings and a.dest != "help"
+            }
+    return {}
+
+
+def _as_option(message: str, options: dict[str, str]) -> str:
+    """``message`` with a leading keyword name of the library (``grid_spacing must be
+    positive``, ``levels=50 shrinks``) written as the option the user typed
+    (``--grid-spacing must be positive``): the checks are the library's, shared with
+    scripts, but a command-line user knows the options."""
+    for dest, option in options.items():
+        for sep in (" ", "="):
+            if message.startswith(dest + sep):
+                return option + message[len(dest) :]
+    return message
 
 
 def _one_line(exc: BaseException) -> str:

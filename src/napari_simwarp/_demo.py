@@ -18,6 +18,13 @@ from ._demo_figure import ERROR_BORDER, demo_figure
 #: where the demo cuts its template from (so that is where ZNCC must peak), and its size
 TEMPLATE_CORNER = (200, 230)
 TEMPLATE_SIZE = 48
+#: the files :func:`run_headless_demo` writes into its folder (``napari-simwarp demo``
+#: checks that none of them would replace a file of the user's)
+OUTPUTS = (
+    "local_std.npy", "zncc.npy", "local_ncc.npy", "ssim.npy", "registered.npy",
+    "displacement.npy", "transform.npz", "drift_shifts.npy", "drift_corrected.npy",
+    "summary.json", "demo.png",
+)  # fmt: skip
 
 
 def run_headless_demo(out: str | pathlib.Path, device: str = "auto") -> dict:

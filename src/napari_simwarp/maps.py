@@ -250,7 +250,14 @@ def tiled(kind, *arrays, window, axes, device="cpu", options, chunks=None, memor
     keeps the tile's part of the map: the input is never rechunked or overlapped as a
     whole, so computing the map holds a few boxes at a time, whatever its chunking (dask's
     ``map_overlap`` held the whole overlapped volume: 2.5 GiB for a 0.5 GiB uint16 one).
+
+    Needs dask (the ``large`` extra), for NumPy input too; :func:`plane` and the operators
+    of :mod:`napari_simwarp.ops` need none.
     """
+    from ._extras import require
+
+    # the extra's install line, not a raw ModuleNotFoundError, in a base install
+    require({f"maps.{kind} (tiles computed as dask tasks)": ["dask.array"]})
     import dask
     import dask.array as da
 

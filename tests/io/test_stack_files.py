@@ -88,3 +88,50 @@ def test_a_name_that_fits_is_written_under_a_temporary_name_that_fits_too(tmp_pa
     got = tifffile.imread(path) if suffix == ".tif" else np.load(path)
     np.testing.assert_array_equal(got, stack)
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_check_tiff_stack_refuses_color_channels_and_truncation(tmp_path):
+    from napari_simwarp.io.stack_files import check_tiff_stack
+
+    frames = (np.arange(4 * 32 * 32).reshape(4, 32, 32) % 251).astype(np.uint8)
+    tifffile.imwrite(tmp_path / "grey.tif", frames, photometric="minisblack")
+    assert check_tiff_stack(tmp_path / "grey.tif", where="input").endswith("YX")
+    # 3 or 4 frames given to tifffile without a photometric: stored as planar RGB (axes
+    # SYX, what tifffile 2025 does by default), read as frames, as before (a short stack,
+    # more likely than planar color)
+    tifffile.imwrite(
+        tmp_path / "planar.tif", frames[:3], photometric="rgb", planarconfig="separate"
+    )
+    assert check_tiff_stack(tmp_path / "planar.tif", where="input") == "SYX"
+    tifffile.imwrite(tmp_path / "rgb.tif", np.stack([frames] * 3, -1), photometric="rgb")
+    with pytest.raises(ImageFileError, match=r"^input has 3 color samples .*'QYXS'"):
+        check_tiff_stack(tmp_path / "rgb.tif", where="input")
+    tifffile.imwrite(
+        tmp_path / "tc.tif", np.stack([frames] * 2, 1), imagej=True, metadata={"axes": "TCYX"}
+    )
+    with pytest.raises(ImageFileError, match=r"^input has 2 channels per pixel"):
+        check_tiff_stack(tmp_path / "tc.tif", where="input")
+    whole = (tmp_path / "grey.tif").read_bytes()
+    (tmp_path / "cut.tif").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ImageFileError, match=r"^input is truncated"):
+        check_tiff_stack(tmp_path / "cut.tif", where="input")
+    (tmp_path / "text.tif").write_text("not a TIFF")
+    with pytest.raises(ImageFileError, match=r"^input could not be opened \(TiffFileError"):
+        check_tiff_stack(tmp_path / "text.tif", where="input")
+
+
+@pytest.mark.parametrize(
+    "shape, refused",
+    [((4, 32, 32), None), ((4, 8, 32, 32), None), ((4, 32, 32, 3), "only 3 pixels along x"),
+     ((32, 32, 4), "only 4 pixels along x"), ((32, 32), "expected a \\(T, Y, X\\)"),
+     ((2, 2, 8, 8, 8), "expected a \\(T, Y, X\\)")],
+)  # fmt: skip
+def test_check_stack_shape(shape, refused):
+    from napari_simwarp.io.stack_files import check_stack_shape
+
+    if refused is None:
+        check_stack_shape(shape, where="input")
+    else:
+        with pytest.raises(ImageFileError, match=refused):
+            check_stack_shape(shape, where="input")
+    check_stack_shape((4, 32, 32, 3), where="input", labelled=True)  # tifffile said X

@@ -88,7 +88,7 @@ def test_cli_spacing_of_the_wrong_length_is_a_clear_error(tmp_path, capsys):
     code = _cli.main([*argv, str(tmp_path / "o.npy"), "--fixed-spacing", "1,2,3"])
     assert code == 2
     err = capsys.readouterr().err
-    assert "fixed_spacing must have one value per axis (2, array order)" in err
+    assert "error: --fixed-spacing must have one value per axis (2, array order)" in err
     assert not (tmp_path / "o.npy").exists()
     with pytest.raises(SystemExit) as stop:  # argparse's own exit for a malformed option
         _cli.main([*argv, str(tmp_path / "o.npy"), "--moving-spacing", "0.2;0.2"])
@@ -145,7 +145,7 @@ def test_cli_bad_landmarks_file_is_a_clear_error(tmp_path, capsys):
     assert "--landmarks:" in err and "BigWarp landmark CSV" in err
     code = _cli.main([*argv, str(tmp_path / "o.npy"), "--landmark-weight", "1"])
     assert code == 2
-    assert "landmark_weight > 0 needs landmarks" in capsys.readouterr().err
+    assert "error: --landmark-weight > 0 needs landmarks" in capsys.readouterr().err
     assert not (tmp_path / "o.npy").exists()
 
 

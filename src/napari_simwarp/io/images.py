@@ -15,6 +15,8 @@ so float data must be written as TIFF or NPY, or converted by an explicit dtype.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import pathlib
 import tempfile
@@ -69,7 +71,11 @@ def read_image(path, *, what: str = "image", notes: list | None = None) -> np.nd
         )
     try:
         if suffix == ".npy":
-            image, samples = load_npy(path), False
+            image, samples = _read_npy(path, where), False
+            # as _check_grey reads it: axes of one dropped from a 4-D or 5-D array
+            shape = tuple(n for n in image.shape if n != 1) if image.ndim > 3 else image.shape
+            if len(shape) == 3:  # a (Y, X, 3) color array, or a thin volume
+                refuse_color_last_axis(shape, where, spatial=3)
         elif suffix in (".tif", ".tiff"):
             image, samples = _read_tiff(path, where)
         else:
@@ -89,17 +95,147 @@ def read_image(path, *, what: str = "image", notes: list | None = None) -> np.nd
     return _check_grey(image, where)
 
 
+def refuse_too_big(shape, dtype, where: str) -> None:
+    """Refuse, before it is read, an image that would not fit the memory budget as floats
+    (what registering it holds, several times over): a 24 GiB ``.npy`` was read whole,
+    and could take the machine's memory, before anything said it was too big. The budget
+    is :func:`~.budget.memory_budget`'s (``SIMWARP_MEMORY_BUDGET``, else half the free
+    RAM), as for the dask and zarr arrays that ``register`` reads itself."""
+    from . import budget as _budget
+
+    need = int(np.prod(shape, dtype=np.float64)) * (8 if np.dtype(dtype) == np.float64 else 4)
+    try:
+        _budget.refuse(
+            need,
+            _budget.memory_budget(),
+            what=f"reading {where} (shape {tuple(int(n) for n in shape)}) as floats",
+            advice="crop or downsample it (a pair is registered in memory)",
+        )
+    except MemoryError as exc:  # an ImageFileError: read_image wraps any other error
+        raise ImageFileError(str(exc)) from None
+
+
+def _read_npy(path: pathlib.Path, where: str) -> np.ndarray:
+    """A ``.npy`` file read into memory after its size is checked against the memory
+    budget (its header, memory-mapped, says the shape without reading the data)."""
+    try:
+        mapped = load_npy(path, mmap_mode="r")
+    except ValueError as exc:
+        if "memory-mapped" not in str(exc):  # object arrays: np.load says why below
+            raise
+        return load_npy(path)
+    refuse_too_big(mapped.shape, mapped.dtype, where)
+    return np.array(mapped)  # a copy in memory: the file may change once read
+
+
 def load_npy(path: pathlib.Path, mmap_mode=None) -> np.ndarray:
     """A NumPy ``.npy`` array (memory-mapped with ``mmap_mode="r"``), never unpickled.
 
     A file without NumPy's magic string is a ValueError saying so: ``np.load`` would
-    take it for a pickle and blame "pickled (object) data".
+    take it for a pickle and blame "pickled (object) data"; so is a file shorter than its
+    header says (an interrupted copy: np.load blamed "mmap length" or a reshape).
     """
     with open(path, "rb") as f:
         head = f.read(6)
-    if head != b"\x93NUMPY":
-        raise ValueError("not a NumPy .npy file (it does not start with NumPy's magic string)")
+        if head != b"\x93NUMPY":
+            raise ValueError("not a NumPy .npy file (it does not start with NumPy's magic string)")
+        f.seek(0)
+        fmt = np.lib.format
+        try:
+            read_header = {
+                (1, 0): fmt.read_array_header_1_0,
+                (2, 0): fmt.read_array_header_2_0,
+            }.get(fmt.read_magic(f))
+            shape, _, dtype = read_header(f) if read_header else (None, None, None)
+        except ValueError:
+            shape = None  # a header np.load will describe itself
+        if shape is not None and not dtype.hasobject:
+            need = f.tell() + int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+            size = os.fstat(f.fileno()).st_size
+            if size < need:
+                raise ValueError(
+                    f"truncated: its header says shape {tuple(shape)} of {dtype}, {need} "
+                    f"bytes with the header, but the file has {size} (an interrupted copy "
+                    "or write?)"
+                )
     return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
+
+
+@contextlib.contextmanager
+def _quiet_tifffile():
+    """tifffile's own log lines silenced (it logs "invalid page offset" for a truncated
+    file on stderr): the error raised here says what is wrong, once, naming the argument."""
+    log = logging.getLogger("tifffile")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def check_tiff_complete(tif, path, where: str) -> None:
+    """Refuse a TIFF whose first image series is missing or whose pixels run past the end
+    of the file (an interrupted copy or write), before anything is read or registered.
+
+    ``tif``: an open ``tifffile.TiffFile``. tifffile itself would fail later, mid-run,
+    with a message naming neither the file nor the cause ("corrupted strip cannot be
+    reshaped"), or read the missing frames of a stack as garbage.
+    """
+    if not tif.series:
+        raise ImageFileError(f"{where} holds no image")
+    series = tif.series[0]
+    ends = []
+    if series.dataoffset is not None:
+        # contiguous pixels (tifffile's and ImageJ's default): the series' extent is known
+        # without loading every page (a long stack's first page may be all there is)
+        ends.append(int(series.dataoffset) + int(series.nbytes))
+    else:
+        for page in series.pages:
+            if page is None or getattr(page, "parent", tif) is not tif:  # in another file
+                continue
+            for offset, count in zip(
+                getattr(page, "dataoffsets", ()), getattr(page, "databytecounts", ())
+            ):
+                if count:
+                    ends.append(int(offset) + int(count))
+    size = os.path.getsize(path)
+    end = max(ends, default=0)
+    if end > size:
+        raise ImageFileError(
+            f"{where} is truncated: its image data runs to byte {end}, but the file has "
+            f"{size} bytes (an interrupted copy or write?); copy or export it again"
+        )
+
+
+#: how to give :func:`read_image` a color image it can convert
+COLOR_ADVICE = (
+    "save the image as grey (e.g. skimage.color.rgb2gray) or as an RGB .tif or .png, "
+    "which is converted to luminance"
+)
+
+
+def refuse_color_last_axis(
+    shape: tuple, where: str, *, spatial: int, advice: str = COLOR_ADVICE
+) -> None:
+    """Refuse an array without axis labels (``.npy``) whose last axis looks like the
+    samples of a color pixel: 2 to 4 entries under ``spatial`` axes of 8 or more.
+
+    ``shape``: the array's shape; ``spatial``: how many of its trailing axes are read as
+    (z,) y, x (2 or 3); ``advice``: what the user can do instead. Read as an image, such
+    an axis is only 2 to 4 pixels wide: a ``(Y, X, 3)`` RGB array would be registered as
+    a thin 3-D volume, silently wrong.
+    """
+    if len(shape) < 2 or spatial < 2 or not 2 <= shape[-1] <= 4:
+        return
+    if min(shape[len(shape) - spatial : -1]) < 8:
+        return
+    kind = "a stack" if len(shape) > spatial else "an image"
+    raise ImageFileError(
+        f"{where} has shape {tuple(shape)}: read as {kind} "
+        f"it is only {shape[-1]} pixels along x, its last axis; if that axis holds the "
+        f"color samples of each pixel (RGB, RGBA), {advice}"
+    )
 
 
 def _read_tiff(path: pathlib.Path, where: str):
@@ -107,11 +243,11 @@ def _read_tiff(path: pathlib.Path, where: str):
     the samples of a color (or grey+alpha) pixel."""
     import tifffile
 
-    with tifffile.TiffFile(path) as tif:
-        if not tif.series:
-            raise ImageFileError(f"{where} holds no image")
+    with _quiet_tifffile(), tifffile.TiffFile(path) as tif:
+        check_tiff_complete(tif, path, where)
         series = tif.series[0]
         axes = series.axes
+        refuse_too_big(series.shape, series.dtype, where)
         image = series.asarray()
     if "C" in axes and image.shape[axes.index("C")] > 1:
         raise ImageFileError(
@@ -192,9 +328,10 @@ def check_target(path, *, what: str, inputs: dict, overwrite: bool = False) -> p
             _same_file(path, pathlib.Path(source))
             or path.resolve() == pathlib.Path(source).resolve()
         ):
+            # "the input file" for register-stack's one input, not "the input input file"
+            role = "the input file" if name == "input" else f"the {name} input file"
             raise ImageFileError(
-                f"{where} is the {name} input file; input files are never "
-                "written over: choose another output"
+                f"{where} is {role}; input files are never written over: choose another output"
             )
     if path.is_dir():
         raise ImageFileError(f"{where} is a directory; give a file name")
@@ -238,6 +375,36 @@ def check_output_path(
             "--dtype uint8 or uint16 (values are rounded and clipped)"
         )
     return check_target(path, what=what, inputs=inputs, overwrite=overwrite)
+
+
+def cast_note(image: np.ndarray, dtype) -> str | None:
+    """What writing ``image`` as integer ``dtype`` loses, for the user, or None.
+
+    The cast rounds and clips, never rescales (:func:`image_writer`): values outside the
+    type's range are clipped, and float data spanning a few units (an image in [0, 1])
+    rounds to a few grey levels. Either is said, with the figures, so that a nearly
+    black or saturated output is not a surprise.
+    """
+    target = np.dtype(dtype)
+    if not np.issubdtype(target, np.integer) or np.asarray(image).size == 0:
+        return None
+    values = np.asarray(image)
+    info = np.iinfo(target)
+    rounded = np.rint(values.astype(np.float64))
+    clipped = int(np.count_nonzero((rounded < info.min) | (rounded > info.max)))
+    if clipped:
+        return (
+            f"{clipped} values ({100 * clipped / values.size:.1f}%) lie outside {target}'s "
+            f"range [{info.min}, {info.max}] and are clipped to it"
+        )
+    levels = int(rounded.max() - rounded.min()) + 1
+    if np.issubdtype(values.dtype, np.floating) and levels <= 16:
+        return (
+            f"the values span [{float(values.min()):.4g}, {float(values.max()):.4g}]: rounded "
+            f"to {target} they take at most {levels} grey levels (nothing is rescaled); "
+            "write a float image (.tif or .npy with --dtype float32) to keep them"
+        )
+    return None
 
 
 def image_writer(path, image: np.ndarray, *, dtype=None):

@@ -31,9 +31,13 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._extras import require
 from . import budget as _budget
 from . import lazy, trim
 from .images import ImageFileError
+
+#: the optional modules (the large extra) behind writing and reading OME-Zarr images
+MODULES = ["zarr", "dask.array", "ngff_zarr"]
 
 JOURNAL = ".simwarp"
 #: the key under which the store's own attributes record a write in progress
@@ -260,6 +264,8 @@ def write_ome_zarr(
 
     Returns the store's path. An interrupted write rerun with the same arguments resumes.
     """
+    # the large extra's install line, not a raw ModuleNotFoundError (dask) in a base install
+    require({f"writing an OME-Zarr store ({path})": MODULES})
     path = pathlib.Path(path)
     lazy.check_array(data, "data")
     shape = lazy.shape_of(data)
@@ -468,6 +474,7 @@ def read_ome_zarr(path, level=0, *, partial: bool = False) -> OmeZarrImage:
     interrupted (marked ``complete: false``) holds zeros where blocks are missing: it is
     refused (a ValueError saying so) unless ``partial=True``.
     """
+    require({f"reading an OME-Zarr image ({path})": MODULES})
     from ngff_zarr import from_ngff_zarr
 
     state = _store_state(pathlib.Path(path))

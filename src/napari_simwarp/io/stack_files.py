@@ -16,7 +16,13 @@ import pathlib
 import numpy as np
 
 from . import budget as _budget
-from .images import ImageFileError, check_target
+from .images import (
+    ImageFileError,
+    _quiet_tifffile,
+    check_target,
+    check_tiff_complete,
+    refuse_color_last_axis,
+)
 
 #: suffixes of the stack files read and written without optional packages
 FILE_SUFFIXES = (".tif", ".tiff", ".npy")
@@ -25,6 +31,59 @@ FILE_SUFFIXES = (".tif", ".tiff", ".npy")
 def is_stack_file(path) -> bool:
     """Whether ``path`` names a TIFF or ``.npy`` file (by its suffix)."""
     return pathlib.Path(path).suffix.lower() in FILE_SUFFIXES
+
+
+def check_tiff_stack(path, *, where: str) -> str:
+    """Refuse, before anything is read, a TIFF that is no grey stack: truncated (its pixels
+    run past the end of the file), or holding color samples or several channels per frame
+    (tifffile's axes ``S``, ``C``), which would be taken for a spatial axis: an RGB
+    ``(Y, X, 3)`` image read as 128 frames 3 pixels wide. Raises an :class:`ImageFileError`
+    naming ``where``; returns tifffile's axes of the first series (e.g. ``"QYX"``)."""
+    import tifffile
+
+    try:
+        with _quiet_tifffile(), tifffile.TiffFile(path) as tif:
+            check_tiff_complete(tif, path, where)
+            series = tif.series[0]
+            axes, shape = series.axes, series.shape
+    except ImageFileError:
+        raise
+    except Exception as exc:  # not a TIFF, or a damaged one: say which and why
+        reason = " ".join(str(exc).split())[:160]
+        raise ImageFileError(
+            f"{where} could not be opened ({type(exc).__name__}: {reason})"
+        ) from exc
+    # Samples interleaved in each pixel (axes ending in S) are color; planar ones (a
+    # leading S) are how tifffile stores a (3, Y, X) or (4, Y, X) array it is given
+    # without a photometric: a short stack more likely than a planar RGB picture, read
+    # as frames as before.
+    color = axes.endswith("S") and shape[-1] > 1
+    for axis, what in (("S", "color samples (RGB, RGBA)"), ("C", "channels")):
+        if color if axis == "S" else axis in axes and shape[axes.index(axis)] > 1:
+            raise ImageFileError(
+                f"{where} has {shape[axes.index(axis)]} {what} per pixel (axes {axes!r}, "
+                f"shape {tuple(shape)}); register-stack aligns a grey (T, Y, X) or "
+                "(T, Z, Y, X) stack: save one channel, or the luminance, as its own file"
+            )
+    return axes
+
+
+def check_stack_shape(shape, *, where: str, labelled: bool = False) -> None:
+    """Refuse a stack that is not ``(T, Y, X)`` or ``(T, Z, Y, X)``; an array without axis
+    labels (``labelled=False``: ``.npy``, Zarr) also when its last axis looks like color
+    samples (see :func:`~.images.refuse_color_last_axis`)."""
+    shape = tuple(int(n) for n in shape)
+    if len(shape) not in (3, 4):
+        raise ImageFileError(
+            f"{where} has shape {shape}; expected a (T, Y, X) or (T, Z, Y, X) stack"
+        )
+    if not labelled:
+        refuse_color_last_axis(
+            shape,
+            where,
+            spatial=len(shape) - 1,
+            advice="save the stack as grey (one channel or its luminance)",
+        )
 
 
 def open_tiff_in_memory(path, *, where: str, memory_budget=None) -> np.ndarray:

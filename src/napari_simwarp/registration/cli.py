@@ -53,6 +53,19 @@ def levels_option(text: str):
     return value
 
 
+def batch_size_option(text: str):
+    """``--batch-size``: "auto" or a positive int (argparse reports anything else)."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive int, got {text!r}")
+    return value
+
+
 def per_axis_option(text: str) -> tuple[float, ...]:
     """``--fixed-spacing`` and the like: one number, or one per axis separated by commas
     (array order, z first: ``3,0.5,0.5``). Their count is checked against the image."""
@@ -115,7 +128,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("fixed", help="fixed (reference) image file: .tif, .png, .jpg or .npy")
     p.add_argument("moving", help="moving image file: .tif, .png, .jpg or .npy")
     p.add_argument(
-        "-o", "--out", required=True, help="output image file: .tif, .tiff, .png or .npy"
+        "-o",
+        "--out",
+        required=True,
+        help="output image file: .tif, .tiff, .png or .npy (a missing folder is created)",
     )
     p.add_argument(
         "--overwrite",
@@ -213,6 +229,9 @@ def _read_landmarks(path):
         return None
     from ..io.transform_files.bigwarp import read_bigwarp_landmarks
 
+    if not pathlib.Path(path).is_file():  # the reader's own words are a transform file's
+        what = "is a directory" if pathlib.Path(path).is_dir() else "does not exist"
+        raise ValueError(f"--landmarks: {str(path)!r} {what}; expected a BigWarp landmark CSV")
     try:
         return read_bigwarp_landmarks(path)
     except ValueError as exc:  # not a BigWarp table: say which option it came from
@@ -227,7 +246,7 @@ def run(args) -> int:
     """
     from ..io import check_output_path, check_target, read_image
     from ..io.atomic import write_together
-    from ..io.images import image_writer
+    from ..io.images import cast_note, image_writer
     from .pair import register
     from .plan import RunOptions
 
@@ -282,6 +301,11 @@ def run(args) -> int:
     finally:
         if progress is not None:
             progress.close()
+    # an integer --dtype rounds and clips (the moving file's own dtype loses nothing the
+    # file had: interpolation stays within its values)
+    lost = cast_note(result.warped, dtype) if args.dtype != "same" else None
+    if lost:
+        print(f"napari-simwarp register: note: --dtype {dtype}: {lost}", file=sys.stderr)
     # Both outputs or neither: written beside their targets, then renamed together (a
     # full disk or a Ctrl-C while writing the transform removes the image again).
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -292,10 +316,13 @@ def run(args) -> int:
         ]
     )
     if not args.quiet:
+        if result.loss_history:
+            loss = f"final loss {result.loss_history[-1]:.5f} after "
+            loss += f"{len(result.loss_history)} evaluations"
+        else:  # --iterations 0: the starting transform (identity, or the landmarks' fit)
+            loss = "no iteration run (--iterations 0): the starting transform"
         print(
-            f"{options.model}/{result.metric}: final loss {result.loss_history[-1]:.5f} after "
-            f"{len(result.loss_history)} evaluations in {result.seconds:.2f} s on "
-            f"{result.device}"
+            f"{options.model}/{result.metric}: {loss} in {result.seconds:.2f} s on {result.device}"
         )
         print(f"wrote {out}")
         print(f"wrote {transform_out}")
@@ -410,10 +437,15 @@ def add_stack_parser(subparsers) -> argparse.ArgumentParser:
         "--out",
         required=True,
         help="output: an OME-Zarr store (.zarr, a folder; needs the large extra), or a "
-        ".tif, .tiff or .npy file",
+        ".tif, .tiff or .npy file (a missing parent folder is created)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace OUT and its transforms")
-    p.add_argument("--reference", default="first", help="first, previous, mean or a frame index")
+    p.add_argument(
+        "--reference",
+        default="first",
+        help="first, previous, mean or a frame index (negative counts from the end: -1 is "
+        "the last frame)",
+    )
     p.add_argument("--model", default="translation", choices=MODELS)
     p.add_argument(
         "--metric",
@@ -438,7 +470,12 @@ def add_stack_parser(subparsers) -> argparse.ArgumentParser:
         metavar="O[,O...]",
         help="physical position of the frames' first pixel (default 0, or the OME-Zarr input's)",
     )
-    p.add_argument("--batch-size", default="auto", help="frames per batch (default: auto)")
+    p.add_argument(
+        "--batch-size",
+        default="auto",
+        type=batch_size_option,
+        help="frames per batch: auto or a positive int (default: auto)",
+    )
     p.add_argument("--memory-budget", default=None, help="e.g. 2GiB (default: half the free RAM)")
     p.add_argument(
         "--dtype",
@@ -557,7 +594,7 @@ def open_stack(path, *, lazy=None, memory_budget=None):
     from ..io import ImageFileError
     from ..io.images import load_npy
     from ..io.omezarr import read_ome_zarr
-    from ..io.stack_files import open_tiff_in_memory
+    from ..io.stack_files import check_stack_shape, check_tiff_stack, open_tiff_in_memory
 
     path = pathlib.Path(path)
     where = f"input: {str(path)!r}"
@@ -565,8 +602,11 @@ def open_stack(path, *, lazy=None, memory_budget=None):
         raise ImageFileError(f"{where} does not exist")
     if lazy is None:
         lazy = not missing(LAZY_MODULES)
+    labelled = False  # whether the file says which axis is which (TIFF: tifffile's axes)
     try:
         if path.suffix.lower() in (".tif", ".tiff"):
+            # truncated, or color: refused up front; a last axis tifffile calls X is x
+            labelled = check_tiff_stack(path, where=where).endswith("X")
             if lazy:
                 data, pixel_size = _frames_by_path(path, _open_tiff), None
             else:
@@ -595,10 +635,7 @@ def open_stack(path, *, lazy=None, memory_budget=None):
         raise ImageFileError(
             f"{where} could not be opened ({type(exc).__name__}: {reason})"
         ) from exc
-    if len(data.shape) not in (3, 4):
-        raise ImageFileError(
-            f"{where} has shape {tuple(data.shape)}; expected a (T, Y, X) or (T, Z, Y, X) stack"
-        )
+    check_stack_shape(data.shape, where=where, labelled=labelled)
     return data, "tyx" if len(data.shape) == 3 else "tzyx", pixel_size, None
 
 
@@ -667,7 +704,7 @@ def run_stack(args) -> int:
     if args.spacing is not None:  # the output store carries the pixel size given
         pixel_size = list(grid.spacing)
     reference = _reference_option(args.reference)
-    batch = args.batch_size if args.batch_size == "auto" else int(args.batch_size)
+    batch = args.batch_size
     if args.memory_budget is not None:
         _budget.parse_bytes(args.memory_budget, "--memory-budget")
     dtype = np.dtype(data.dtype) if args.dtype == "same" else np.dtype(args.dtype)
@@ -735,7 +772,13 @@ def run_stack(args) -> int:
     if args.scheduler:
         from distributed import Client
 
-        client = Client(args.scheduler)
+        try:
+            client = Client(args.scheduler)
+        except OSError as exc:  # TimeoutError, refused: the address is the user's to fix
+            raise ValueError(
+                f"--scheduler: could not connect to {args.scheduler!r} ({exc}); start the "
+                "dask scheduler there, or leave --scheduler out to run here"
+            ) from None
     on_frames, on_blocks = _stack_progress()
     if from_metadata and not args.quiet:
         print(
