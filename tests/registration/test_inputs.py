@@ -70,6 +70,33 @@ def test_to_tensor_refuses_nan_and_inf_in_float_input(bad):
         _inputs.to_tensor(np.stack([np.zeros_like(a), a]), "stack", leading=1)
 
 
+def test_nan_advice_is_followable_and_names_the_mask_for_the_fixed_image_only():
+    # The message's advice (replace the NaNs; for the fixed image, a mask that is 0
+    # there) must work: a run so prepared finds the shift a clean pair gives.
+    from scipy import ndimage as ndi
+
+    from napari_simwarp import data, register
+
+    clean = data.camera()[128:256, 128:256].astype(np.float32)
+    moving = ndi.shift(clean, (1.5, -2.25), order=3, mode="nearest").astype(np.float32)
+    fixed = clean.copy()
+    fixed[40:70, 50:90] = np.nan  # a dead region of the detector
+    with pytest.raises(ValueError, match=r"fixed contains NaN.*mask that is 0 there"):
+        register(fixed, moving, model="translation")
+    with pytest.raises(ValueError, match="moving contains NaN") as refused:
+        register(clean, np.where(np.isnan(fixed), np.nan, moving), model="translation")
+    assert "mask" not in str(refused.value)  # a moving image's pixels move: no mask helps
+    valid = ~np.isnan(fixed)
+    masked = register(np.nan_to_num(fixed), moving, model="translation", mask=valid)
+    unmasked = register(np.nan_to_num(fixed), moving, model="translation")
+    reference = register(clean, moving, model="translation")
+    truth = np.asarray(reference.transform.translation, np.float64)
+    error = np.abs(np.asarray(masked.transform.translation, np.float64) - truth).max()
+    assert error < 0.02, (masked.transform.translation, truth)
+    # the zeros left in would have pulled it (what the mask is for)
+    assert np.abs(np.asarray(unmasked.transform.translation) - truth).max() > error
+
+
 def test_to_tensor_accepts_finite_values_whose_sum_overflows():
     # The one-reduction shortcut sees an infinite sum; the elementwise test then passes.
     a = np.full((4, 4), 3.0e38, np.float32)

@@ -61,9 +61,16 @@ def to_tensor(x, name: str, *, ndim=(2, 3), leading: int = 0) -> torch.Tensor:
     exact = not t.is_floating_point()
     t = t if t.dtype == torch.float64 else t.to(torch.float32)
     if not exact and not _all_finite(t):
+        # The mask weighs the fixed image's pixels: it can leave out a fixed image's
+        # replaced values, not a moving image's (they move with the transform).
+        hint = (
+            "; to leave those pixels out of the similarity, also give a mask that is 0 "
+            "there (register's mask=, the CLI's --mask)"
+            if "fixed" in name
+            else ""
+        )
         raise ValueError(
-            f"{name} contains NaN or Inf values; replace them (e.g. "
-            f"numpy.nan_to_num) or mask them out"
+            f"{name} contains NaN or Inf values; replace them (e.g. numpy.nan_to_num){hint}"
         )
     return t
 
