@@ -20,6 +20,11 @@ def test_demo_viewer_has_sample_data_and_docked_widgets(viewer, qtbot):
     qtbot.waitUntil(lambda: match.result is not None and not match.busy, timeout=60000)
     np.testing.assert_array_equal(viewer.layers["matches"].data[0], (224, 254))  # 200+24, 230+24
     assert "device: cpu" in widgets["Register"]._backend.value
+    # tabbed in one dock area (stacked, they overflowed a 1000-px screen), Register in front
+    docks = [w.native.parent() for w in widgets.values()]
+    window = viewer.window._qt_window
+    assert all(len(window.tabifiedDockWidgets(d)) == 2 for d in docks)
+    assert not widgets["Register"].native.visibleRegion().isEmpty() or not window.isVisible()
 
 
 def test_npe2_sample_data_opens_in_napari(viewer):

@@ -51,10 +51,16 @@ def build_demo_viewer(viewer, device: str = "auto") -> dict:
     match = TemplateMatchingWidget(viewer)
     reg = RegisterWidget(viewer)
     widgets = {"Similarity map": sim, "Template matching": match, "Register": reg}
+    docks = []
     for name, widget in widgets.items():
-        viewer.window.add_dock_widget(widget, name=name, area="right")
+        # Tabbed: stacked, the three did not fit a 1000-px-high screen (the Register
+        # button was below its edge; new user's trial).
+        docks.append(
+            viewer.window.add_dock_widget(widget, name=name, area="right", tabify=bool(docks))
+        )
         widget.reset_choices()
         widget.device.value = device if device in widget.device.choices else "auto"
+    docks[-1].raise_()  # the Register tab in front: the demo's main job
     sim.live.value = False  # set the layers first, then start the live map
     sim.image.value, sim.second.value = layers["fixed"], layers["moving"]
     sim.metric.value = "local NCC"
@@ -63,4 +69,7 @@ def build_demo_viewer(viewer, device: str = "auto") -> dict:
     match.image.value, match.shapes.value = layers["fixed"], shapes
     reg.fixed.value, reg.moving.value = layers["fixed"], layers["moving"]
     reg.model.value = "deformable"
+    # The view fitted to the canvas as it is now, beside the docks: the layers were added
+    # to the wider canvas before them, and the picture ran off its bottom.
+    viewer.reset_view()
     return widgets
