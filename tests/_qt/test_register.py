@@ -708,6 +708,52 @@ def test_a_rejected_run_replaces_the_previous_runs_status(viewer, qtbot, camera_
     assert "done in" not in w._status.value and len(errors) == 1
 
 
+FIRST_RUNS = """
+import importlib, sys
+import numpy as np
+from napari_simwarp._qt import _register
+from napari_simwarp.ops import _kernels
+for name in _register.WARM_IMPORTS:
+    importlib.import_module(name)
+_kernels.ensure_loaded()  # as the widget's preload does when a build is cached
+from napari_simwarp import data
+from napari_simwarp.widgets_logic.registration import RegistrationRun, RunSettings
+fixed = data.camera()[100:196, 100:196]
+moving = np.roll(fixed, 2, axis=0)
+stack = np.stack([fixed, moving, np.roll(fixed, 1, axis=1)])
+every = dict(min_interval=0.0, vectors_interval=0.0, yield_interval=0.0, live_after=0.0,
+             iterations=5, report_every=1)  # every display the widget can make
+for model in ("affine", "rigid", "deformable", "diffeomorphic", "drift"):
+    before = set(sys.modules)
+    if model == "drift":
+        run = RegistrationRun(None, stack, RunSettings(mode="stack", model="translation", **every))
+    else:
+        run = RegistrationRun(fixed, moving, RunSettings(model=model, **every))
+    assert sum(1 for _ in run.snapshots()) > 2
+    new = sorted(set(sys.modules) - before)
+    assert not new, (model, new[:10])
+"""
+
+
+def test_the_warm_up_imports_what_a_first_run_would():
+    # Issue 27: a first run's imports (the solvers; sympy through torch's first
+    # backward(gradient), 0.3 s; dask.array for the live drift stack) are made as the widget
+    # opens, in the background, not during the run. A fresh process: after WARM_IMPORTS,
+    # each kind of run with every live display imports nothing more.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    env.setdefault("QT_QPA_PLATFORM", "offscreen")  # imports Qt, makes no window
+    done = subprocess.run(
+        [sys.executable, "-c", FIRST_RUNS], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 def test_a_run_and_its_rerun_warn_of_no_private_napari_api(viewer, qtbot, small_pair, recwarn):
     # Every update printed napari's FutureWarning about the private `_type_string` (issue
     # 13; napari 0.9 no longer warns there): a run and a rerun, which reuses the result

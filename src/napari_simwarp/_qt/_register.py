@@ -965,15 +965,22 @@ def _snapshots(run):
     yield from run.snapshots()
 
 
-#: what a first run imports (measured): imported as the widget opens, in a thread. The
-#: engine's modules (the first run imported them on the GUI thread, part of a 335 ms pause
-#: at its start from the Plugins menu); pandas (napari's first Vectors layer imports it on
-#: the GUI thread, 0.25 s at load 8)
+#: what a first run imports (measured; tests/_qt/test_register.py runs each kind of run
+#: after these and finds nothing more imported): imported as the widget opens, in a
+#: thread. The engine's modules and its solvers (the first run imported them on the GUI
+#: thread, part of a 335 ms pause at its start from the Plugins menu); pandas (napari's
+#: first Vectors layer imports it on the GUI thread, 0.25 s at load 8); torch's symbolic
+#: shapes, with sympy (the first ``Tensor.backward(gradient)`` imports them: 0.3 s of a
+#: first deformable run's 0.9 s, one thread, no load); dask.array (the live drift display's
+#: stack)
 WARM_IMPORTS = (
     "napari_simwarp.registration.pair",
     "napari_simwarp.registration.stack",
+    "napari_simwarp.registration.solvers",
     "napari_simwarp.io.transform_files",
     "pandas",
+    "torch.fx.experimental.symbolic_shapes",
+    "dask.array",
 )
 
 
