@@ -428,6 +428,40 @@ def _bspline_weights(n_control: int, size: int) -> torch.Tensor:
     )
 
 
+def _half_dot(rows, cols, ones):
+    """``½ rows · cols`` per pair ``(N,)``, ``rows`` ``(N, 1, K)``, ``cols`` ``(N, K, 1)``, in
+    one launch; with ``ones`` ``(N, 1, 1)``: ``1 +`` it, in the same launch. The weighted
+    regularizer's sum ``½ Σ g · (2 w g)`` of :class:`_WeightedSquares` and the spline
+    Functions."""
+    if ones is None:  # β = 0: the first argument (a view of rows) is only read for its shape
+        out = torch.baddbmm(rows[:, :, :1], rows, cols, beta=0, alpha=0.5)
+    else:
+        out = torch.baddbmm(ones, rows, cols, alpha=0.5)
+    return out.view(rows.shape[0])
+
+
+def _spline_field_gradient(rows, m_x, wg, grad_term, stencils, padding, shape):
+    """The backward tail of the spline Functions: ``∂/∂F = rows m_xᵀ + stencilsᵀ ⋆ (wg ·
+    t)`` ``(N, R, D·c_x)`` (``shape``), or None where neither share is asked.
+
+    ``rows`` ``(N, R, X·D)``: ``∂/∂(F m_x)`` from the grid's gradient, or None; ``wg``: the
+    stencils' responses times twice their weights, as the forward saved them, or None (no
+    regularizer); ``grad_term`` ``(N,)``: the term's gradient ``t``, or None; ``padding``:
+    the forward's convolution padding. The regularizer's share is summed in by the last
+    product's ``baddbmm`` (no launch of its own).
+    """
+    reg = None  # ∂/∂F of the term
+    if grad_term is not None and wg is not None:
+        scaled = torch.mul(wg, grad_term.view(-1, 1, 1, 1, 1))
+        reg = F.conv_transpose3d(scaled, stencils, padding=padding).view(shape)
+    if rows is None:
+        return reg
+    m_t = m_x.t().expand(rows.shape[0], *m_x.t().shape)
+    if reg is None:
+        return torch.bmm(rows, m_t)
+    return torch.baddbmm(reg, rows, m_t)
+
+
 class _WeightedSquares(torch.autograd.Function):
     """``(g (N, K), w2 (1, K)) ↦ ½ Σ_k w2_k g_k²`` per row ``(N,)`` in two launches, and
     its gradient ``w2 g · grad`` in one (autograd's form of ``(g * g * w).sum(1)`` takes
@@ -437,12 +471,7 @@ class _WeightedSquares(torch.autograd.Function):
     def forward(ctx, g, w2, ones=None):
         wg2 = torch.mul(g, w2)
         ctx.save_for_backward(wg2)
-        if ones is None:
-            # β = 0: the first argument (a view of g) is only read for its shape
-            out = torch.baddbmm(g[:, :1, None], g.unsqueeze(1), wg2.unsqueeze(2), beta=0, alpha=0.5)
-        else:  # ones (N, 1, 1): 1 + the sum, in the same launch
-            out = torch.baddbmm(ones, g.unsqueeze(1), wg2.unsqueeze(2), alpha=0.5)
-        return out.view(g.shape[0])
+        return _half_dot(g.unsqueeze(1), wg2.unsqueeze(2), ones)
 
     @staticmethod
     def backward(ctx, grad):
@@ -481,12 +510,7 @@ class _SplineGrid2d(torch.autograd.Function):
         else:
             g = F.conv3d(fp.reshape(n, 1, cy, d, cx), stencils, padding=(1, 0, 1))
             wg = torch.mul(g, w2)  # (N, T, c_y, D, c_x), twice the weights
-            gf = g.view(n, 1, -1)
-            if ones is None:  # β = 0: the first argument (a view of g) is only read for its shape
-                term = torch.baddbmm(gf[:, :, :1], gf, wg.view(n, -1, 1), beta=0, alpha=0.5)
-            else:  # 1 + the term
-                term = torch.baddbmm(ones, gf, wg.view(n, -1, 1), alpha=0.5)
-            term = term.view(n)
+            term = _half_dot(g.view(n, 1, -1), wg.view(n, -1, 1), ones)
         ctx.save_for_backward(m_x, w_y, stencils, wg)
         ctx.shape = (n, d, cy, cx)
         return grid, term
@@ -500,20 +524,9 @@ class _SplineGrid2d(torch.autograd.Function):
         if grad_grid is not None:
             g = grad_grid.reshape(n, grad_grid.shape[1], -1)  # (N, H, W·D)
             rows = torch.bmm(w_y.t().expand(n, *w_y.t().shape), g)
-        reg = None  # ∂/∂F of the term, (N, c_y, D·c_x)
-        if grad_term is not None and wg is not None:
-            scaled = torch.mul(wg, grad_term.view(n, 1, 1, 1, 1))
-            reg = F.conv_transpose3d(scaled, stencils, padding=(1, 0, 1))
-            reg = reg.view(n, cy, d * cx)
-        if rows is None and reg is None:
+        out = _spline_field_gradient(rows, m_x, wg, grad_term, stencils, (1, 0, 1), (n, cy, d * cx))
+        if out is None:
             return (None,) * 7
-        m_t = m_x.t().expand(n, *m_x.t().shape)
-        if rows is None:
-            out = reg
-        elif reg is None:
-            out = torch.bmm(rows, m_t)
-        else:
-            out = torch.baddbmm(reg, rows, m_t)
         return out.view(n, cy, d, cx).permute(0, 2, 1, 3), None, None, None, None, None, None
 
 
@@ -554,12 +567,7 @@ class _SplineGrid3d(torch.autograd.Function):
         else:
             g = F.conv3d(fp.reshape(n, 1, cz, cy, d * cx), stencils, padding=1)
             wg = torch.mul(g, w2)  # (N, T, c_z, c_y, D·c_x), twice the weights
-            gf = g.view(n, 1, -1)
-            if ones is None:  # β = 0: the first argument (a view of g) is only read for its shape
-                term = torch.baddbmm(gf[:, :, :1], gf, wg.view(n, -1, 1), beta=0, alpha=0.5)
-            else:  # 1 + the term
-                term = torch.baddbmm(ones, gf, wg.view(n, -1, 1), alpha=0.5)
-            term = term.view(n)
+            term = _half_dot(g.view(n, 1, -1), wg.view(n, -1, 1), ones)
         ctx.save_for_backward(m_x, w_y, w_z, stencils, wg)
         ctx.shape = (n, d, cz, cy, cx)
         return grid, term
@@ -578,19 +586,9 @@ class _SplineGrid3d(torch.autograd.Function):
             xd = g.shape[-1] // ys
             rows = torch.bmm(yt.expand(n * cz, *yt.shape), rz.view(n * cz, ys, xd))
             rows = rows.view(n, cz * cy, xd)
-        reg = None  # ∂/∂F of the term, (N, c_z·c_y, D·c_x)
-        if grad_term is not None and wg is not None:
-            scaled = torch.mul(wg, grad_term.view(n, 1, 1, 1, 1))
-            reg = F.conv_transpose3d(scaled, stencils, padding=1).view(n, cz * cy, d * cx)
-        if rows is None and reg is None:
+        out = _spline_field_gradient(rows, m_x, wg, grad_term, stencils, 1, (n, cz * cy, d * cx))
+        if out is None:
             return (None,) * 8
-        m_t = m_x.t().expand(n, *m_x.t().shape)
-        if rows is None:
-            out = reg
-        elif reg is None:
-            out = torch.bmm(rows, m_t)
-        else:
-            out = torch.baddbmm(reg, rows, m_t)
         out = out.view(n, cz, cy, d, cx).permute(0, 3, 1, 2, 4)
         return (out,) + (None,) * 7
 
