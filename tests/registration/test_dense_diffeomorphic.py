@@ -12,6 +12,7 @@ from napari_simwarp.ops import warp
 from napari_simwarp.ops.compose import resample_field
 from napari_simwarp.registration.models import DenseModel
 from napari_simwarp.registration.pyramid import resize
+from tests.compiled import require_compiled
 
 
 def _reference(model, moving, shape):
@@ -64,3 +65,30 @@ def test_diffeomorphic_warp_equals_the_definition(shape, level, batch):
     torch.testing.assert_close(
         model.warp(moving, level)[0], warp(moving.expand(batch, -1, *level), d)
     )
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "torch"])
+def test_squaring_constants_are_made_only_for_the_torch_path(compiled, monkeypatch):
+    """The torch twin's grid constants (squaring_constants) are made, and kept, only where
+    the twin runs; the compiled op needs none. Both paths give the definition's warp."""
+    from napari_simwarp.ops import _kernels
+
+    if compiled:
+        require_compiled()
+    monkeypatch.setattr(_kernels, "use_compiled", lambda op, *tensors: compiled)
+    shape = (32, 40)
+    model = DenseModel("diffeomorphic", shape, 1, dtype=torch.float64)
+    model.set_level(shape)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        model.field.copy_(3.0 * torch.randn(model.field.shape, generator=gen, dtype=torch.float64))
+    moving = torch.rand(1, 1, *shape, generator=gen, dtype=torch.float64)
+
+    warped, _ = model.warp(moving, shape)
+
+    made = [key for key in model._constants if key[0] == "squaring"]
+    assert bool(made) == (not compiled), model._constants.keys()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            warped, _reference(model, moving, shape)[0], rtol=1e-10, atol=1e-12
+        )

@@ -63,15 +63,16 @@ def scaling_and_squaring(v: torch.Tensor, steps: int) -> torch.Tensor:
 def squarings(u: torch.Tensor, steps: int, constants=None) -> torch.Tensor:
     """``steps`` squarings ``u ← u + u(x + u(x))`` of ``u`` ``(N, D, *S)`` (pixels, a
     compute dtype), no checks: :func:`scaling_and_squaring` after its division.
-    ``constants``: :func:`squaring_constants` of ``S`` if the caller keeps them (made
-    here otherwise)."""
+    ``constants``: a function of no argument that gives :func:`squaring_constants` of
+    ``S``, for a caller that keeps them; called only where the torch path runs (the
+    compiled op needs none), made here where it is None."""
     if not steps:
         return u
     if _kernels.use_compiled("integrate_velocity", u):
         from ._kernels import calls
 
         return calls.squarings(u, steps)
-    return torch_squarings(u, steps, constants)
+    return torch_squarings(u, steps, None if constants is None else constants())
 
 
 def torch_squarings(u: torch.Tensor, steps: int, constants=None) -> torch.Tensor:

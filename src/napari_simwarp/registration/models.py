@@ -814,7 +814,10 @@ class DenseModel:
                 device=f.device,
             ).view(1, -1, *([1] * self.ndim)),
         )
-        constants = self._constant(("squaring", *key), lambda: squaring_constants(*key))
+
+        def constants():  # the torch path's, made (and kept) only where that path runs
+            return self._constant(("squaring", *key), lambda: squaring_constants(*key))
+
         return squarings(f * factor, self.steps, constants)
 
     def moving_displacement(self, shape, field=None) -> torch.Tensor:
