@@ -803,22 +803,16 @@ class DenseModel:
     def _flow(self, f: torch.Tensor) -> torch.Tensor:
         """The diffeomorphic field's displacement on its control grid, in control-grid
         pixels: the velocity ``f`` (full-resolution pixels) integrated there (cheap), its
-        scaling to control pixels and by ``2**-steps`` as one product."""
+        scaling to control pixels and by ``2**-steps`` the squarings' scale (the compiled
+        op's first squaring each way: no launch of its own)."""
         cshape = tuple(f.shape[2:])
         key = (cshape, f.dtype, f.device)
-        factor = self._constant(
-            ("flow", *key),
-            lambda: torch.tensor(
-                [c / n / 2**self.steps for c, n in zip(cshape, self.shape)],
-                dtype=f.dtype,
-                device=f.device,
-            ).view(1, -1, *([1] * self.ndim)),
-        )
+        scale = tuple(c / n / 2**self.steps for c, n in zip(cshape, self.shape))
 
         def constants():  # the torch path's, made (and kept) only where that path runs
-            return self._constant(("squaring", *key), lambda: squaring_constants(*key))
+            return self._constant(("squaring", *key), lambda: squaring_constants(*key, scale=scale))
 
-        return squarings(f * factor, self.steps, constants)
+        return squarings(f, self.steps, scale, constants)
 
     def moving_displacement(self, shape, field=None) -> torch.Tensor:
         """The displacement from the fixed grid into the original moving image,
@@ -860,7 +854,10 @@ class DenseModel:
             grid = torch.baddbmm(base.expand(n, *base.shape[1:]), flat, mix.expand(n, dims, dims))
             grid = grid.view(n, *shape, dims)
             warped = grid_sample(src, grid, "linear", "nearest")
-            if self.ndim == 3:
+            if self.ndim == 3 or self.kind == "diffeomorphic":
+                # one launch; it differs from inside_mask only at a position exactly half a
+                # pixel past the last (half-to-even), which a flow of squarings does not
+                # hit, where a given displacement of 1.5 px can
                 return warped, self._inside_sampled(grid.detach(), shape)
             return warped, inside_mask(grid.detach(), shape, self._constants)
         d = self.displacement(shape)

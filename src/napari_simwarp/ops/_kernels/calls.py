@@ -248,26 +248,30 @@ def parzen_mutual_information(a, b, weight, bins: int, normalize: bool, value_ra
 class _Squarings(torch.autograd.Function):
     """``simwarp::squaring_fwd`` keeping every squaring's input (``(steps, N, D, *S)``:
     what ``squaring_bwd`` reads) and returning the last squaring; the backward is
-    ``squaring_bwd``, one call for the whole chain."""
+    ``squaring_bwd``, one call for the whole chain (the scale's share included)."""
 
     @staticmethod
-    def forward(ctx, u, steps):
-        out, saved = torch.ops.simwarp.squaring_fwd(u, steps, True)
+    def forward(ctx, v, steps, scale):
+        out, saved = torch.ops.simwarp.squaring_fwd(v, scale, steps, True)
         ctx.save_for_backward(saved)
+        ctx.scale = scale
         return out
 
     @staticmethod
     @first_order_backward("scaling and squaring")
     def backward(ctx, grad):
         (saved,) = ctx.saved_tensors
-        return torch.ops.simwarp.squaring_bwd(grad, saved), None
+        return torch.ops.simwarp.squaring_bwd(grad, saved, ctx.scale), None, None
 
 
-def squarings(u: torch.Tensor, steps: int) -> torch.Tensor:
-    """``steps`` squarings ``u <- u + u(x + u(x))`` of ``u`` ``(N, D, *S)`` (pixels, array
-    axes), :func:`..integrate_velocity.squarings`'s twin: one ``simwarp::squaring_fwd``
-    (and, where a gradient is wanted, one ``squaring_bwd``) for the whole chain."""
-    preconditions.squaring(u, steps)
-    if torch.is_grad_enabled() and u.requires_grad:
-        return _Squarings.apply(u, int(steps))
-    return torch.ops.simwarp.squaring_fwd(u, int(steps), False)[0]
+def squarings(v: torch.Tensor, steps: int, scale=None) -> torch.Tensor:
+    """``steps`` squarings ``u <- u + u(x + u(x))`` of ``u = scale · v`` (``v`` ``(N, D,
+    *S)``, pixels, array axes; ``scale``: ``D`` factors, one per component, or None),
+    :func:`..integrate_velocity.squarings`'s twin: one ``simwarp::squaring_fwd`` (and, where
+    a gradient is wanted, one ``squaring_bwd``) for the whole chain, the scaling in its
+    first squaring each way."""
+    preconditions.squaring(v, steps, scale)
+    factors = [] if scale is None else [float(s) for s in scale]
+    if torch.is_grad_enabled() and v.requires_grad:
+        return _Squarings.apply(v, int(steps), factors)
+    return torch.ops.simwarp.squaring_fwd(v, factors, int(steps), False)[0]
