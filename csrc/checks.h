@@ -386,15 +386,18 @@ inline void squaring_fwd(const at::Tensor& u, at::ArrayRef<double> scale, int64_
 }
 
 // grad (N, D, *S), the gradient of the last squaring; saved (steps, N, D, *S) the
-// forward's saved fields with keep=True; scale the forward's.
+// forward's saved fields with keep=True; scale the forward's; base absent or like grad.
 inline void squaring_bwd(const at::Tensor& grad, const at::Tensor& saved,
-                         at::ArrayRef<double> scale) {
+                         at::ArrayRef<double> scale, const std::optional<at::Tensor>& base) {
   squaring_fwd(grad, scale, 0);
-  like_first("squaring_bwd", {{"grad", grad}, {"saved", saved}});
+  const at::Tensor none;
+  const at::Tensor& b = base.has_value() ? *base : none;
+  like_first("squaring_bwd", {{"grad", grad}, {"saved", saved}, {"base", b}});
   TORCH_CHECK(saved.dim() == grad.dim() + 1 && saved.size(0) <= kSquaringMaxSteps,
               "squaring_bwd: saved must be (steps, *grad.shape) with 0 <= steps <= ",
               kSquaringMaxSteps, ", got shape ", saved.sizes());
   shape("squaring_bwd", {"saved", saved}, squaring_saved_shape(grad.sizes(), saved.size(0)));
+  if (b.defined()) shape("squaring_bwd", {"base", b}, grad.sizes());
 }
 
 // x (N, D, *S) times scale, one factor per component (a copy of x for no scale): either

@@ -47,9 +47,10 @@ inline void define_ops(torch::Library& m) {
   // grid_sampler's bilinear sampling, border padding): returns (the last squaring, saved);
   // saved is (steps, N, D, *S) with keep=True (u and every squaring but the last: the
   // backward's input), (0, N, D, *S) otherwise. The backward returns the gradient with
-  // respect to v.
+  // respect to v, base (N, D, *S) added where given: a gradient with respect to u (saved[0])
+  // from outside the squarings, which then takes no sum of its own.
   m.def("squaring_fwd(Tensor v, float[] scale, int steps, bool keep) -> (Tensor, Tensor)");
-  m.def("squaring_bwd(Tensor grad, Tensor saved, float[] scale) -> Tensor");
+  m.def("squaring_bwd(Tensor grad, Tensor saved, float[] scale, Tensor? base) -> Tensor");
 }
 
 }  // namespace simwarp

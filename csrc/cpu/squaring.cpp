@@ -97,11 +97,13 @@ std::tuple<at::Tensor, at::Tensor> squaring_fwd(const at::Tensor& u_in,
 }
 
 at::Tensor squaring_bwd(const at::Tensor& grad_in, const at::Tensor& saved_in,
-                        at::ArrayRef<double> scale) {
-  checks::squaring_bwd(grad_in, saved_in, scale);
+                        at::ArrayRef<double> scale, const std::optional<at::Tensor>& base) {
+  checks::squaring_bwd(grad_in, saved_in, scale, base);
   const int64_t steps = saved_in.size(0);
   at::Tensor a = grad_in.contiguous();
-  if (a.numel() == 0 || steps == 0) return checks::squaring_scaled_copy(a, scale);
+  const bool has_base = base.has_value() && base->defined();
+  if (a.numel() == 0 || steps == 0)
+    return checks::squaring_scaled_copy(has_base ? a + *base : a, scale);
   const at::Tensor saved = saved_in.contiguous();
   const int64_t D = a.dim() - 2, N = a.size(0);
   int64_t size[3] = {1, 1, 1}, P = 1;
@@ -109,7 +111,10 @@ at::Tensor squaring_bwd(const at::Tensor& grad_in, const at::Tensor& saved_in,
   AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "simwarp_squaring_bwd", [&] {
     const int64_t field = N * D * P;
     for (int64_t k = steps - 1; k >= 0; --k) {
-      at::Tensor into = at::zeros_like(a);
+      // the first squaring's gradient starts from the base's, times the scale as the
+      // shares added to it
+      at::Tensor into = k == 0 && has_base ? checks::squaring_scaled_copy(base->contiguous(), scale)
+                                           : at::zeros_like(a);
       const scalar_t* u = saved.data_ptr<scalar_t>() + k * field;
       // the first squaring's gradient, with respect to v: times the scale
       const SquaringScale<scalar_t> s = k == 0 ? squaring_scale<scalar_t>(scale.data(), scale.size()) : SquaringScale<scalar_t>{};

@@ -55,11 +55,14 @@ std::tuple<at::Tensor, at::Tensor> squaring_fwd(const at::Tensor& u_in,
 }
 
 at::Tensor squaring_bwd(const at::Tensor& grad_in, const at::Tensor& saved_in,
-                        at::ArrayRef<double> scale) {
-  checks::squaring_bwd(grad_in, saved_in, scale);
+                        at::ArrayRef<double> scale, const std::optional<at::Tensor>& base_in) {
+  checks::squaring_bwd(grad_in, saved_in, scale, base_in);
   const int64_t steps = saved_in.size(0);
   const at::Tensor grad = grad_in.contiguous();
-  if (grad.numel() == 0 || steps == 0) return checks::squaring_scaled_copy(grad, scale);
+  const at::Tensor base =
+      base_in.has_value() && base_in->defined() ? base_in->contiguous() : at::Tensor();
+  if (grad.numel() == 0 || steps == 0)
+    return checks::squaring_scaled_copy(base.defined() ? grad + base : grad, scale);
   at::globalContext().alertNotDeterministic("simwarp::squaring_bwd on CUDA (atomic additions)");
   const DeviceGuard guard(grad.device());
   const at::Tensor saved = saved_in.contiguous();
@@ -77,6 +80,7 @@ at::Tensor squaring_bwd(const at::Tensor& grad_in, const at::Tensor& saved_in,
       buffers[k] = (k % 2 == 0 ? result : spare).data_ptr<scalar_t>();
     check_launch(launch_squaring_backward<scalar_t>(
                      grad.data_ptr<scalar_t>(), saved.data_ptr<scalar_t>(),
+                     base.defined() ? base.data_ptr<scalar_t>() : nullptr,
                      squaring_scale<scalar_t>(scale.data(), scale.size()), buffers.data(), steps, N, static_cast<int>(D),
                      size, stream),
                  "squaring_bwd");

@@ -32,10 +32,12 @@ __global__ void squaring_forward_kernel(const T* __restrict__ u, T* __restrict__
                                scaled == nullptr ? nullptr : scaled + n * D * P);
 }
 
+// x (N, D, P) = scale · base, or zeros where base is null.
 template <typename T>
-__global__ void squaring_zero_kernel(T* __restrict__ x, int64_t count) {
+__global__ void squaring_fill_kernel(T* __restrict__ x, const T* __restrict__ base,
+                                     SquaringScale<T> scale, int64_t count, int64_t P, int D) {
   const int64_t t = thread_index();
-  if (t < count) x[t] = T(0);
+  if (t < count) x[t] = base == nullptr ? T(0) : scale(static_cast<int>((t / P) % D), base[t]);
 }
 
 template <typename T, int D>
@@ -77,20 +79,22 @@ cudaError_t launch_squaring_forward(const T* v, SquaringScale<T> scale, T* saved
 }
 
 template <typename T>
-cudaError_t launch_squaring_backward(const T* grad, const T* saved, SquaringScale<T> scale,
-                                     T* const* buffers, int64_t steps, int64_t N, int D,
-                                     const int64_t* size, cudaStream_t stream) {
+cudaError_t launch_squaring_backward(const T* grad, const T* saved, const T* base,
+                                     SquaringScale<T> scale, T* const* buffers, int64_t steps,
+                                     int64_t N, int D, const int64_t* size,
+                                     cudaStream_t stream) {
   const Size3 sz{{size[0], size[1], size[2]}};
   int64_t P = 1;
   for (int k = 0; k < D; ++k) P *= size[k];
   const int64_t field = N * D * P;
   const T* a = grad;
   for (int64_t k = steps - 1; k >= 0; --k) {
-    cudaError_t err = launch(&squaring_zero_kernel<T>, field, stream, buffers[k], field);
+    // the first squaring's gradient, with respect to v: times the scale, from scale · base
+    const SquaringScale<T> s = k == 0 ? scale : SquaringScale<T>{};
+    cudaError_t err = launch(&squaring_fill_kernel<T>, field, stream, buffers[k],
+                             k == 0 ? base : nullptr, s, field, P, D);
     if (err != cudaSuccess) return err;
     const T* u = saved + k * field;
-    // the first squaring's gradient, with respect to v: times the scale
-    const SquaringScale<T> s = k == 0 ? scale : SquaringScale<T>{};
     err = D == 2
               ? launch(&squaring_backward_kernel<T, 2>, N * P, stream, a, u, buffers[k], N, sz, s)
               : launch(&squaring_backward_kernel<T, 3>, N * P, stream, a, u, buffers[k], N, sz, s);
@@ -104,9 +108,9 @@ cudaError_t launch_squaring_backward(const T* grad, const T* saved, SquaringScal
   template cudaError_t launch_squaring_forward<T>(const T*, SquaringScale<T>, T*, T* const*, \
                                                   int64_t, int64_t, int, const int64_t*,     \
                                                   cudaStream_t);                             \
-  template cudaError_t launch_squaring_backward<T>(const T*, const T*, SquaringScale<T>,     \
-                                                   T* const*, int64_t, int64_t, int,         \
-                                                   const int64_t*, cudaStream_t);
+  template cudaError_t launch_squaring_backward<T>(const T*, const T*, const T*,             \
+                                                   SquaringScale<T>, T* const*, int64_t,     \
+                                                   int64_t, int, const int64_t*, cudaStream_t);
 SIMWARP_SQUARING_INSTANTIATE(float)
 SIMWARP_SQUARING_INSTANTIATE(double)
 #undef SIMWARP_SQUARING_INSTANTIATE

@@ -19,17 +19,19 @@ namespace cuda {
 // steps − 1 down to 0, a zero fill of buffers[k] and one launch whose threads add, with
 // atomics, their pixel's share of the gradient with respect to saved[k] (saved: the
 // forward's inputs u_0 … u_{steps − 1}, one field after another; the first squaring's share
-// times the scale: the gradient with respect to v); grad is the gradient of the last
-// squaring's output, and the result is in buffers[0]. Instantiated for float and double.
+// times the scale: the gradient with respect to v, its buffer filled with scale · base
+// instead of zeros where base is not null); grad is the gradient of the last squaring's
+// output, and the result is in buffers[0]. Instantiated for float and double.
 template <typename T>
 cudaError_t launch_squaring_forward(const T* v, SquaringScale<T> scale, T* saved0,
                                     T* const* outputs, int64_t steps, int64_t N, int D,
                                     const int64_t* size, cudaStream_t stream);
 
 template <typename T>
-cudaError_t launch_squaring_backward(const T* grad, const T* saved, SquaringScale<T> scale,
-                                     T* const* buffers, int64_t steps, int64_t N, int D,
-                                     const int64_t* size, cudaStream_t stream);
+cudaError_t launch_squaring_backward(const T* grad, const T* saved, const T* base,
+                                     SquaringScale<T> scale, T* const* buffers, int64_t steps,
+                                     int64_t N, int D, const int64_t* size,
+                                     cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace simwarp

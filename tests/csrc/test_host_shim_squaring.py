@@ -45,7 +45,15 @@ def test_squaring(side, dtype, shape, steps, scaled):  # noqa: F811
     _close(plain_out, cpu_out, dtype)
     assert nothing.shape == (0, *shape)
     _close(
-        side.squaring_bwd(grad, cpu_saved, scale), CPU.squaring_bwd(grad, cpu_saved, scale), dtype
+        side.squaring_bwd(grad, cpu_saved, scale, None),
+        CPU.squaring_bwd(grad, cpu_saved, scale, None),
+        dtype,
+    )
+    base = torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
+    _close(
+        side.squaring_bwd(grad, cpu_saved, scale, base),
+        CPU.squaring_bwd(grad, cpu_saved, scale, base),
+        dtype,
     )
 
 
@@ -54,7 +62,7 @@ def test_squaring(side, dtype, shape, steps, scaled):  # noqa: F811
 @pytest.mark.parametrize("steps", [0, 1, 4])
 def test_the_scale_is_the_squarings_of_the_scaled_field(side, dtype, shape, steps):  # noqa: F811
     """squaring_fwd(v, s) is the squarings of s · v scaled beforehand (s · v saved first),
-    and squaring_bwd(·, s) is s times the gradient with respect to s · v."""
+    and squaring_bwd(·, s, base) is s times the gradient with respect to s · v plus base."""
     gen = torch.Generator().manual_seed(11)
     v = (torch.randn(shape, generator=gen, dtype=torch.float64) * 2.5 + 0.4).to(dtype)
     grad = torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
@@ -64,20 +72,27 @@ def test_the_scale_is_the_squarings_of_the_scaled_field(side, dtype, shape, step
     ref_out, ref_saved = CPU.squaring_fwd((v * factors).contiguous(), [], steps, True)
     _close(out, ref_out, dtype)
     _close(saved, ref_saved, dtype)
-    ref_grad = CPU.squaring_bwd(grad, ref_saved, []) * factors
-    _close(side.squaring_bwd(grad, ref_saved, scale), ref_grad, dtype)
+    ref_grad = CPU.squaring_bwd(grad, ref_saved, [], None) * factors
+    _close(side.squaring_bwd(grad, ref_saved, scale, None), ref_grad, dtype)
+    base = torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
+    ref_grad = (CPU.squaring_bwd(grad, ref_saved, [], None) + base) * factors
+    _close(side.squaring_bwd(grad, ref_saved, scale, base), ref_grad, dtype)
 
 
 def test_squaring_empty_and_refused(side):  # noqa: F811
     u = torch.zeros(0, 2, 4, 5)
     out, saved = side.squaring_fwd(u, [], 3, True)
     assert out.shape == u.shape and saved.shape == (3, 0, 2, 4, 5)
-    assert side.squaring_bwd(u, torch.zeros(3, 0, 2, 4, 5), [0.5, 2.0]).shape == u.shape
+    assert side.squaring_bwd(u, torch.zeros(3, 0, 2, 4, 5), [0.5, 2.0], u).shape == u.shape
     with pytest.raises(RuntimeError, match="steps must be between 0 and 30"):
         side.squaring_fwd(torch.zeros(1, 2, 4, 4), [], 31, False)
     with pytest.raises(RuntimeError, match=r"saved must have shape"):
-        side.squaring_bwd(torch.zeros(1, 2, 4, 4), torch.zeros(3, 1, 2, 4, 5), [])
+        side.squaring_bwd(torch.zeros(1, 2, 4, 4), torch.zeros(3, 1, 2, 4, 5), [], None)
+    with pytest.raises(RuntimeError, match=r"base must have shape"):
+        side.squaring_bwd(
+            torch.zeros(1, 2, 4, 4), torch.zeros(2, 1, 2, 4, 4), [], torch.zeros(1, 2, 4, 5)
+        )
     with pytest.raises(RuntimeError, match=r"scale must be empty or hold one factor per component"):
         side.squaring_fwd(torch.zeros(1, 2, 4, 4), [1.0, 2.0, 3.0], 2, False)
     with pytest.raises(RuntimeError, match=r"scale must be empty or hold one factor per component"):
-        side.squaring_bwd(torch.zeros(1, 2, 4, 4), torch.zeros(2, 1, 2, 4, 4), [1.0])
+        side.squaring_bwd(torch.zeros(1, 2, 4, 4), torch.zeros(2, 1, 2, 4, 4), [1.0], None)

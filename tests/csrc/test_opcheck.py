@@ -116,7 +116,8 @@ def _squaring_bwd(make, shape):
     _, saved = torch.ops.simwarp.squaring_fwd(u.contiguous(), scale, 3, True)
     # channels_last has no 6-D format: a 3-D saved stack stays contiguous there
     keep = make.layout == "channels_last" and saved.dim() > 5
-    return (make(2, len(shape), *shape), saved if keep else make.place(saved), scale)
+    base = make(2, len(shape), *shape)
+    return (make(2, len(shape), *shape), saved if keep else make.place(saved), scale, base)
 
 
 def _local_std_2d_fwd(make, padding):

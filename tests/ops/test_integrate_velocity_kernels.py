@@ -87,6 +87,36 @@ def test_the_scale_against_the_torch_path(calls, shape, dtype, steps):
         assert _rel(a, b) <= TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{len(s) - 1}d")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_the_scaled_input_against_the_torch_path(calls, shape, dtype):
+    """with_input: (squarings, u = scale · v), a loss on both; u's gradient joins the
+    squarings' inside squaring_bwd (its base) where the torch path sums the two."""
+    v = _field(shape, dtype) * 2
+    scale = [f / 2**5 for f in (0.75, 1.25, 0.5)[: shape[0]]]
+    gen = torch.Generator().manual_seed(9)
+    up_out, up_u = (
+        torch.randn(v.shape, generator=gen, dtype=torch.float64).to(dtype) for _ in "ab"
+    )
+    results = []
+    for fn in (calls.squarings, torch_squarings):
+        leaf = v.detach().clone().requires_grad_()
+        out, u = fn(leaf, 5, scale, with_input=True)
+        (grad,) = torch.autograd.grad((out * up_out).sum() + (u * up_u).sum(), leaf)
+        results.append((out.detach(), u.detach(), grad))
+    for a, b in zip(*results):
+        assert _rel(a, b) <= TOLERANCE[dtype]
+    # u alone (no gradient through the squarings) and the squarings alone
+    for which in (0, 1):
+        grads = []
+        for fn in (calls.squarings, torch_squarings):
+            leaf = v.detach().clone().requires_grad_()
+            outputs = fn(leaf, 5, scale, with_input=True)
+            (grad,) = torch.autograd.grad((outputs[which] * up_u).sum(), leaf)
+            grads.append(grad)
+        assert _rel(*grads) <= TOLERANCE[dtype]
+
+
 @pytest.mark.parametrize("shape", [(2, 5, 6), (3, 4, 3, 5)], ids=["2d", "3d"])
 @pytest.mark.parametrize("scaled", [False, True], ids=["unscaled", "scaled"])
 def test_gradcheck(calls, shape, scaled):
@@ -94,6 +124,9 @@ def test_gradcheck(calls, shape, scaled):
     scale = [0.6, 1.4, 0.9][: shape[0]] if scaled else None
     assert torch.autograd.gradcheck(
         lambda x: calls.squarings(x, 3, scale), (u,), eps=1e-7, atol=1e-6
+    )
+    assert torch.autograd.gradcheck(  # both outputs: the base of squaring_bwd
+        lambda x: calls.squarings(x, 3, scale, with_input=True), (u,), eps=1e-7, atol=1e-6
     )
 
 

@@ -84,8 +84,11 @@ struct SquaringScale {
   T s[3];
   bool on;
 
-  // Component c's value x times its factor.
-  SIMWARP_HD T operator()(int c, T x) const { return on ? s[c] * x : x; }
+  // Component c's value x times its factor (selects, not an index: a kernel parameter
+  // indexed at run time would be copied to local memory).
+  SIMWARP_HD T operator()(int c, T x) const {
+    return on ? (c == 0 ? s[0] : (c == 1 ? s[1] : s[2])) * x : x;
+  }
 };
 
 // The n factors (0: none) of an op's scale argument, rounded to T (the op's dtype, as a

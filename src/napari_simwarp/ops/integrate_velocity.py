@@ -61,7 +61,7 @@ def scaling_and_squaring(v: torch.Tensor, steps: int) -> torch.Tensor:
     return squarings(v.to(compute_dtype(v.dtype)), steps, scale).to(v.dtype)
 
 
-def squarings(v: torch.Tensor, steps: int, scale=None, constants=None) -> torch.Tensor:
+def squarings(v: torch.Tensor, steps: int, scale=None, constants=None, with_input=False):
     """``steps`` squarings ``u ← u + u(x + u(x))`` of ``u = scale · v`` (``v`` ``(N, D,
     *S)``, pixels, a compute dtype; ``scale``: ``D`` floats, one per component, or None for
     none), no checks: :func:`scaling_and_squaring` with its factors. The compiled op reads
@@ -69,17 +69,21 @@ def squarings(v: torch.Tensor, steps: int, scale=None, constants=None) -> torch.
     back (no launch of its own either way). ``constants``: a function of no argument that
     gives :func:`squaring_constants` of ``S`` and ``scale``, for a caller that keeps them;
     called only where the torch path runs (the compiled op needs none), made here where it
-    is None."""
-    if not steps and scale is None:
+    is None. ``with_input``: ``(the squarings, u)``, ``u`` differentiable: a term of ``u``
+    (the regularizer of a velocity, in ``u``'s units) gives its gradient to the compiled
+    backward, which adds it in its first step (where a term of ``v`` would take a sum of
+    its own)."""
+    if not steps and scale is None and not with_input:
         return v
-    if _kernels.use_compiled("integrate_velocity", v):
+    if steps and _kernels.use_compiled("integrate_velocity", v):
         from ._kernels import calls
 
-        return calls.squarings(v, steps, scale)
-    return torch_squarings(v, steps, scale, None if constants is None else constants())
+        return calls.squarings(v, steps, scale, with_input=with_input)
+    made = None if constants is None else constants()
+    return torch_squarings(v, steps, scale, made, with_input=with_input)
 
 
-def torch_squarings(v: torch.Tensor, steps: int, scale=None, constants=None) -> torch.Tensor:
+def torch_squarings(v: torch.Tensor, steps: int, scale=None, constants=None, with_input=False):
     """:func:`squarings` through torch's ``grid_sampler`` (the compiled op's twin and
     fallback): the scale as one product (and its backward), then three launches per
     squaring each way."""
@@ -88,13 +92,15 @@ def torch_squarings(v: torch.Tensor, steps: int, scale=None, constants=None) -> 
     base, mix, factors = constants
     u = v if factors is None else v * factors
     if not steps:
-        return u
-    if torch.is_grad_enabled() and u.requires_grad:
-        return _Squarings.apply(u, base, mix, steps)
-    with torch.no_grad():  # nothing saved for a backward (a full-resolution field: 14 copies)
-        for _ in range(steps):
-            u = _square(u, base, mix)[0]
-    return u
+        out = u
+    elif torch.is_grad_enabled() and u.requires_grad:
+        out = _Squarings.apply(u, base, mix, steps)
+    else:
+        out = u
+        with torch.no_grad():  # nothing saved for a backward (a full field: 14 copies)
+            for _ in range(steps):
+                out = _square(out, base, mix)[0]
+    return (out, u) if with_input else out
 
 
 #: grid_sampler's codes: bilinear interpolation, "border" padding (SciPy's "nearest")

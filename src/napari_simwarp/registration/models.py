@@ -800,19 +800,26 @@ class DenseModel:
             d = d + self._rescale(resize(self.init, shape), self.shape, shape)
         return d
 
-    def _flow(self, f: torch.Tensor) -> torch.Tensor:
+    def _flow_scale(self, cshape) -> tuple[float, ...]:
+        """The squarings' scale of a velocity on a control grid of ``cshape``: to control
+        pixels (from full-resolution ones) and by ``2**-steps``, per component."""
+        return tuple(c / n / 2**self.steps for c, n in zip(cshape, self.shape))
+
+    def _flow(self, f: torch.Tensor, with_input=False):
         """The diffeomorphic field's displacement on its control grid, in control-grid
         pixels: the velocity ``f`` (full-resolution pixels) integrated there (cheap), its
         scaling to control pixels and by ``2**-steps`` the squarings' scale (the compiled
-        op's first squaring each way: no launch of its own)."""
+        op's first squaring each way: no launch of its own). ``with_input``: ``(flow, u)``,
+        ``u`` the scaled velocity the first squaring reads (see
+        :func:`~..ops.integrate_velocity.squarings`)."""
         cshape = tuple(f.shape[2:])
         key = (cshape, f.dtype, f.device)
-        scale = tuple(c / n / 2**self.steps for c, n in zip(cshape, self.shape))
+        scale = self._flow_scale(cshape)
 
         def constants():  # the torch path's, made (and kept) only where that path runs
             return self._constant(("squaring", *key), lambda: squaring_constants(*key, scale=scale))
 
-        return squarings(f, self.steps, scale, constants)
+        return squarings(f, self.steps, scale, constants, with_input=with_input)
 
     def moving_displacement(self, shape, field=None) -> torch.Tensor:
         """The displacement from the fixed grid into the original moving image,
@@ -835,31 +842,9 @@ class DenseModel:
         moving level. What :func:`~napari_simwarp.ops.warp` computes, without its input
         checks: they read values back to the host, and the model makes its own field."""
         if tuple(moving.shape[2:]) == tuple(shape) and min(shape) > 1:
-            # displacement_to_grid's positions, with the identity part made once: in
-            # grid_sample's normalized (x, y[, z]) order, base + dᵀ · mix (one launch; mix
-            # flips the components, scales them to normalized units and, for a
-            # diffeomorphic field interpolated in control pixels, to the level's pixels)
             if self.kind == "diffeomorphic" and self.init is None:
-                flow = self._flow(self.field)  # control pixels
-                d, units = self._interpolate(flow, shape), tuple(flow.shape[2:])
-            else:
-                d, units = self.displacement(shape), tuple(shape)
-            n, dims = d.shape[:2]
-            src = moving if moving.shape[0] == n else moving.expand(n, *moving.shape[1:])
-            base, mix = self._constant(
-                ("grid-mix", tuple(shape), units, src.dtype, src.device),
-                lambda: self._grid_mix(shape, units, src.dtype, src.device),
-            )
-            flat = d.to(src.dtype).reshape(n, dims, -1).transpose(1, 2)
-            grid = torch.baddbmm(base.expand(n, *base.shape[1:]), flat, mix.expand(n, dims, dims))
-            grid = grid.view(n, *shape, dims)
-            warped = grid_sample(src, grid, "linear", "nearest")
-            if self.ndim == 3 or self.kind == "diffeomorphic":
-                # one launch; it differs from inside_mask only at a position exactly half a
-                # pixel past the last (half-to-even), which a flow of squarings does not
-                # hit, where a given displacement of 1.5 px can
-                return warped, self._inside_sampled(grid.detach(), shape)
-            return warped, inside_mask(grid.detach(), shape, self._constants)
+                return self._warp_by_flow(moving, shape, self._flow(self.field))
+            return self._warp_by(moving, shape, self.displacement(shape), tuple(shape))
         d = self.displacement(shape)
         n = d.shape[0]
         src = moving if moving.shape[0] == n else moving.expand(n, *moving.shape[1:])
@@ -873,6 +858,34 @@ class DenseModel:
                 p = pos[axis].view(1, *view) + d[:, axis]
                 inside = inside * ((p >= -0.5) & (p <= s - 0.5)).unsqueeze(1).to(d.dtype)
         return warped, inside
+
+    def _warp_by_flow(self, moving, shape, flow):
+        """:meth:`_warp_by` a diffeomorphic flow on the control grid (control pixels),
+        interpolated to the level."""
+        return self._warp_by(moving, shape, self._interpolate(flow, shape), tuple(flow.shape[2:]))
+
+    def _warp_by(self, moving, shape, d, units):
+        """:meth:`warp` of a moving level of the level's ``shape`` by ``d`` ``(N, D,
+        *shape)``, in pixels of a grid ``units``: displacement_to_grid's positions, with the
+        identity part made once: in grid_sample's normalized (x, y[, z]) order, base + dᵀ ·
+        mix (one launch; mix flips the components, scales them to normalized units and, for
+        a diffeomorphic field interpolated in control pixels, to the level's pixels)."""
+        n, dims = d.shape[:2]
+        src = moving if moving.shape[0] == n else moving.expand(n, *moving.shape[1:])
+        base, mix = self._constant(
+            ("grid-mix", tuple(shape), units, src.dtype, src.device),
+            lambda: self._grid_mix(shape, units, src.dtype, src.device),
+        )
+        flat = d.to(src.dtype).reshape(n, dims, -1).transpose(1, 2)
+        grid = torch.baddbmm(base.expand(n, *base.shape[1:]), flat, mix.expand(n, dims, dims))
+        grid = grid.view(n, *shape, dims)
+        warped = grid_sample(src, grid, "linear", "nearest")
+        if self.ndim == 3 or self.kind == "diffeomorphic":
+            # one launch; it differs from inside_mask only at a position exactly half a
+            # pixel past the last (half-to-even), which a flow of squarings does not hit,
+            # where a given displacement of 1.5 px can
+            return warped, self._inside_sampled(grid.detach(), shape)
+        return warped, inside_mask(grid.detach(), shape, self._constants)
 
     def warp_regularized(self, moving: torch.Tensor, shape, weight: float, plus_one=False):
         """:meth:`warp` and ``weight ·`` :meth:`regularizer`: ``(warped, in-bounds, term
@@ -888,7 +901,25 @@ class DenseModel:
         added: two matrix products, three in 3-D) and the weighted
         bending or diffusion energy, with its gradient folded into the field's (a few
         launches where the separate forms take about fifteen, forward and backward).
+
+        A diffeomorphic field (``plus_one``) takes its regularizer of the scaled velocity
+        the squarings read first (:meth:`_flow` ``with_input``; the weights divided by the
+        scale's squares, per component: the same term): the compiled squarings' backward
+        adds its gradient in, where a term of the field took a sum of its own.
         """
+        if (
+            plus_one
+            and weight
+            and self.kind == "diffeomorphic"
+            and self.init is None
+            and self.steps > 0
+            and tuple(moving.shape[2:]) == tuple(shape)
+            and min(shape) > 1
+        ):
+            flow, u = self._flow(self.field, with_input=True)
+            warped, valid = self._warp_by_flow(moving, shape, flow)
+            scale = self._flow_scale(tuple(u.shape[2:]))
+            return warped, valid, self._regularizer_plus_one(weight, u, scale)
         if not (
             self._fused_field()
             and weight
@@ -1105,17 +1136,25 @@ class DenseModel:
             torch.as_tensor(weights, dtype=dtype, device=device),
         )
 
-    def _regularizer_plus_one(self, weight: float) -> torch.Tensor:
+    def _regularizer_plus_one(self, weight: float, field=None, scale=None) -> torch.Tensor:
         """``1 + weight ·`` :meth:`regularizer` ``(N,)`` in :meth:`regularizer`'s
-        launches (the weight in its constant, the 1 in its last product's)."""
-        f = self.field
+        launches (the weight in its constant, the 1 in its last product's). ``field``:
+        the field times ``scale`` (one factor per component) in its place, of which the
+        term is the same with each component's weights divided by its factor squared."""
+        f = self.field if field is None else field
         n, d = f.shape[:2]
         cshape = tuple(f.shape[2:])
         key = (self.regularizer_kind, cshape, self.level_pixel, float(weight), f.dtype, f.device)
+        key = key if scale is None else (*key, tuple(scale))
 
         def make():
             stencils, weights = self._regularizer_plan(cshape, f.dtype, f.device)
-            return stencils, None if weights is None else (2.0 * weight) * weights
+            if weights is None:
+                return stencils, None
+            if scale is not None:  # weights (D, T, *c): the term of f / scale
+                factors = [1.0 / s**2 for s in scale]
+                weights = weights * weights.new_tensor(factors).view(d, *[1] * (weights.dim() - 1))
+            return stencils, (2.0 * weight) * weights
 
         stencils, twice = self._constant(("regularizer-plus-one", *key), make)
         ones = self._constant(("ones", n, f.dtype, f.device), lambda: f.new_ones((n, 1, 1)))

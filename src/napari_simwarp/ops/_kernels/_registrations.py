@@ -136,7 +136,7 @@ def register_fakes_and_autograd() -> None:
         return v.new_empty(v.shape), v.new_empty((steps if keep else 0, *v.shape))
 
     @torch.library.register_fake("simwarp::squaring_bwd")
-    def _squaring_bwd_fake(grad, saved, scale):
+    def _squaring_bwd_fake(grad, saved, scale, base):
         return grad.new_empty(grad.shape)
 
     @torch.library.register_fake("simwarp::local_std_fwd")
