@@ -308,13 +308,11 @@ __global__ void local_ncc_bwd_kernel(const float* __restrict__ grad, bool grad_i
 }  // namespace
 
 size_t local_ncc_fwd_shared_bytes(int ky, int kx) {
-  const size_t RY = kTile + ky - 1, RX = kTile + kx - 1;
-  return (2 * RY * RX + 5 * RY * kTile) * sizeof(float);
+  return tile_shared_bytes<kTile>(2, 5, ky, kx);
 }
 
 size_t local_ncc_bwd_shared_bytes(int ky, int kx) {
-  const size_t RY = kTile + ky - 1, RX = kTile + kx - 1;
-  return (5 * RY * RX + 5 * RY * kTile) * sizeof(float);
+  return tile_shared_bytes<kTile>(5, 5, ky, kx);
 }
 
 cudaError_t launch_local_ncc_fwd(const float* a, const float* b, float* map, float* partials,

@@ -241,13 +241,11 @@ __global__ void ssim_bwd_kernel(const float* __restrict__ grad, bool grad_is_sca
 }  // namespace
 
 size_t ssim_fwd_shared_bytes(int ky, int kx) {
-  const size_t RY = kTile + ky - 1, RX = kTile + kx - 1;
-  return (2 * RY * RX + 5 * RY * kTile) * sizeof(float);
+  return tile_shared_bytes<kTile>(2, 5, ky, kx);
 }
 
 size_t ssim_bwd_shared_bytes(int ky, int kx) {
-  const size_t RY = kTile + ky - 1, RX = kTile + kx - 1;
-  return (4 * RY * RX + 4 * RY * kTile) * sizeof(float);
+  return tile_shared_bytes<kTile>(4, 4, ky, kx);
 }
 
 cudaError_t launch_ssim_fwd(const float* a, const float* b, float* map, float* partials,

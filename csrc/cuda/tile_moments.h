@@ -9,6 +9,7 @@
 // sums are (N, RY, kTile), one plane of rows_plane = RY · kTile floats per map.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "launch.h"
@@ -16,6 +17,14 @@
 
 namespace simwarp {
 namespace cuda {
+
+// Dynamic shared memory of a tile kernel's block for windows (ky, kx): `planes` input
+// planes (RY, RX) and `sums` maps of horizontal sums (RY, kTile), in bytes.
+template <int kTile>
+inline size_t tile_shared_bytes(int planes, int sums, int ky, int kx) {
+  const size_t RY = kTile + ky - 1, RX = kTile + kx - 1;
+  return (planes * RY * RX + sums * RY * kTile) * sizeof(float);
+}
 
 // m[0..4] += w · (x, y, x², y², xy): one sample of a pair's five moments.
 __device__ __forceinline__ void add_moments5(float w, float x, float y, float* m) {
