@@ -371,25 +371,41 @@ inline std::vector<int64_t> squaring_saved_shape(at::IntArrayRef u, int64_t coun
   return out;
 }
 
-// u (N, D, *S), D = len(S) = 2 or 3, in pixels along array axes; 0 ≤ steps ≤ 30.
-inline void squaring_fwd(const at::Tensor& u, int64_t steps) {
+// u (N, D, *S), D = len(S) = 2 or 3, in pixels along array axes; scale empty or D
+// factors, one per component; 0 ≤ steps ≤ 30.
+inline void squaring_fwd(const at::Tensor& u, at::ArrayRef<double> scale, int64_t steps) {
   floating("squaring", {"u", u});
   const int64_t D = u.dim() - 2;  // u.size(1) read only where u has 4 or 5 axes
   TORCH_CHECK((D == 2 || D == 3) && u.size(1) == D,
               "squaring: u must be (N, 2, H, W) or (N, 3, D, H, W), got shape ", u.sizes());
+  TORCH_CHECK(scale.empty() || static_cast<int64_t>(scale.size()) == D,
+              "squaring: scale must be empty or hold one factor per component (", D,
+              "), got ", scale.size());
   TORCH_CHECK(steps >= 0 && steps <= kSquaringMaxSteps, "squaring: steps must be between 0 and ",
               kSquaringMaxSteps, ", got ", steps);
 }
 
 // grad (N, D, *S), the gradient of the last squaring; saved (steps, N, D, *S) the
-// forward's saved fields with keep=True.
-inline void squaring_bwd(const at::Tensor& grad, const at::Tensor& saved) {
-  squaring_fwd(grad, 0);
-  like_first("squaring_bwd", {{"grad", grad}, {"saved", saved}});
+// forward's saved fields with keep=True; scale the forward's; base absent or like grad.
+inline void squaring_bwd(const at::Tensor& grad, const at::Tensor& saved,
+                         at::ArrayRef<double> scale, const std::optional<at::Tensor>& base) {
+  squaring_fwd(grad, scale, 0);
+  const at::Tensor none;
+  const at::Tensor& b = base.has_value() ? *base : none;
+  like_first("squaring_bwd", {{"grad", grad}, {"saved", saved}, {"base", b}});
   TORCH_CHECK(saved.dim() == grad.dim() + 1 && saved.size(0) <= kSquaringMaxSteps,
               "squaring_bwd: saved must be (steps, *grad.shape) with 0 <= steps <= ",
               kSquaringMaxSteps, ", got shape ", saved.sizes());
   shape("squaring_bwd", {"saved", saved}, squaring_saved_shape(grad.sizes(), saved.size(0)));
+  if (b.defined()) shape("squaring_bwd", {"base", b}, grad.sizes());
+}
+
+// x (N, D, *S) times scale, one factor per component (a copy of x for no scale): either
+// op's result where there is no squaring (or no pixel) to fold the scale into.
+inline at::Tensor squaring_scaled_copy(const at::Tensor& x, at::ArrayRef<double> scale) {
+  at::Tensor out = x.clone();
+  for (size_t c = 0; c < scale.size(); ++c) out.select(1, static_cast<int64_t>(c)).mul_(scale[c]);
+  return out;
 }
 
 }  // namespace checks

@@ -42,12 +42,15 @@ inline void define_ops(torch::Library& m) {
   // (M, bins, bins), frame (M, 4)); the backward returns the gradients of a and b.
   m.def("parzen_fwd(Tensor a, Tensor b, Tensor? weight, int bins, bool normalize, float[] value_range) -> (Tensor, Tensor, Tensor)");
   m.def("parzen_bwd(Tensor grad_score, Tensor score, Tensor grad_joint, Tensor a, Tensor b, Tensor? weight, Tensor frame, int bins) -> (Tensor, Tensor)");
-  // Scaling and squaring: `steps` squarings u ← u + u(x + u(x)) of u (N, D, *S) (pixels,
-  // array-axis order; grid_sampler's bilinear sampling, border padding): returns (the last
-  // squaring, saved); saved is (steps, N, D, *S) with keep=True (u and every squaring but
-  // the last: the backward's input), (0, N, D, *S) otherwise.
-  m.def("squaring_fwd(Tensor u, int steps, bool keep) -> (Tensor, Tensor)");
-  m.def("squaring_bwd(Tensor grad, Tensor saved) -> Tensor");
+  // Scaling and squaring: `steps` squarings u ← u + u(x + u(x)) of u = scale · v (v: (N, D,
+  // *S), pixels, array-axis order; scale: one factor per component, or empty for none;
+  // grid_sampler's bilinear sampling, border padding): returns (the last squaring, saved);
+  // saved is (steps, N, D, *S) with keep=True (u and every squaring but the last: the
+  // backward's input), (0, N, D, *S) otherwise. The backward returns the gradient with
+  // respect to v, base (N, D, *S) added where given: a gradient with respect to u (saved[0])
+  // from outside the squarings, which then takes no sum of its own.
+  m.def("squaring_fwd(Tensor v, float[] scale, int steps, bool keep) -> (Tensor, Tensor)");
+  m.def("squaring_bwd(Tensor grad, Tensor saved, float[] scale, Tensor? base) -> Tensor");
 }
 
 }  // namespace simwarp

@@ -38,8 +38,9 @@
 // Traffic: reads G, a, b, the five partial maps, writes the two gradients: 10 floats per
 // voxel (9 when G is one value, "mean" reduction).
 #include "launch.h"
-#include "reflect_taps.h"
 #include "local_ncc.h"
+#include "reflect_taps.h"
+#include "tile_moments.h"
 
 #include <cmath>
 
@@ -107,16 +108,7 @@ __global__ void local_ncc_fwd_kernel(const float* __restrict__ a, const float* _
       sum_b += bi[idx];
     }
   }
-  scratch[t] = sum_a;
-  scratch[kThreadsPerTile + t] = sum_b;
-  __syncthreads();
-  for (int stride = kThreadsPerTile / 2; stride > 0; stride /= 2) {
-    if (t < stride) {
-      scratch[t] += scratch[t + stride];
-      scratch[kThreadsPerTile + t] += scratch[kThreadsPerTile + t + stride];
-    }
-    __syncthreads();
-  }
+  block_sums2<kThreadsPerTile>(scratch, sum_a, sum_b);
   const float count = static_cast<float>(within(bz, RZ, last_z) * within(by, RY, last_y) *
                                          within(bx, RX, last_x));
   const float shift_a = scratch[0] / count, shift_b = scratch[kThreadsPerTile] / count;
@@ -149,33 +141,10 @@ __global__ void local_ncc_fwd_kernel(const float* __restrict__ a, const float* _
       in_b[e] = vb;
     }
     __syncthreads();
-    for (int e = t; e < rows_plane; e += kThreadsPerTile) {
-      const int row = e / kTile, ox = e % kTile;
-      const float* la = in_a + row * RX + ox;
-      const float* lb = in_b + row * RX + ox;
-      float m0 = 0.0f, m1 = 0.0f, m2 = 0.0f, m3 = 0.0f, m4 = 0.0f;
-      for (int i = 0; i < taps.kx; ++i) {
-        const float w = taps.wx[i], x = la[i], y = lb[i], wx = w * x, wy = w * y;
-        m0 += wx;
-        m1 += wy;
-        m2 += wx * x;
-        m3 += wy * y;
-        m4 += wx * y;
-      }
-      rows[e] = m0;
-      rows[rows_plane + e] = m1;
-      rows[2 * rows_plane + e] = m2;
-      rows[3 * rows_plane + e] = m3;
-      rows[4 * rows_plane + e] = m4;
-    }
+    horizontal_moments5<kTile, kThreadsPerTile>(in_a, in_b, RY, RX, taps, rows);
     __syncthreads();
-    float s[5] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    for (int j = 0; j < taps.ky; ++j) {
-      const float w = taps.wy[j];
-      const int e = (ly + j) * kTile + lx;
-#pragma unroll
-      for (int m = 0; m < 5; ++m) s[m] += w * rows[m * rows_plane + e];
-    }
+    float s[5];
+    vertical_sums<5, kTile>(rows, rows_plane, taps.wy, taps.ky, ly, lx, s);
 #pragma unroll
     for (int oz = 0; oz < TZ; ++oz) {
       const int j = pl - oz;  // the plane's tap in output oz's window
@@ -206,7 +175,7 @@ __global__ void local_ncc_fwd_kernel(const float* __restrict__ a, const float* _
       const float center_a = shift_a + sa * inv_total, center_b = shift_b + sb * inv_total;
       delta_a = center_a - shift_a;
       delta_b = center_b - shift_b;
-      float m0 = 0.0f, m1 = 0.0f, m2 = 0.0f, m3 = 0.0f, m4 = 0.0f;
+      float m[5] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
       for (int k = 0; k < taps.kz; ++k) {
         const int64_t z = reflect(gz - rz + k, D);
         for (int j = 0; j < taps.ky; ++j) {
@@ -214,22 +183,15 @@ __global__ void local_ncc_fwd_kernel(const float* __restrict__ a, const float* _
           const float wzy = taps.wz[k] * taps.wy[j];
           for (int i = 0; i < taps.kx; ++i) {
             const int64_t idx = (z * H + y) * W + reflect(gx - rx + i, W);
-            const float w = wzy * taps.wx[i];
-            const float da = ai[idx] - center_a, db = bi[idx] - center_b;
-            const float wa = w * da, wb = w * db;
-            m0 += wa;
-            m1 += wb;
-            m2 += wa * da;
-            m3 += wb * db;
-            m4 += wa * db;
+            add_moments5(wzy * taps.wx[i], ai[idx] - center_a, bi[idx] - center_b, m);
           }
         }
       }
-      sa = m0;
-      sb = m1;
-      saa = m2;
-      sbb = m3;
-      sab = m4;
+      sa = m[0];
+      sb = m[1];
+      saa = m[2];
+      sbb = m[3];
+      sab = m[4];
     }
     const float va = saa - sa * sa * inv_total, vb = sbb - sb * sb * inv_total;
     const float cov = sab - sa * sb * inv_total;
@@ -311,33 +273,13 @@ __global__ void local_ncc_bwd_kernel(const float* __restrict__ grad, bool grad_i
     }
     __syncthreads();
     // 2. Horizontal adjoint pass with the folded taps.
-    for (int e = t; e < rows_plane; e += kThreadsPerTile) {
-      const int row = e / kTile, ox = e % kTile;
-      const int64_t cx = tile.x0 + ox;
-      float s[5] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-      if (cx < W) {
-        const int64_t lo = cx - rx > 0 ? cx - rx : 0, hi = cx + rx < W - 1 ? cx + rx : W - 1;
-        for (int64_t px = lo; px <= hi; ++px) {
-          const float w = folded_tap(taps.wx, rx, W, px, cx);
-          const int l = row * RX + static_cast<int>(px - bx);
-#pragma unroll
-          for (int m = 0; m < 5; ++m) s[m] += w * maps[m * in_plane + l];
-        }
-      }
-#pragma unroll
-      for (int m = 0; m < 5; ++m) rows[m * rows_plane + e] = s[m];
-    }
+    adjoint_rows<5, kTile, kThreadsPerTile>(maps, in_plane, RX, rows, rows_plane, taps.wx, rx,
+                                            W, bx);
     __syncthreads();
     // 3. Vertical adjoint pass, then the plane's share of each voxel of the column.
     if (qy < H && qx < W) {
-      float s[5] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-      const int64_t lo = qy - ry > 0 ? qy - ry : 0, hi = qy + ry < H - 1 ? qy + ry : H - 1;
-      for (int64_t py = lo; py <= hi; ++py) {
-        const float w = folded_tap(taps.wy, ry, H, py, qy);
-        const int e = static_cast<int>(py - by) * kTile + lx;
-#pragma unroll
-        for (int m = 0; m < 5; ++m) s[m] += w * rows[m * rows_plane + e];
-      }
+      float s[5];
+      adjoint_column<5, kTile>(rows, rows_plane, taps.wy, ry, H, by, qy, lx, s);
 #pragma unroll
       for (int oz = 0; oz < TZ; ++oz) {
         const int64_t qz = tile.z0 + oz;
@@ -366,13 +308,11 @@ __global__ void local_ncc_bwd_kernel(const float* __restrict__ grad, bool grad_i
 }  // namespace
 
 size_t local_ncc_fwd_shared_bytes(int ky, int kx) {
-  const size_t RY = kTile + ky - 1, RX = kTile + kx - 1;
-  return (2 * RY * RX + 5 * RY * kTile) * sizeof(float);
+  return tile_shared_bytes<kTile>(2, 5, ky, kx);
 }
 
 size_t local_ncc_bwd_shared_bytes(int ky, int kx) {
-  const size_t RY = kTile + ky - 1, RX = kTile + kx - 1;
-  return (5 * RY * RX + 5 * RY * kTile) * sizeof(float);
+  return tile_shared_bytes<kTile>(5, 5, ky, kx);
 }
 
 cudaError_t launch_local_ncc_fwd(const float* a, const float* b, float* map, float* partials,

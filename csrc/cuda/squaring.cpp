@@ -19,11 +19,13 @@
 namespace simwarp {
 namespace cuda {
 
-std::tuple<at::Tensor, at::Tensor> squaring_fwd(const at::Tensor& u_in, int64_t steps, bool keep) {
-  checks::squaring_fwd(u_in, steps);
+std::tuple<at::Tensor, at::Tensor> squaring_fwd(const at::Tensor& u_in,
+                                                at::ArrayRef<double> scale, int64_t steps,
+                                                bool keep) {
+  checks::squaring_fwd(u_in, scale, steps);
   const at::Tensor u = u_in.contiguous();
   at::Tensor saved = at::empty(checks::squaring_saved_shape(u.sizes(), keep ? steps : 0), u.options());
-  if (u.numel() == 0 || steps == 0) return {u.clone(), saved};  // saved: empty or no field
+  if (u.numel() == 0 || steps == 0) return {checks::squaring_scaled_copy(u, scale), saved};  // saved: empty or no field
   const DeviceGuard guard(u.device());
   const int64_t D = u.dim() - 2, N = u.size(0);
   int64_t size[3] = {1, 1, 1}, P = 1;
@@ -32,7 +34,6 @@ std::tuple<at::Tensor, at::Tensor> squaring_fwd(const at::Tensor& u_in, int64_t 
   // the last one to out.
   at::Tensor out = at::empty_like(u);
   at::Tensor spare = !keep && steps > 1 ? at::empty_like(u) : at::Tensor();
-  if (keep) saved.select(0, 0).copy_(u);
   const cudaStream_t stream = current_stream();
   AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "simwarp_squaring_fwd_cuda", [&] {
     std::vector<scalar_t*> outputs(steps);
@@ -43,18 +44,25 @@ std::tuple<at::Tensor, at::Tensor> squaring_fwd(const at::Tensor& u_in, int64_t 
       else  // ping-pong, the last squaring writing `out`
         outputs[k] = ((steps - 1 - k) % 2 == 0 ? out : spare).data_ptr<scalar_t>();
     }
-    check_launch(launch_squaring_forward<scalar_t>(u.data_ptr<scalar_t>(), outputs.data(), steps,
-                                                   N, static_cast<int>(D), size, stream),
+    // the first squaring writes its input scale · u into saved[0] (keep)
+    check_launch(launch_squaring_forward<scalar_t>(
+                     u.data_ptr<scalar_t>(), squaring_scale<scalar_t>(scale.data(), scale.size()),
+                     keep ? saved.data_ptr<scalar_t>() : nullptr, outputs.data(), steps, N,
+                     static_cast<int>(D), size, stream),
                  "squaring_fwd");
   });
   return {out, saved};
 }
 
-at::Tensor squaring_bwd(const at::Tensor& grad_in, const at::Tensor& saved_in) {
-  checks::squaring_bwd(grad_in, saved_in);
+at::Tensor squaring_bwd(const at::Tensor& grad_in, const at::Tensor& saved_in,
+                        at::ArrayRef<double> scale, const std::optional<at::Tensor>& base_in) {
+  checks::squaring_bwd(grad_in, saved_in, scale, base_in);
   const int64_t steps = saved_in.size(0);
   const at::Tensor grad = grad_in.contiguous();
-  if (grad.numel() == 0 || steps == 0) return grad.clone();
+  const at::Tensor base =
+      base_in.has_value() && base_in->defined() ? base_in->contiguous() : at::Tensor();
+  if (grad.numel() == 0 || steps == 0)
+    return checks::squaring_scaled_copy(base.defined() ? grad + base : grad, scale);
   at::globalContext().alertNotDeterministic("simwarp::squaring_bwd on CUDA (atomic additions)");
   const DeviceGuard guard(grad.device());
   const at::Tensor saved = saved_in.contiguous();
@@ -70,9 +78,11 @@ at::Tensor squaring_bwd(const at::Tensor& grad_in, const at::Tensor& saved_in) {
     std::vector<scalar_t*> buffers(steps);
     for (int64_t k = 0; k < steps; ++k)
       buffers[k] = (k % 2 == 0 ? result : spare).data_ptr<scalar_t>();
-    check_launch(launch_squaring_backward<scalar_t>(grad.data_ptr<scalar_t>(),
-                                                    saved.data_ptr<scalar_t>(), buffers.data(),
-                                                    steps, N, static_cast<int>(D), size, stream),
+    check_launch(launch_squaring_backward<scalar_t>(
+                     grad.data_ptr<scalar_t>(), saved.data_ptr<scalar_t>(),
+                     base.defined() ? base.data_ptr<scalar_t>() : nullptr,
+                     squaring_scale<scalar_t>(scale.data(), scale.size()), buffers.data(), steps, N, static_cast<int>(D),
+                     size, stream),
                  "squaring_bwd");
   });
   return result;

@@ -46,6 +46,7 @@
 #include "launch.h"
 #include "reflect_taps.h"
 #include "ssim.h"
+#include "tile_moments.h"
 
 namespace simwarp {
 namespace cuda {
@@ -102,16 +103,7 @@ __global__ void ssim_fwd_kernel(const float* __restrict__ a, const float* __rest
     sum_a += va;
     sum_b += vb;
   }
-  scratch[t] = sum_a;
-  scratch[kThreadsPerTile + t] = sum_b;
-  __syncthreads();
-  for (int stride = kThreadsPerTile / 2; stride > 0; stride /= 2) {
-    if (t < stride) {
-      scratch[t] += scratch[t + stride];
-      scratch[kThreadsPerTile + t] += scratch[kThreadsPerTile + t + stride];
-    }
-    __syncthreads();
-  }
+  block_sums2<kThreadsPerTile>(scratch, sum_a, sum_b);
   const int64_t rows_in = (last_y - (tile.y0 - ry) + 1) < RY ? last_y - (tile.y0 - ry) + 1 : RY;
   const int64_t cols_in = (last_x - (tile.x0 - rx) + 1) < RX ? last_x - (tile.x0 - rx) + 1 : RX;
   const float count = static_cast<float>(rows_in * cols_in);
@@ -131,42 +123,17 @@ __global__ void ssim_fwd_kernel(const float* __restrict__ a, const float* __rest
   __syncthreads();  // the centred inputs are written, the scratch sums read
 
   // 3. Horizontal pass.
-  const int rows_plane = RY * kTile;
-  for (int e = t; e < rows_plane; e += kThreadsPerTile) {
-    const int ly = e / kTile, ox = e % kTile;
-    const float* la = in_a + ly * RX + ox;
-    const float* lb = in_b + ly * RX + ox;
-    float m0 = 0.0f, m1 = 0.0f, m2 = 0.0f, m3 = 0.0f, m4 = 0.0f;
-    for (int i = 0; i < taps.kx; ++i) {
-      const float w = taps.wx[i], x = la[i], y = lb[i], wx = w * x, wy = w * y;
-      m0 += wx;
-      m1 += wy;
-      m2 += wx * x;
-      m3 += wy * y;
-      m4 += wx * y;
-    }
-    rows[e] = m0;
-    rows[rows_plane + e] = m1;
-    rows[2 * rows_plane + e] = m2;
-    rows[3 * rows_plane + e] = m3;
-    rows[4 * rows_plane + e] = m4;
-  }
+  horizontal_moments5<kTile, kThreadsPerTile>(in_a, in_b, RY, RX, taps, rows);
   __syncthreads();
 
   // 4. Vertical pass, the SSIM and its partials.
   const int ly = t / kTile, ox = t % kTile;
   const int64_t gy = tile.y0 + ly, gx = tile.x0 + ox;
   if (gy >= H || gx >= W) return;  // no barrier follows
-  float mx = 0.0f, my = 0.0f, mxx = 0.0f, myy = 0.0f, mxy = 0.0f;
-  for (int j = 0; j < taps.ky; ++j) {
-    const float w = taps.wy[j];
-    const int e = (ly + j) * kTile + ox;
-    mx += w * rows[e];
-    my += w * rows[rows_plane + e];
-    mxx += w * rows[2 * rows_plane + e];
-    myy += w * rows[3 * rows_plane + e];
-    mxy += w * rows[4 * rows_plane + e];
-  }
+  float sums[5];
+  vertical_sums<5, kTile>(rows, RY * kTile, taps.wy, taps.ky, ly, ox, sums);
+  float mx = sums[0], my = sums[1];
+  const float mxx = sums[2], myy = sums[3], mxy = sums[4];
   float va = mxx - mx * mx, vb = myy - my * my, cov = mxy - mx * my;
   const float floor = 0.5f * c2;
   float mua = mx + shift_a, mub = my + shift_b;
@@ -176,33 +143,24 @@ __global__ void ssim_fwd_kernel(const float* __restrict__ a, const float* __rest
     // a − m rounded to the spacing of |a − m|, coarser than the data wherever the tile's
     // mean is more than twice the window's values (a dim region beside a bright one).
     const float ca = mua, cb = mub;
-    float m0 = 0.0f, m1 = 0.0f, m2 = 0.0f, m3 = 0.0f, m4 = 0.0f;
+    float m[5] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     for (int j = 0; j < taps.ky; ++j) {
       const int64_t row = reflect(gy - ry + j, H) * W;
-      float r0 = 0.0f, r1 = 0.0f, r2 = 0.0f, r3 = 0.0f, r4 = 0.0f;
+      float r[5] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
       for (int i = 0; i < taps.kx; ++i) {
         const int64_t idx = row + reflect(gx - rx + i, W);
-        const float w = taps.wx[i], da = ai[idx] - ca, db = bi[idx] - cb;
-        const float wa = w * da, wb = w * db;
-        r0 += wa;
-        r1 += wb;
-        r2 += wa * da;
-        r3 += wb * db;
-        r4 += wa * db;
+        add_moments5(taps.wx[i], ai[idx] - ca, bi[idx] - cb, r);
       }
       const float w = taps.wy[j];
-      m0 += w * r0;
-      m1 += w * r1;
-      m2 += w * r2;
-      m3 += w * r3;
-      m4 += w * r4;
+#pragma unroll
+      for (int k = 0; k < 5; ++k) m[k] += w * r[k];
     }
-    // The taps sum to 1: m0, m1 are the means' offsets from the centres.
-    va = m2 - m0 * m0;
-    vb = m3 - m1 * m1;
-    cov = m4 - m0 * m1;
-    mua = ca + m0;
-    mub = cb + m1;
+    // The taps sum to 1: m[0], m[1] are the means' offsets from the centres.
+    va = m[2] - m[0] * m[0];
+    vb = m[3] - m[1] * m[1];
+    cov = m[4] - m[0] * m[1];
+    mua = ca + m[0];
+    mub = cb + m[1];
     // The partials below take the first moments about the tile's shift (the backward's).
     mx = mua - shift_a;
     my = mub - shift_b;
@@ -264,58 +222,30 @@ __global__ void ssim_bwd_kernel(const float* __restrict__ grad, bool grad_is_sca
   __syncthreads();
 
   // 2. Horizontal adjoint pass with the folded taps.
-  for (int e = t; e < rows_plane; e += kThreadsPerTile) {
-    const int ly = e / kTile, ox = e % kTile;
-    const int64_t qx = tile.x0 + ox;
-    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-    if (qx < W) {
-      const int64_t lo = qx - rx > 0 ? qx - rx : 0, hi = qx + rx < W - 1 ? qx + rx : W - 1;
-      for (int64_t px = lo; px <= hi; ++px) {
-        const float w = folded_tap(taps.wx, rx, W, px, qx);
-        const int l = ly * RX + static_cast<int>(px - (tile.x0 - rx));
-        s0 += w * maps[l];
-        s1 += w * maps[in_plane + l];
-        s2 += w * maps[2 * in_plane + l];
-        s3 += w * maps[3 * in_plane + l];
-      }
-    }
-    rows[e] = s0;
-    rows[rows_plane + e] = s1;
-    rows[2 * rows_plane + e] = s2;
-    rows[3 * rows_plane + e] = s3;
-  }
+  adjoint_rows<4, kTile, kThreadsPerTile>(maps, in_plane, RX, rows, rows_plane, taps.wx, rx, W,
+                                          tile.x0 - rx);
   __syncthreads();
 
   // 3. Vertical adjoint pass and the gradients.
   const int ly = t / kTile, ox = t % kTile;
   const int64_t qy = tile.y0 + ly, qx = tile.x0 + ox;
   if (qy >= H || qx >= W) return;
-  float q0 = 0.0f, q1 = 0.0f, q2 = 0.0f, q3 = 0.0f;
-  const int64_t lo = qy - ry > 0 ? qy - ry : 0, hi = qy + ry < H - 1 ? qy + ry : H - 1;
-  for (int64_t py = lo; py <= hi; ++py) {
-    const float w = folded_tap(taps.wy, ry, H, py, qy);
-    const int e = static_cast<int>(py - (tile.y0 - ry)) * kTile + ox;
-    q0 += w * rows[e];
-    q1 += w * rows[rows_plane + e];
-    q2 += w * rows[2 * rows_plane + e];
-    q3 += w * rows[3 * rows_plane + e];
-  }
+  float q[4];
+  adjoint_column<4, kTile>(rows, rows_plane, taps.wy, ry, H, tile.y0 - ry, qy, ox, q);
   const int64_t at = tile.image * plane + qy * W + qx;
   const float ca = a[at] - m_a, cb = b[at] - m_b;
-  grad_a[at] = q0 - 2.0f * ca * q2 + cb * q3;
-  grad_b[at] = q1 - 2.0f * cb * q2 + ca * q3;
+  grad_a[at] = q[0] - 2.0f * ca * q[2] + cb * q[3];
+  grad_b[at] = q[1] - 2.0f * cb * q[2] + ca * q[3];
 }
 
 }  // namespace
 
 size_t ssim_fwd_shared_bytes(int ky, int kx) {
-  const size_t RY = kTile + ky - 1, RX = kTile + kx - 1;
-  return (2 * RY * RX + 5 * RY * kTile) * sizeof(float);
+  return tile_shared_bytes<kTile>(2, 5, ky, kx);
 }
 
 size_t ssim_bwd_shared_bytes(int ky, int kx) {
-  const size_t RY = kTile + ky - 1, RX = kTile + kx - 1;
-  return (4 * RY * RX + 4 * RY * kTile) * sizeof(float);
+  return tile_shared_bytes<kTile>(4, 4, ky, kx);
 }
 
 cudaError_t launch_ssim_fwd(const float* a, const float* b, float* map, float* partials,

@@ -107,15 +107,17 @@ def _parzen_bwd(make):
 def _squaring_fwd(make, shape, keep):
     # no autograd is registered on the op (ops/_kernels/calls.py wraps the pair in a
     # Function), so no input requires grad
-    return (make(2, len(shape), *shape, scale=0.8), 3, keep)
+    return (make(2, len(shape), *shape, scale=0.8), [0.7, 1.3, 0.9][: len(shape)], 3, keep)
 
 
 def _squaring_bwd(make, shape):
     u = make(2, len(shape), *shape, scale=0.8)
-    _, saved = torch.ops.simwarp.squaring_fwd(u.contiguous(), 3, True)
+    scale = [0.7, 1.3, 0.9][: len(shape)]
+    _, saved = torch.ops.simwarp.squaring_fwd(u.contiguous(), scale, 3, True)
     # channels_last has no 6-D format: a 3-D saved stack stays contiguous there
     keep = make.layout == "channels_last" and saved.dim() > 5
-    return (make(2, len(shape), *shape), saved if keep else make.place(saved))
+    base = make(2, len(shape), *shape)
+    return (make(2, len(shape), *shape), saved if keep else make.place(saved), scale, base)
 
 
 def _local_std_2d_fwd(make, padding):

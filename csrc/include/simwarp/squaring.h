@@ -75,19 +75,51 @@ struct SquaringCell {
   }
 };
 
+// The factors of the first squaring's field u = scale · v, one per component (v: the
+// op's input): read from v as it is sampled, so that scaling v takes no pass of its own,
+// and applied to the gradient as the first squaring's backward adds it. `on` false: no
+// factor (every later squaring). Held by value: the kernels take it as a parameter.
+template <typename T>
+struct SquaringScale {
+  T s[3];
+  bool on;
+
+  // Component c's value x times its factor (selects, not an index: a kernel parameter
+  // indexed at run time would be copied to local memory).
+  SIMWARP_HD T operator()(int c, T x) const {
+    return on ? (c == 0 ? s[0] : (c == 1 ? s[1] : s[2])) * x : x;
+  }
+};
+
+// The n factors (0: none) of an op's scale argument, rounded to T (the op's dtype, as a
+// product with a tensor of them would round them).
+template <typename T>
+SquaringScale<T> squaring_scale(const double* factors, size_t n) {
+  SquaringScale<T> out{};
+  out.on = n > 0;
+  for (size_t c = 0; c < n && c < 3; ++c) out.s[c] = static_cast<T>(factors[c]);
+  return out;
+}
+
 // Pixel i's coordinates (array order) in an image of `size`.
 template <int D>
 SIMWARP_HD void squaring_coords(int64_t i, const int64_t* size, int64_t* coord) {
   for (int k = D - 1; k >= 0; --k) { coord[k] = i % size[k]; i /= size[k]; }
 }
 
-// One squaring at pixel i of one field u (D, P): out[c·P + i] = u_c(i) + u_c(i + u(i)).
+// One squaring at pixel i of one field u = scale · v (v: (D, P)):
+// out[c·P + i] = u_c(i) + u_c(i + u(i)); where `scaled` is not null, u_c(i) is written
+// there too (the first squaring's input, which the backward reads).
 template <typename T, int D>
-SIMWARP_HD void squaring_forward_pixel(const T* u, T* out, int64_t i, int64_t P, const int64_t* size) {
+SIMWARP_HD void squaring_forward_pixel(const T* v, T* out, int64_t i, int64_t P,
+                                       const int64_t* size, SquaringScale<T> scale, T* scaled) {
   int64_t coord[D];
   squaring_coords<D>(i, size, coord);
-  T position[D];
-  for (int k = 0; k < D; ++k) position[k] = static_cast<T>(coord[k]) + u[k * P + i];
+  T here[D], position[D];
+  for (int k = 0; k < D; ++k) {
+    here[k] = scale(k, v[k * P + i]);
+    position[k] = static_cast<T>(coord[k]) + here[k];
+  }
   const SquaringCell<T, D> cell(position, size);
   T acc[D];
   for (int c = 0; c < D; ++c) acc[c] = T(0);
@@ -95,19 +127,24 @@ SIMWARP_HD void squaring_forward_pixel(const T* u, T* out, int64_t i, int64_t P,
     T w;
     const int64_t j = cell.corner(b, size, &w, nullptr);
     if (j < 0) continue;
-    for (int c = 0; c < D; ++c) acc[c] += u[c * P + j] * w;
+    for (int c = 0; c < D; ++c) acc[c] += scale(c, v[c * P + j]) * w;
   }
-  for (int c = 0; c < D; ++c) out[c * P + i] = u[c * P + i] + acc[c];
+  for (int c = 0; c < D; ++c) {
+    out[c * P + i] = here[c] + acc[c];
+    if (scaled != nullptr) scaled[c * P + i] = here[c];
+  }
 }
 
 // The backward of one squaring at pixel i: with a (D, P) the gradient with respect to its
 // output and u (D, P) its input, adds to `into` (D, P, zeroed by the caller) pixel i's
 // share of the gradient with respect to u: a(i) + ∂/∂u(i) of the sample position at i
 // (a gather) and, through `add(index, value)`, w · a_c(i) to every corner j the sample
-// read (a scatter: a plain += on the CPU, atomicAdd on CUDA).
+// read (a scatter: a plain += on the CPU, atomicAdd on CUDA). Each share is added times
+// its component's factor of `scale`: for the first squaring, the gradient with respect to
+// v of u = scale · v.
 template <typename T, int D, typename Add>
 SIMWARP_HD void squaring_backward_pixel(const T* a, const T* u, T* into, int64_t i, int64_t P,
-                                        const int64_t* size, Add add) {
+                                        const int64_t* size, Add add, SquaringScale<T> scale) {
   int64_t coord[D];
   squaring_coords<D>(i, size, coord);
   T position[D];
@@ -122,12 +159,12 @@ SIMWARP_HD void squaring_backward_pixel(const T* a, const T* u, T* into, int64_t
     T dot = T(0);
     for (int c = 0; c < D; ++c) {
       const T ac = a[c * P + i];
-      add(c * P + j, w * ac);
+      add(c * P + j, scale(c, w * ac));
       dot += ac * u[c * P + j];
     }
     for (int k = 0; k < D; ++k) gpos[k] += dot * dw[k];
   }
-  for (int k = 0; k < D; ++k) add(k * P + i, a[k * P + i] + gpos[k]);
+  for (int k = 0; k < D; ++k) add(k * P + i, scale(k, a[k * P + i] + gpos[k]));
 }
 
 }  // namespace simwarp

@@ -72,6 +72,37 @@ def power_of_two(x: torch.Tensor) -> float:
     return float(2.0 ** -int(np.clip(e, -120, 120)))
 
 
+def covers(fixed, moving, weight=None, *, weighted: bool = True) -> bool:
+    """Whether a pair loss of the loop (this module's, ``_ncc_pair``'s, ``_mse_pair``'s)
+    takes its fast path for these arguments; anything else goes to the general loss.
+
+    ``fixed`` ``(N or 1, 1, *S)`` tensor with no gradient, ``S`` 2-D or 3-D; ``moving``
+    ``(N, 1, *S)``; both floating point on one device. With ``weighted`` (the NCC and MSE
+    losses), ``weight`` too: a tensor ``(N or 1, 1, *S)`` with no gradient on that device;
+    without it (the local NCC loss) ``weight`` is not looked at.
+    """
+    if (
+        not isinstance(fixed, torch.Tensor)
+        or not isinstance(moving, torch.Tensor)
+        or fixed.requires_grad
+        or fixed.dim() not in (4, 5)
+        or fixed.shape[1] != 1
+        or moving.shape[1:] != fixed.shape[1:]
+        or fixed.shape[0] not in (1, moving.shape[0])
+        or fixed.device != moving.device
+        or not fixed.dtype.is_floating_point
+        or not moving.dtype.is_floating_point
+    ):
+        return False
+    return not weighted or (
+        isinstance(weight, torch.Tensor)
+        and not weight.requires_grad
+        and weight.shape[1:] == fixed.shape[1:]
+        and weight.shape[0] in (1, moving.shape[0])
+        and weight.device == fixed.device
+    )
+
+
 class BufferLease:
     """Tensors a call writes into and saves for its backward, lent to one call at a time.
 
@@ -325,18 +356,7 @@ class PairLocalNCCLoss(LocalNCCLoss):
     def forward(self, fixed, moving, weight=None, base=None):
         if base is not None and self.reduction != "none":
             raise ValueError(f"base needs reduction='none', got {self.reduction!r}")
-        if (
-            not isinstance(fixed, torch.Tensor)
-            or not isinstance(moving, torch.Tensor)
-            or fixed.requires_grad
-            or fixed.dim() not in (4, 5)
-            or fixed.shape[1] != 1
-            or moving.shape[1:] != fixed.shape[1:]
-            or fixed.shape[0] not in (1, moving.shape[0])
-            or fixed.device != moving.device
-            or not fixed.dtype.is_floating_point
-            or not moving.dtype.is_floating_point
-        ):
+        if not covers(fixed, moving, weighted=False):
             out = super().forward(fixed, moving, weight)
             return out if base is None else out + (base - 1.0)
         side = self._side

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ._autograd import first_order_backward
-from ._lncc_pair import BufferLease
+from ._lncc_pair import BufferLease, covers
 from ._numerics import compute_dtype
 from .losses import MSELoss
 
@@ -95,22 +95,7 @@ class PairMSELoss(MSELoss):
         self._rows = _Rows()
 
     def forward(self, fixed, moving, weight=None):
-        if (
-            not isinstance(fixed, torch.Tensor)
-            or not isinstance(moving, torch.Tensor)
-            or not isinstance(weight, torch.Tensor)
-            or fixed.requires_grad
-            or weight.requires_grad
-            or fixed.dim() not in (4, 5)
-            or fixed.shape[1] != 1
-            or moving.shape[1:] != fixed.shape[1:]
-            or weight.shape[1:] != fixed.shape[1:]
-            or fixed.shape[0] not in (1, moving.shape[0])
-            or weight.shape[0] not in (1, moving.shape[0])
-            or not (fixed.device == moving.device == weight.device)
-            or not fixed.dtype.is_floating_point
-            or not moving.dtype.is_floating_point
-        ):
+        if not covers(fixed, moving, weight):
             return super().forward(fixed, moving, weight)
         losses = _PairMSE.apply(moving, fixed, weight, self._rows)
         if self.reduction == "mean":

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ._autograd import first_order_backward
-from ._lncc_pair import BufferLease, power_of_two
+from ._lncc_pair import BufferLease, covers, power_of_two
 from ._numerics import compute_dtype, flat_threshold_factor, moment_dtype
 from .losses import NCCLoss
 
@@ -182,22 +182,7 @@ class PairNCCLoss(NCCLoss):
     def forward(self, fixed, moving, weight=None, base=None):
         if base is not None and self.reduction != "none":
             raise ValueError(f"base needs reduction='none', got {self.reduction!r}")
-        if (
-            not isinstance(fixed, torch.Tensor)
-            or not isinstance(moving, torch.Tensor)
-            or not isinstance(weight, torch.Tensor)
-            or fixed.requires_grad
-            or weight.requires_grad
-            or fixed.dim() not in (4, 5)
-            or fixed.shape[1] != 1
-            or moving.shape[1:] != fixed.shape[1:]
-            or weight.shape[1:] != fixed.shape[1:]
-            or fixed.shape[0] not in (1, moving.shape[0])
-            or weight.shape[0] not in (1, moving.shape[0])
-            or not (fixed.device == moving.device == weight.device)
-            or not fixed.dtype.is_floating_point
-            or not moving.dtype.is_floating_point
-        ):
+        if not covers(fixed, moving, weight):
             out = super().forward(fixed, moving, weight)
             return out if base is None else out + (base - 1.0)
         acc = moment_dtype(

@@ -37,10 +37,15 @@ def _check_squaring(device, dtype, gen) -> float:
         v = 5.0 * waves + 3.3 * (torch.arange(shape[1], device=device) == 0).to(dtype).view(
             1, -1, *[1] * len(axes)
         )
-        u = (v / 2**7).requires_grad_()
+        # the DenseModel's use: a scale per component folded into the first squaring, and
+        # the scaled velocity returned too (its gradient: squaring_bwd's base)
+        scale = [f / 2**7 for f in (1.0, 0.75, 1.25)[: shape[1]]]
         errors.append(
             _compare_with_gradients(
-                lambda x: calls.squarings(x, 7), lambda x: torch_squarings(x, 7), [u], seed=6
+                lambda x, s=scale: calls.squarings(x, 7, s, with_input=True),
+                lambda x, s=scale: torch_squarings(x, 7, s, with_input=True),
+                [v.requires_grad_()],
+                seed=6,
             )
         )
     return max(errors)

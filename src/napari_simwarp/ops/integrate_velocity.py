@@ -54,59 +54,77 @@ def scaling_and_squaring(v: torch.Tensor, steps: int) -> torch.Tensor:
     whole chain is one autograd Function (:class:`_Squarings`) whose backward takes three
     per squaring. Both sample as :func:`~._sampling.sample_displaced` does (linear, the
     edge values beyond the border), so the values are :func:`~.compose.resample_field`'s
-    up to rounding.
+    up to rounding. The division by ``2**steps`` is the squarings' scale (exact: a power of
+    two), which the compiled op applies in its first squaring each way.
     """
-    u = v.to(compute_dtype(v.dtype)) / (2**steps)
-    return squarings(u, steps).to(v.dtype)
+    scale = (2.0**-steps,) * (v.dim() - 2)
+    return squarings(v.to(compute_dtype(v.dtype)), steps, scale).to(v.dtype)
 
 
-def squarings(u: torch.Tensor, steps: int, constants=None) -> torch.Tensor:
-    """``steps`` squarings ``u ← u + u(x + u(x))`` of ``u`` ``(N, D, *S)`` (pixels, a
-    compute dtype), no checks: :func:`scaling_and_squaring` after its division.
-    ``constants``: :func:`squaring_constants` of ``S`` if the caller keeps them (made
-    here otherwise)."""
-    if not steps:
-        return u
-    if _kernels.use_compiled("integrate_velocity", u):
+def squarings(v: torch.Tensor, steps: int, scale=None, constants=None, with_input=False):
+    """``steps`` squarings ``u ← u + u(x + u(x))`` of ``u = scale · v`` (``v`` ``(N, D,
+    *S)``, pixels, a compute dtype; ``scale``: ``D`` floats, one per component, or None for
+    none), no checks: :func:`scaling_and_squaring` with its factors. The compiled op reads
+    ``v`` times the scale in its first squaring and scales the gradient in its last step
+    back (no launch of its own either way). ``constants``: a function of no argument that
+    gives :func:`squaring_constants` of ``S`` and ``scale``, for a caller that keeps them;
+    called only where the torch path runs (the compiled op needs none), made here where it
+    is None. ``with_input``: ``(the squarings, u)``, ``u`` differentiable: a term of ``u``
+    (the regularizer of a velocity, in ``u``'s units) gives its gradient to the compiled
+    backward, which adds it in its first step (where a term of ``v`` would take a sum of
+    its own)."""
+    if not steps and scale is None and not with_input:
+        return v
+    if steps and _kernels.use_compiled("integrate_velocity", v):
         from ._kernels import calls
 
-        return calls.squarings(u, steps)
-    return torch_squarings(u, steps, constants)
+        return calls.squarings(v, steps, scale, with_input=with_input)
+    made = None if constants is None else constants()
+    return torch_squarings(v, steps, scale, made, with_input=with_input)
 
 
-def torch_squarings(u: torch.Tensor, steps: int, constants=None) -> torch.Tensor:
+def torch_squarings(v: torch.Tensor, steps: int, scale=None, constants=None, with_input=False):
     """:func:`squarings` through torch's ``grid_sampler`` (the compiled op's twin and
-    fallback): three launches per squaring each way."""
-    if not steps:
-        return u
+    fallback): the scale as one product (and its backward), then three launches per
+    squaring each way."""
     if constants is None:
-        constants = squaring_constants(tuple(u.shape[2:]), u.dtype, u.device)
-    base, mix = constants
-    if torch.is_grad_enabled() and u.requires_grad:
-        return _Squarings.apply(u, base, mix, steps)
-    with torch.no_grad():  # nothing saved for a backward (a full-resolution field: 14 copies)
-        for _ in range(steps):
-            u = _square(u, base, mix)[0]
-    return u
+        constants = squaring_constants(tuple(v.shape[2:]), v.dtype, v.device, scale)
+    base, mix, factors = constants
+    u = v if factors is None else v * factors
+    if not steps:
+        out = u
+    elif torch.is_grad_enabled() and u.requires_grad:
+        out = _Squarings.apply(u, base, mix, steps)
+    else:
+        out = u
+        with torch.no_grad():  # nothing saved for a backward (a full field: 14 copies)
+            for _ in range(steps):
+                out = _square(out, base, mix)[0]
+    return (out, u) if with_input else out
 
 
 #: grid_sampler's codes: bilinear interpolation, "border" padding (SciPy's "nearest")
 _BILINEAR, _BORDER = 0, 1
 
 
-def squaring_constants(shape, dtype, device):
-    """``(base (1, P, D), mix (D, D))`` for a field of spatial ``shape`` (``P`` pixels):
-    grid_sample's normalized grid of ``x + u(x)`` is ``base + uᵀ mix`` (``uᵀ``: ``(N, P,
-    D)``), ``base`` the identity grid, ``mix[d, e]`` the factor that takes array component
-    ``d`` (pixels) to grid component ``e`` ((x, y[, z]) order, normalized units;
-    ``displacement_to_grid``'s scale, 0 along an axis of length 1)."""
+def squaring_constants(shape, dtype, device, scale=None):
+    """``(base (1, P, D), mix (D, D), factors (1, D, 1…) or None)`` for a field of
+    spatial ``shape`` (``P`` pixels): grid_sample's normalized grid of ``x + u(x)`` is
+    ``base + uᵀ mix`` (``uᵀ``: ``(N, P, D)``), ``base`` the identity grid, ``mix[d, e]``
+    the factor that takes array component ``d`` (pixels) to grid component ``e`` ((x, y[,
+    z]) order, normalized units; ``displacement_to_grid``'s scale, 0 along an axis of
+    length 1); ``factors`` the torch path's ``scale`` (None for none)."""
     d = len(shape)
+    factors = None
+    if scale is not None:
+        factors = torch.tensor([float(s) for s in scale], dtype=dtype, device=device)
+        factors = factors.view(1, d, *[1] * d)
     mix = torch.zeros(d, d, dtype=dtype, device=device)
     for axis, (scale, _) in enumerate(normalizing_scale(shape)):
         mix[axis, d - 1 - axis] = scale
     zero = torch.zeros(1, d, *shape, dtype=dtype, device=device)
     base = displacement_to_grid(zero, shape).reshape(1, -1, d).contiguous()
-    return base, mix
+    return base, mix, factors
 
 
 def _square(u, base, mix):

@@ -428,6 +428,40 @@ def _bspline_weights(n_control: int, size: int) -> torch.Tensor:
     )
 
 
+def _half_dot(rows, cols, ones):
+    """``½ rows · cols`` per pair ``(N,)``, ``rows`` ``(N, 1, K)``, ``cols`` ``(N, K, 1)``, in
+    one launch; with ``ones`` ``(N, 1, 1)``: ``1 +`` it, in the same launch. The weighted
+    regularizer's sum ``½ Σ g · (2 w g)`` of :class:`_WeightedSquares` and the spline
+    Functions."""
+    if ones is None:  # β = 0: the first argument (a view of rows) is only read for its shape
+        out = torch.baddbmm(rows[:, :, :1], rows, cols, beta=0, alpha=0.5)
+    else:
+        out = torch.baddbmm(ones, rows, cols, alpha=0.5)
+    return out.view(rows.shape[0])
+
+
+def _spline_field_gradient(rows, m_x, wg, grad_term, stencils, padding, shape):
+    """The backward tail of the spline Functions: ``∂/∂F = rows m_xᵀ + stencilsᵀ ⋆ (wg ·
+    t)`` ``(N, R, D·c_x)`` (``shape``), or None where neither share is asked.
+
+    ``rows`` ``(N, R, X·D)``: ``∂/∂(F m_x)`` from the grid's gradient, or None; ``wg``: the
+    stencils' responses times twice their weights, as the forward saved them, or None (no
+    regularizer); ``grad_term`` ``(N,)``: the term's gradient ``t``, or None; ``padding``:
+    the forward's convolution padding. The regularizer's share is summed in by the last
+    product's ``baddbmm`` (no launch of its own).
+    """
+    reg = None  # ∂/∂F of the term
+    if grad_term is not None and wg is not None:
+        scaled = torch.mul(wg, grad_term.view(-1, 1, 1, 1, 1))
+        reg = F.conv_transpose3d(scaled, stencils, padding=padding).view(shape)
+    if rows is None:
+        return reg
+    m_t = m_x.t().expand(rows.shape[0], *m_x.t().shape)
+    if reg is None:
+        return torch.bmm(rows, m_t)
+    return torch.baddbmm(reg, rows, m_t)
+
+
 class _WeightedSquares(torch.autograd.Function):
     """``(g (N, K), w2 (1, K)) ↦ ½ Σ_k w2_k g_k²`` per row ``(N,)`` in two launches, and
     its gradient ``w2 g · grad`` in one (autograd's form of ``(g * g * w).sum(1)`` takes
@@ -437,12 +471,7 @@ class _WeightedSquares(torch.autograd.Function):
     def forward(ctx, g, w2, ones=None):
         wg2 = torch.mul(g, w2)
         ctx.save_for_backward(wg2)
-        if ones is None:
-            # β = 0: the first argument (a view of g) is only read for its shape
-            out = torch.baddbmm(g[:, :1, None], g.unsqueeze(1), wg2.unsqueeze(2), beta=0, alpha=0.5)
-        else:  # ones (N, 1, 1): 1 + the sum, in the same launch
-            out = torch.baddbmm(ones, g.unsqueeze(1), wg2.unsqueeze(2), alpha=0.5)
-        return out.view(g.shape[0])
+        return _half_dot(g.unsqueeze(1), wg2.unsqueeze(2), ones)
 
     @staticmethod
     def backward(ctx, grad):
@@ -481,12 +510,7 @@ class _SplineGrid2d(torch.autograd.Function):
         else:
             g = F.conv3d(fp.reshape(n, 1, cy, d, cx), stencils, padding=(1, 0, 1))
             wg = torch.mul(g, w2)  # (N, T, c_y, D, c_x), twice the weights
-            gf = g.view(n, 1, -1)
-            if ones is None:  # β = 0: the first argument (a view of g) is only read for its shape
-                term = torch.baddbmm(gf[:, :, :1], gf, wg.view(n, -1, 1), beta=0, alpha=0.5)
-            else:  # 1 + the term
-                term = torch.baddbmm(ones, gf, wg.view(n, -1, 1), alpha=0.5)
-            term = term.view(n)
+            term = _half_dot(g.view(n, 1, -1), wg.view(n, -1, 1), ones)
         ctx.save_for_backward(m_x, w_y, stencils, wg)
         ctx.shape = (n, d, cy, cx)
         return grid, term
@@ -500,20 +524,9 @@ class _SplineGrid2d(torch.autograd.Function):
         if grad_grid is not None:
             g = grad_grid.reshape(n, grad_grid.shape[1], -1)  # (N, H, W·D)
             rows = torch.bmm(w_y.t().expand(n, *w_y.t().shape), g)
-        reg = None  # ∂/∂F of the term, (N, c_y, D·c_x)
-        if grad_term is not None and wg is not None:
-            scaled = torch.mul(wg, grad_term.view(n, 1, 1, 1, 1))
-            reg = F.conv_transpose3d(scaled, stencils, padding=(1, 0, 1))
-            reg = reg.view(n, cy, d * cx)
-        if rows is None and reg is None:
+        out = _spline_field_gradient(rows, m_x, wg, grad_term, stencils, (1, 0, 1), (n, cy, d * cx))
+        if out is None:
             return (None,) * 7
-        m_t = m_x.t().expand(n, *m_x.t().shape)
-        if rows is None:
-            out = reg
-        elif reg is None:
-            out = torch.bmm(rows, m_t)
-        else:
-            out = torch.baddbmm(reg, rows, m_t)
         return out.view(n, cy, d, cx).permute(0, 2, 1, 3), None, None, None, None, None, None
 
 
@@ -554,12 +567,7 @@ class _SplineGrid3d(torch.autograd.Function):
         else:
             g = F.conv3d(fp.reshape(n, 1, cz, cy, d * cx), stencils, padding=1)
             wg = torch.mul(g, w2)  # (N, T, c_z, c_y, D·c_x), twice the weights
-            gf = g.view(n, 1, -1)
-            if ones is None:  # β = 0: the first argument (a view of g) is only read for its shape
-                term = torch.baddbmm(gf[:, :, :1], gf, wg.view(n, -1, 1), beta=0, alpha=0.5)
-            else:  # 1 + the term
-                term = torch.baddbmm(ones, gf, wg.view(n, -1, 1), alpha=0.5)
-            term = term.view(n)
+            term = _half_dot(g.view(n, 1, -1), wg.view(n, -1, 1), ones)
         ctx.save_for_backward(m_x, w_y, w_z, stencils, wg)
         ctx.shape = (n, d, cz, cy, cx)
         return grid, term
@@ -578,19 +586,9 @@ class _SplineGrid3d(torch.autograd.Function):
             xd = g.shape[-1] // ys
             rows = torch.bmm(yt.expand(n * cz, *yt.shape), rz.view(n * cz, ys, xd))
             rows = rows.view(n, cz * cy, xd)
-        reg = None  # ∂/∂F of the term, (N, c_z·c_y, D·c_x)
-        if grad_term is not None and wg is not None:
-            scaled = torch.mul(wg, grad_term.view(n, 1, 1, 1, 1))
-            reg = F.conv_transpose3d(scaled, stencils, padding=1).view(n, cz * cy, d * cx)
-        if rows is None and reg is None:
+        out = _spline_field_gradient(rows, m_x, wg, grad_term, stencils, 1, (n, cz * cy, d * cx))
+        if out is None:
             return (None,) * 8
-        m_t = m_x.t().expand(n, *m_x.t().shape)
-        if rows is None:
-            out = reg
-        elif reg is None:
-            out = torch.bmm(rows, m_t)
-        else:
-            out = torch.baddbmm(reg, rows, m_t)
         out = out.view(n, cz, cy, d, cx).permute(0, 3, 1, 2, 4)
         return (out,) + (None,) * 7
 
@@ -802,22 +800,26 @@ class DenseModel:
             d = d + self._rescale(resize(self.init, shape), self.shape, shape)
         return d
 
-    def _flow(self, f: torch.Tensor) -> torch.Tensor:
+    def _flow_scale(self, cshape) -> tuple[float, ...]:
+        """The squarings' scale of a velocity on a control grid of ``cshape``: to control
+        pixels (from full-resolution ones) and by ``2**-steps``, per component."""
+        return tuple(c / n / 2**self.steps for c, n in zip(cshape, self.shape))
+
+    def _flow(self, f: torch.Tensor, with_input=False):
         """The diffeomorphic field's displacement on its control grid, in control-grid
         pixels: the velocity ``f`` (full-resolution pixels) integrated there (cheap), its
-        scaling to control pixels and by ``2**-steps`` as one product."""
+        scaling to control pixels and by ``2**-steps`` the squarings' scale (the compiled
+        op's first squaring each way: no launch of its own). ``with_input``: ``(flow, u)``,
+        ``u`` the scaled velocity the first squaring reads (see
+        :func:`~..ops.integrate_velocity.squarings`)."""
         cshape = tuple(f.shape[2:])
         key = (cshape, f.dtype, f.device)
-        factor = self._constant(
-            ("flow", *key),
-            lambda: torch.tensor(
-                [c / n / 2**self.steps for c, n in zip(cshape, self.shape)],
-                dtype=f.dtype,
-                device=f.device,
-            ).view(1, -1, *([1] * self.ndim)),
-        )
-        constants = self._constant(("squaring", *key), lambda: squaring_constants(*key))
-        return squarings(f * factor, self.steps, constants)
+        scale = self._flow_scale(cshape)
+
+        def constants():  # the torch path's, made (and kept) only where that path runs
+            return self._constant(("squaring", *key), lambda: squaring_constants(*key, scale=scale))
+
+        return squarings(f, self.steps, scale, constants, with_input=with_input)
 
     def moving_displacement(self, shape, field=None) -> torch.Tensor:
         """The displacement from the fixed grid into the original moving image,
@@ -840,28 +842,9 @@ class DenseModel:
         moving level. What :func:`~napari_simwarp.ops.warp` computes, without its input
         checks: they read values back to the host, and the model makes its own field."""
         if tuple(moving.shape[2:]) == tuple(shape) and min(shape) > 1:
-            # displacement_to_grid's positions, with the identity part made once: in
-            # grid_sample's normalized (x, y[, z]) order, base + dᵀ · mix (one launch; mix
-            # flips the components, scales them to normalized units and, for a
-            # diffeomorphic field interpolated in control pixels, to the level's pixels)
             if self.kind == "diffeomorphic" and self.init is None:
-                flow = self._flow(self.field)  # control pixels
-                d, units = self._interpolate(flow, shape), tuple(flow.shape[2:])
-            else:
-                d, units = self.displacement(shape), tuple(shape)
-            n, dims = d.shape[:2]
-            src = moving if moving.shape[0] == n else moving.expand(n, *moving.shape[1:])
-            base, mix = self._constant(
-                ("grid-mix", tuple(shape), units, src.dtype, src.device),
-                lambda: self._grid_mix(shape, units, src.dtype, src.device),
-            )
-            flat = d.to(src.dtype).reshape(n, dims, -1).transpose(1, 2)
-            grid = torch.baddbmm(base.expand(n, *base.shape[1:]), flat, mix.expand(n, dims, dims))
-            grid = grid.view(n, *shape, dims)
-            warped = grid_sample(src, grid, "linear", "nearest")
-            if self.ndim == 3:
-                return warped, self._inside_sampled(grid.detach(), shape)
-            return warped, inside_mask(grid.detach(), shape, self._constants)
+                return self._warp_by_flow(moving, shape, self._flow(self.field))
+            return self._warp_by(moving, shape, self.displacement(shape), tuple(shape))
         d = self.displacement(shape)
         n = d.shape[0]
         src = moving if moving.shape[0] == n else moving.expand(n, *moving.shape[1:])
@@ -875,6 +858,34 @@ class DenseModel:
                 p = pos[axis].view(1, *view) + d[:, axis]
                 inside = inside * ((p >= -0.5) & (p <= s - 0.5)).unsqueeze(1).to(d.dtype)
         return warped, inside
+
+    def _warp_by_flow(self, moving, shape, flow):
+        """:meth:`_warp_by` a diffeomorphic flow on the control grid (control pixels),
+        interpolated to the level."""
+        return self._warp_by(moving, shape, self._interpolate(flow, shape), tuple(flow.shape[2:]))
+
+    def _warp_by(self, moving, shape, d, units):
+        """:meth:`warp` of a moving level of the level's ``shape`` by ``d`` ``(N, D,
+        *shape)``, in pixels of a grid ``units``: displacement_to_grid's positions, with the
+        identity part made once: in grid_sample's normalized (x, y[, z]) order, base + dᵀ ·
+        mix (one launch; mix flips the components, scales them to normalized units and, for
+        a diffeomorphic field interpolated in control pixels, to the level's pixels)."""
+        n, dims = d.shape[:2]
+        src = moving if moving.shape[0] == n else moving.expand(n, *moving.shape[1:])
+        base, mix = self._constant(
+            ("grid-mix", tuple(shape), units, src.dtype, src.device),
+            lambda: self._grid_mix(shape, units, src.dtype, src.device),
+        )
+        flat = d.to(src.dtype).reshape(n, dims, -1).transpose(1, 2)
+        grid = torch.baddbmm(base.expand(n, *base.shape[1:]), flat, mix.expand(n, dims, dims))
+        grid = grid.view(n, *shape, dims)
+        warped = grid_sample(src, grid, "linear", "nearest")
+        if self.ndim == 3 or self.kind == "diffeomorphic":
+            # one launch; it differs from inside_mask only at a position exactly half a
+            # pixel past the last (half-to-even), which a flow of squarings does not hit,
+            # where a given displacement of 1.5 px can
+            return warped, self._inside_sampled(grid.detach(), shape)
+        return warped, inside_mask(grid.detach(), shape, self._constants)
 
     def warp_regularized(self, moving: torch.Tensor, shape, weight: float, plus_one=False):
         """:meth:`warp` and ``weight ·`` :meth:`regularizer`: ``(warped, in-bounds, term
@@ -890,7 +901,25 @@ class DenseModel:
         added: two matrix products, three in 3-D) and the weighted
         bending or diffusion energy, with its gradient folded into the field's (a few
         launches where the separate forms take about fifteen, forward and backward).
+
+        A diffeomorphic field (``plus_one``) takes its regularizer of the scaled velocity
+        the squarings read first (:meth:`_flow` ``with_input``; the weights divided by the
+        scale's squares, per component: the same term): the compiled squarings' backward
+        adds its gradient in, where a term of the field took a sum of its own.
         """
+        if (
+            plus_one
+            and weight
+            and self.kind == "diffeomorphic"
+            and self.init is None
+            and self.steps > 0
+            and tuple(moving.shape[2:]) == tuple(shape)
+            and min(shape) > 1
+        ):
+            flow, u = self._flow(self.field, with_input=True)
+            warped, valid = self._warp_by_flow(moving, shape, flow)
+            scale = self._flow_scale(tuple(u.shape[2:]))
+            return warped, valid, self._regularizer_plus_one(weight, u, scale)
         if not (
             self._fused_field()
             and weight
@@ -1107,17 +1136,25 @@ class DenseModel:
             torch.as_tensor(weights, dtype=dtype, device=device),
         )
 
-    def _regularizer_plus_one(self, weight: float) -> torch.Tensor:
+    def _regularizer_plus_one(self, weight: float, field=None, scale=None) -> torch.Tensor:
         """``1 + weight ·`` :meth:`regularizer` ``(N,)`` in :meth:`regularizer`'s
-        launches (the weight in its constant, the 1 in its last product's)."""
-        f = self.field
+        launches (the weight in its constant, the 1 in its last product's). ``field``:
+        the field times ``scale`` (one factor per component) in its place, of which the
+        term is the same with each component's weights divided by its factor squared."""
+        f = self.field if field is None else field
         n, d = f.shape[:2]
         cshape = tuple(f.shape[2:])
         key = (self.regularizer_kind, cshape, self.level_pixel, float(weight), f.dtype, f.device)
+        key = key if scale is None else (*key, tuple(scale))
 
         def make():
             stencils, weights = self._regularizer_plan(cshape, f.dtype, f.device)
-            return stencils, None if weights is None else (2.0 * weight) * weights
+            if weights is None:
+                return stencils, None
+            if scale is not None:  # weights (D, T, *c): the term of f / scale
+                factors = [1.0 / s**2 for s in scale]
+                weights = weights * weights.new_tensor(factors).view(d, *[1] * (weights.dim() - 1))
+            return stencils, (2.0 * weight) * weights
 
         stencils, twice = self._constant(("regularizer-plus-one", *key), make)
         ones = self._constant(("ones", n, f.dtype, f.device), lambda: f.new_ones((n, 1, 1)))

@@ -132,11 +132,11 @@ def register_fakes_and_autograd() -> None:
     )
 
     @torch.library.register_fake("simwarp::squaring_fwd")
-    def _squaring_fwd_fake(u, steps, keep):
-        return u.new_empty(u.shape), u.new_empty((steps if keep else 0, *u.shape))
+    def _squaring_fwd_fake(v, scale, steps, keep):
+        return v.new_empty(v.shape), v.new_empty((steps if keep else 0, *v.shape))
 
     @torch.library.register_fake("simwarp::squaring_bwd")
-    def _squaring_bwd_fake(grad, saved):
+    def _squaring_bwd_fake(grad, saved, scale, base):
         return grad.new_empty(grad.shape)
 
     @torch.library.register_fake("simwarp::local_std_fwd")

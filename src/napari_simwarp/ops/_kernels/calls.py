@@ -247,27 +247,44 @@ def parzen_mutual_information(a, b, weight, bins: int, normalize: bool, value_ra
 
 class _Squarings(torch.autograd.Function):
     """``simwarp::squaring_fwd`` keeping every squaring's input (``(steps, N, D, *S)``:
-    what ``squaring_bwd`` reads) and returning the last squaring; the backward is
-    ``squaring_bwd``, one call for the whole chain."""
+    what ``squaring_bwd`` reads), returning the last squaring and the first one's input
+    ``u = scale · v`` (``saved[0]``: no copy; with no squaring, the empty stack). The
+    backward is ``squaring_bwd``, one call for the whole chain (the scale's share
+    included), which takes the gradient with respect to ``u`` from outside the squarings
+    as its ``base`` (no sum of its own)."""
 
     @staticmethod
-    def forward(ctx, u, steps):
-        out, saved = torch.ops.simwarp.squaring_fwd(u, steps, True)
+    def forward(ctx, v, steps, scale):
+        out, saved = torch.ops.simwarp.squaring_fwd(v, scale, steps, True)
         ctx.save_for_backward(saved)
-        return out
+        ctx.scale = scale
+        ctx.set_materialize_grads(False)  # no zeros for an output whose gradient is none
+        return out, saved[0] if steps else saved  # (no squaring: no input kept, an empty stack)
 
     @staticmethod
     @first_order_backward("scaling and squaring")
-    def backward(ctx, grad):
+    def backward(ctx, grad, grad_u):
         (saved,) = ctx.saved_tensors
-        return torch.ops.simwarp.squaring_bwd(grad, saved), None
+        if grad is None and grad_u is None:
+            return None, None, None
+        if grad is None:  # only u was used: nothing flows through the squarings
+            grad = torch.zeros_like(grad_u)
+        return torch.ops.simwarp.squaring_bwd(grad, saved, ctx.scale, grad_u), None, None
 
 
-def squarings(u: torch.Tensor, steps: int) -> torch.Tensor:
-    """``steps`` squarings ``u <- u + u(x + u(x))`` of ``u`` ``(N, D, *S)`` (pixels, array
-    axes), :func:`..integrate_velocity.squarings`'s twin: one ``simwarp::squaring_fwd``
-    (and, where a gradient is wanted, one ``squaring_bwd``) for the whole chain."""
-    preconditions.squaring(u, steps)
-    if torch.is_grad_enabled() and u.requires_grad:
-        return _Squarings.apply(u, int(steps))
-    return torch.ops.simwarp.squaring_fwd(u, int(steps), False)[0]
+def squarings(v: torch.Tensor, steps: int, scale=None, with_input: bool = False):
+    """``steps`` squarings ``u <- u + u(x + u(x))`` of ``u = scale · v`` (``v`` ``(N, D,
+    *S)``, pixels, array axes; ``scale``: ``D`` factors, one per component, or None),
+    :func:`..integrate_velocity.squarings`'s twin: one ``simwarp::squaring_fwd`` (and, where
+    a gradient is wanted, one ``squaring_bwd``) for the whole chain, the scaling in its
+    first squaring each way. ``with_input``: ``(the squarings, u)``, ``u`` differentiable
+    (its gradient joins the squarings' in ``squaring_bwd``); ``steps`` at least 1."""
+    preconditions.squaring(v, steps, scale)
+    factors = [] if scale is None else [float(s) for s in scale]
+    if with_input and steps < 1:
+        raise ValueError(f"squaring: with_input needs steps >= 1, got {steps}")
+    if torch.is_grad_enabled() and v.requires_grad:
+        out, u = _Squarings.apply(v, int(steps), factors)
+        return (out, u) if with_input else out
+    out, saved = torch.ops.simwarp.squaring_fwd(v, factors, int(steps), with_input)
+    return (out, saved[0]) if with_input else out

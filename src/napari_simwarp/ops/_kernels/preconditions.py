@@ -279,13 +279,18 @@ def parzen(a: torch.Tensor, b: torch.Tensor, weight, bins: int) -> None:
 SQUARING_MAX_STEPS = 30
 
 
-def squaring(u: torch.Tensor, steps: int) -> None:
+def squaring(u: torch.Tensor, steps: int, scale=None) -> None:
     """Scaling and squaring: ``u`` ``(N, 2, H, W)`` or ``(N, 3, D, H, W)``, float32 or
-    float64, ``0 <= steps <= 30`` (csrc/checks.h)."""
+    float64, ``scale`` None or one factor per component, ``0 <= steps <= 30``
+    (csrc/checks.h)."""
     floating("squaring", "u", u)
     if u.dim() not in (4, 5) or u.shape[1] != u.dim() - 2:
         raise ValueError(
             f"squaring: u must be (N, 2, H, W) or (N, 3, D, H, W), got shape {_sizes(u.shape)}"
+        )
+    if scale is not None and len(scale) != u.shape[1]:
+        raise ValueError(
+            f"squaring: scale must hold one factor per component ({u.shape[1]}), got {len(scale)}"
         )
     if not 0 <= steps <= SQUARING_MAX_STEPS:
         raise ValueError(f"squaring: steps must be between 0 and {SQUARING_MAX_STEPS}, got {steps}")
