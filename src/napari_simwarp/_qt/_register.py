@@ -68,8 +68,11 @@ if TYPE_CHECKING:
 
 MODES = {"pair (2D / 3D)": "pair", "time-lapse (drift)": "stack"}
 #: least time between two displays of snapshots (snapshots in between are merged: the
-#: screen cannot show more, and a display that fell behind starved the GUI thread)
-DISPLAY_MS = 100
+#: screen cannot show more, and a display that fell behind starved the GUI thread). Four
+#: a second: each display repaints the window 3-5 times (canvas, layer list, plot), and
+#: at ten a second a deformable run's worker took 1.3-1.6x the API's time against
+#: 1.1-1.4x at four (issue 27, bench_plugin's register_from_menu, same load)
+DISPLAY_MS = 250
 #: a run's live display starts this many ms into it: a shorter run shows its result only
 #: (see RunSettings.live_after)
 LIVE_AFTER_MS = 500
