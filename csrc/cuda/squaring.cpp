@@ -44,7 +44,7 @@ std::tuple<at::Tensor, at::Tensor> squaring_fwd(const at::Tensor& u_in,
       else  // ping-pong, the last squaring writing `out`
         outputs[k] = ((steps - 1 - k) % 2 == 0 ? out : spare).data_ptr<scalar_t>();
     }
-    // the first squaring writes its input scale · u into saved[0] (keep)
+    // the first squaring writes its input u = scale · v into saved[0] (keep)
     check_launch(launch_squaring_forward<scalar_t>(
                      u.data_ptr<scalar_t>(), squaring_scale<scalar_t>(scale.data(), scale.size()),
                      keep ? saved.data_ptr<scalar_t>() : nullptr, outputs.data(), steps, N,

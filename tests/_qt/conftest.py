@@ -80,9 +80,11 @@ def viewer(make_napari_viewer, qtbot):
 
 @pytest.fixture(autouse=True)
 def live_from_the_start(monkeypatch):
-    """The Register widget's live display from a run's first snapshot: the tests' runs
-    are short (the widget leaves a run shorter than ``LIVE_AFTER_MS`` undisplayed until
-    its result), and the live display is what many of them test."""
+    """The Register widget's live display from a run's first snapshot, ten a second: the
+    tests' runs are short (the widget leaves a run shorter than ``LIVE_AFTER_MS``
+    undisplayed until its result, and displays at most every ``DISPLAY_MS``), and the
+    live display is what many of them test."""
     from napari_simwarp._qt import _register
 
     monkeypatch.setattr(_register, "LIVE_AFTER_MS", 0)
+    monkeypatch.setattr(_register, "DISPLAY_MS", 100)

@@ -91,3 +91,45 @@ def test_an_image_larger_than_the_memory_budget_is_refused_before_it_is_read(
         read_image(path, what="moving")
     monkeypatch.setenv("SIMWARP_MEMORY_BUDGET", "16KiB")  # exactly enough
     np.testing.assert_array_equal(read_image(path, what="moving"), array)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "uint16"])
+def test_cast_note_counts_the_clipped_values_as_rounding_then_clipping_does(monkeypatch, dtype):
+    # Against the whole image rounded in float64 at once (the definition), with chunks of
+    # a few values so that several are counted, NaN and infinities among the values.
+    from napari_simwarp.io import images
+
+    monkeypatch.setattr(images, "CAST_CHUNK", 7)
+    rng = np.random.default_rng(3)
+    values = (rng.standard_normal((13, 11)) * 40000).astype(np.float32)
+    values[2, 3], values[4, 5], values[6, 7] = np.nan, np.inf, -np.inf
+    info = np.iinfo(dtype)
+    rounded = np.rint(values.astype(np.float64))
+    expected = int(np.count_nonzero((rounded < info.min) | (rounded > info.max)))
+    assert expected > 0
+    note = images.cast_note(values, dtype)
+    assert note is not None and note.startswith(f"{expected} values")
+
+
+def test_cast_note_reads_an_image_without_copying_it_whole():
+    # The note is made after a registration kept within its memory budget: no float64
+    # copy of the output (the first version peaked at 4x the image's size).
+    import tracemalloc
+
+    from napari_simwarp.io import images
+
+    values = np.linspace(-10, 300, 4 << 20, dtype=np.float32).reshape(2048, 2048)  # 16 MiB
+    tracemalloc.start()
+    try:
+        note = images.cast_note(values, "uint8")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert note is not None and "clipped" in note
+    assert peak < values.nbytes / 2  # a chunk of 4 MiB of float64 and its masks
+
+
+def test_cast_note_of_an_all_nan_image_is_none():
+    from napari_simwarp.io import images
+
+    assert images.cast_note(np.full((4, 4), np.nan, np.float32), "uint8") is None

@@ -90,29 +90,69 @@ def test_a_run_within_live_after_shows_its_result_only_and_computes_no_display(m
     )
 
 
+def test_a_quiet_first_level_keeps_its_place_on_the_similarity_curve(monkeypatch):
+    # The curve's point before the run belongs to the level the run began on (the
+    # coarsest), also when that level ended within the quiet start and so has no point
+    # of its own (the first measured point then comes from a later level).
+    from scipy import ndimage as ndi
+
+    fixed = data.camera()[128:256, 128:256]
+    moving = ndi.shift(fixed, (2.0, -1.0), order=1, mode="nearest")
+    real_snapshot = RegistrationRun._snapshot
+    state = {"quiet": True}
+
+    def snapshot(self, progress, fill):
+        state["quiet"] = int(progress.level) == 0  # the engine's coarsest level, quiet
+        return real_snapshot(self, progress, fill)
+
+    monkeypatch.setattr(RegistrationRun, "_snapshot", snapshot)
+    monkeypatch.setattr(RegistrationRun, "_quiet", lambda self, now=None: state["quiet"])
+    settings = RunSettings(
+        model="translation", levels=3, iterations=8, report_every=1, min_interval=0.0
+    )
+    run = RegistrationRun(fixed, moving, settings)
+    final = list(run.snapshots())[-1]
+    coarsest = run.levels - 1  # napari's numbering: 0 is the full resolution
+    assert final.curve.x[0] == 0 and final.curve.levels[0] == coarsest
+    assert coarsest not in final.curve.levels[1:]  # no point of its own: it was quiet
+    assert final.curve.levels[-1] == 0  # the result, at the full resolution
+
+
 def test_drift_frames_aligned_within_live_after_reach_the_first_live_shift_plot(monkeypatch):
     # The quiet start makes no display data, but the frames it aligned are on the shift
-    # plot of the first snapshot after it (not only on the final one).
+    # plot of the first snapshot after it (not only on the final one). Batches of 2
+    # frames, quiet through the whole first batch: the first live plot must hold the
+    # first batch's frames, which no later report carries.
     stack, _ = data.drifting_timelapse(frames=8, size=64)
-    calls = []
+    real_kwargs, real_snapshot = RegistrationRun._engine_kwargs, RegistrationRun._snapshot
+    monkeypatch.setattr(
+        RegistrationRun, "_engine_kwargs", lambda self: {**real_kwargs(self), "batch_size": 2}
+    )
+    state = {"quiet": True, "batches": []}
 
-    def quiet_for_two_reports(self, now=None):
-        calls.append(1)
-        return len(calls) <= 2
+    def snapshot(self, progress, fill):
+        state["quiet"] = progress.frames.start == 0  # quiet through the first batch
+        state["batches"].append((progress.frames.start, progress.frames.stop))
+        return real_snapshot(self, progress, fill)
 
-    monkeypatch.setattr(RegistrationRun, "_quiet", quiet_for_two_reports)
+    monkeypatch.setattr(RegistrationRun, "_snapshot", snapshot)
+    monkeypatch.setattr(RegistrationRun, "_quiet", lambda self, now=None: state["quiet"])
     settings = RunSettings(
         mode="stack", model="translation", iterations=5, report_every=1, min_interval=0.0
     )
     run = RegistrationRun(None, stack, settings)
-    snaps = list(run.snapshots())
+    snaps = []
+    for snap in run.snapshots():
+        if not snaps and not snap.final:
+            reported = set(state["batches"])  # the batches reported up to the first live one
+        snaps.append(snap)
     live = [s for s in snaps if not s.final]
     assert live, "no snapshot after the quiet start"
-    first = live[0]
-    shifts = run._frame_shifts.shifts
-    reached = len(first.curve.y)  # its points (finite only): frames x axes
-    assert reached >= 2 * 2  # at least the first batch's frames, both axes
-    assert np.isfinite(shifts).all()  # every frame was reached by the end
+    assert (0, 2) in reported and len(reported) >= 2  # the first batch came before, quiet
+    aligned = {frame for begin, stop in reported for frame in range(begin, stop)}
+    shown = set(np.asarray(live[0].curve.x, int).tolist())  # frames on its shift plot
+    assert aligned <= shown, (sorted(aligned), sorted(shown))
+    assert np.isfinite(run._frame_shifts.shifts).all()  # every frame, by the end
 
 
 def test_abort_ends_the_run_at_the_next_report_with_no_result():

@@ -136,7 +136,8 @@ SIMWARP_HD void squaring_forward_pixel(const T* v, T* out, int64_t i, int64_t P,
 }
 
 // The backward of one squaring at pixel i: with a (D, P) the gradient with respect to its
-// output and u (D, P) its input, adds to `into` (D, P, zeroed by the caller) pixel i's
+// output and u (D, P) its input, adds to `into` (D, P; zeroed by the caller, or for the
+// first squaring filled with scale · base) pixel i's
 // share of the gradient with respect to u: a(i) + ∂/∂u(i) of the sample position at i
 // (a gather) and, through `add(index, value)`, w · a_c(i) to every corner j the sample
 // read (a scatter: a plain += on the CPU, atomicAdd on CUDA). Each share is added times

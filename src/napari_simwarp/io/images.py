@@ -20,6 +20,7 @@ import logging
 import os
 import pathlib
 import tempfile
+import warnings
 
 import numpy as np
 
@@ -377,6 +378,10 @@ def check_output_path(
     return check_target(path, what=what, inputs=inputs, overwrite=overwrite)
 
 
+#: values rounded at a time by :func:`cast_note` (4 MiB of float64)
+CAST_CHUNK = 1 << 19
+
+
 def cast_note(image: np.ndarray, dtype) -> str | None:
     """What writing ``image`` as integer ``dtype`` loses, for the user, or None.
 
@@ -390,14 +395,28 @@ def cast_note(image: np.ndarray, dtype) -> str | None:
         return None
     values = np.asarray(image)
     info = np.iinfo(target)
-    rounded = np.rint(values.astype(np.float64))
-    clipped = int(np.count_nonzero((rounded < info.min) | (rounded > info.max)))
-    if clipped:
+    # rint is monotonic: the extremes' rounding says whether any value clips and how many
+    # grey levels there are; the values are counted (a chunk at a time: no float64 copy
+    # of the whole image, which had 4x its size at a peak) only when some clip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN image: said below
+        low, high = (float(np.rint(np.float64(f(values)))) for f in (np.nanmin, np.nanmax))
+    if np.isnan(low):
+        return None  # all NaN: nothing rounds
+    if low < info.min or high > info.max:
+        flat, clipped = values.reshape(-1), 0
+        buffer = np.empty(min(CAST_CHUNK, flat.size), np.float64)  # one, reused
+        for begin in range(0, flat.size, CAST_CHUNK):
+            chunk = flat[begin : begin + CAST_CHUNK]
+            rounded = buffer[: chunk.size]
+            np.rint(chunk, out=rounded, casting="unsafe")  # in float64 (an int64's rint too)
+            clipped += int(np.count_nonzero(rounded < info.min))
+            clipped += int(np.count_nonzero(rounded > info.max))
         return (
             f"{clipped} values ({100 * clipped / values.size:.1f}%) lie outside {target}'s "
             f"range [{info.min}, {info.max}] and are clipped to it"
         )
-    levels = int(rounded.max() - rounded.min()) + 1
+    levels = int(high - low) + 1
     if np.issubdtype(values.dtype, np.floating) and levels <= 16:
         return (
             f"the values span [{float(values.min()):.4g}, {float(values.max()):.4g}]: rounded "

@@ -85,8 +85,9 @@ def squarings(v: torch.Tensor, steps: int, scale=None, constants=None, with_inpu
 
 def torch_squarings(v: torch.Tensor, steps: int, scale=None, constants=None, with_input=False):
     """:func:`squarings` through torch's ``grid_sampler`` (the compiled op's twin and
-    fallback): the scale as one product (and its backward), then three launches per
-    squaring each way."""
+    fallback): ``v`` ``(N, D, *S)`` times ``scale`` (D factors) as one product (and its
+    backward), then three launches per squaring each way; returns the field ``(N, D, *S)``
+    (and ``u = scale · v`` with ``with_input``)."""
     if constants is None:
         constants = squaring_constants(tuple(v.shape[2:]), v.dtype, v.device, scale)
     base, mix, factors = constants

@@ -860,8 +860,9 @@ class DenseModel:
         return warped, inside
 
     def _warp_by_flow(self, moving, shape, flow):
-        """:meth:`_warp_by` a diffeomorphic flow on the control grid (control pixels),
-        interpolated to the level."""
+        """:meth:`_warp_by` a diffeomorphic flow ``(N, D, *control)`` on the control grid
+        (control pixels), interpolated to the level's ``shape``: ``(warped, in-bounds)``
+        as :meth:`warp`."""
         return self._warp_by(moving, shape, self._interpolate(flow, shape), tuple(flow.shape[2:]))
 
     def _warp_by(self, moving, shape, d, units):
@@ -882,8 +883,10 @@ class DenseModel:
         warped = grid_sample(src, grid, "linear", "nearest")
         if self.ndim == 3 or self.kind == "diffeomorphic":
             # one launch; it differs from inside_mask only at a position exactly half a
-            # pixel past the last (half-to-even), which a flow of squarings does not hit,
-            # where a given displacement of 1.5 px can
+            # pixel past the last (half-to-even): a pixel at the border's very edge, in or
+            # out, for a diffeomorphic field (a given init could land there exactly; the
+            # B-spline and 2-D paths keep the exact mask, which a test of a 1.5 px shift
+            # holds to its tie)
             return warped, self._inside_sampled(grid.detach(), shape)
         return warped, inside_mask(grid.detach(), shape, self._constants)
 
@@ -1138,9 +1141,10 @@ class DenseModel:
 
     def _regularizer_plus_one(self, weight: float, field=None, scale=None) -> torch.Tensor:
         """``1 + weight ·`` :meth:`regularizer` ``(N,)`` in :meth:`regularizer`'s
-        launches (the weight in its constant, the 1 in its last product's). ``field``:
-        the field times ``scale`` (one factor per component) in its place, of which the
-        term is the same with each component's weights divided by its factor squared."""
+        launches (the weight in its constant, the 1 in its last product's). ``field``
+        ``(N, D, *control)``: the field times ``scale`` (D factors, one per component) in
+        its place, of which the term is the same with each component's weights divided by
+        its factor squared."""
         f = self.field if field is None else field
         n, d = f.shape[:2]
         cshape = tuple(f.shape[2:])

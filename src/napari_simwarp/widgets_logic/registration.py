@@ -478,8 +478,10 @@ class RegistrationRun:
             snap.pyramid_level = self.pyramid_level(progress.level)
             new_level = self._last_report is None or self._last_report[0] != progress.level
             self._count_iterations(int(progress.level), int(progress.iteration))
-        # each level's first report measured too: a level shorter than the interval
-        # would have no point on the similarity curve
+        # Each level's first report is measured too (a level shorter than the interval
+        # would have no point on the similarity curve), except within the quiet start:
+        # the levels it spans have their curve's points at its ends only (before the
+        # run and the result, from _final_similarity).
         if self._quiet():  # nothing is shown yet: no display data made
             if self._frame_shifts is not None:
                 self._record_frames(progress)  # the live shift plot's frames, all of them
@@ -581,7 +583,9 @@ class RegistrationRun:
 
         self._measure = measure_for(result.metric)
         level = self.pyramid_level(engine_level)
-        first_level = self.similarities[0][2] if self.similarities else level
+        # the level the run began on (every report's level is kept, quiet or not; the
+        # first measured point may come from a later level, after the quiet start)
+        first_level = self.pyramid_level(self.loss_levels[0]) if self.loss_levels else level
         end = self._iteration_base + (self._last_report[1] + 1 if self._last_report else 0)
         self.similarities = [
             (0, float(result.initial_similarity), first_level),
