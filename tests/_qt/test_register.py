@@ -494,6 +494,13 @@ def test_similarity_curve_has_one_colour_per_level_named_as_napari_names_levels(
     assert f"{res.similarity:.3f}" in w._status.value
     legend = [label.text for _, label in plot._legend.items]
     assert legend == ["level 2", "1", "0 (full)"]
+    # one faint line through every point in iteration order, across the levels (a level
+    # without a point of its own still sits on the trend); not in the legend
+    trend_x, trend_y = plot._trend.getData()
+    order = np.argsort(plot.curve.x, kind="stable")
+    np.testing.assert_array_equal(trend_x, np.asarray(plot.curve.x)[order])
+    np.testing.assert_array_equal(trend_y, np.asarray(plot.values)[order])
+    assert len(legend) == len({*plot.levels})
     image = plot.grab().toImage()  # painted: axes, curves and the value, without error
     colours = {image.pixelColor(x, y).getRgb()[:3] for x in range(image.width())
                for y in range(0, image.height(), 2)}  # fmt: skip
@@ -538,6 +545,8 @@ def test_drift_plot_is_each_frames_shift_and_names_a_failed_frame(
     assert any(s.startswith("running: frame ") and s.endswith("/8") for s in statuses)
     plot = w._plot
     assert plot.curve.y_label == "shift (px)" and f"(frame {failed})" in plot.curve.now
+    trend_x, _ = plot._trend.getData()  # the axes are different quantities: not joined
+    assert trend_x is None or len(trend_x) == 0
     legend = [label.text for _, label in plot._legend.items]
     assert legend == ["y", "x"]
     shifts = w.result.shifts

@@ -35,6 +35,8 @@ def test_similarity_curve_names_levels_as_napari_does():
     assert similarity_curve([0], [0.9], [0]).name(0) == "level 0 (full)"
     assert c.x_label == "iteration (all levels)" and c.y_label == "similarity (ZNCC)"
     assert not c.log and c.now == "ZNCC 0.990"
+    # one quantity through the levels: joined across them; a drift plot's axes are not
+    assert c.joined and not shift_curve(np.zeros((3, 2))).joined
 
 
 def _shift(*t):

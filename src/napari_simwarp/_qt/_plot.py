@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import pyqtgraph as pg
+from qtpy.QtCore import Qt
 from qtpy.QtWidgets import QSizePolicy, QVBoxLayout, QWidget
 
 from ..widgets_logic.curves import Curve, snapshot_curve
@@ -23,6 +24,7 @@ from ..widgets_logic.curves import Curve, snapshot_curve
 LEVEL_COLORS = ((255, 170, 0), (0, 200, 255), (120, 230, 80), (255, 90, 200), (200, 200, 90))
 LEVEL_SYMBOLS = ("o", "s", "t", "d", "+")
 BACKGROUND = (38, 41, 48)
+DASH = Qt.PenStyle.DashLine
 
 
 def log_scale(values) -> bool:
@@ -69,6 +71,8 @@ class LossPlot(QWidget):
         self._view.hideButtons()
         self._view.showGrid(x=True, y=True, alpha=0.15)
         self._series: dict[tuple, tuple] = {}  # (key, name) -> (line, markers)
+        # behind the series (made first): see Curve.joined
+        self._trend = self._view.plot(pen=pg.mkPen((150, 150, 150), width=1, style=DASH))
         self._spare: dict[int, tuple] = {}  # key -> (line, markers) of a series gone
         # the legend in one row over the plot, beside the title (the current value, to
         # the right): inside the axes it sat on the last level's points
@@ -141,6 +145,9 @@ class LossPlot(QWidget):
             every = max(1, -(-len(idx) // curve.max_markers))
             dots.setData(x[::every], y[::every])
         self._legend.setVisible(len(series) > 1)
+        # the faint line through every point across the levels (Curve.joined)
+        order = sorted(range(len(curve.x)), key=lambda i: curve.x[i]) if curve.joined else []
+        self._trend.setData([curve.x[i] for i in order], [ys[i] for i in order])
         if curve.y_range is not None and not log:
             low = min([curve.y_range[0], *curve.y])
             high = max([curve.y_range[1], *curve.y])

@@ -43,6 +43,11 @@ class Curve:
     y_range : ``(low, high)`` the y axis spans at least; None: the values' own range
     log_allowed : a log y axis where every value is positive (losses), never (a ZNCC)
     max_markers : markers drawn per series at most (the others only joined by the line)
+    joined : also one faint line through every point in ``x`` order, across the series
+        (a pair run's similarity: one quantity through the levels, where a level run
+        within the live display's quiet start has no point of its own and its
+        neighbours' series would otherwise float unconnected); never for a drift plot's
+        axes, which are different quantities
     """
 
     x: tuple = ()
@@ -55,6 +60,7 @@ class Curve:
     log_allowed: bool = True
     max_markers: int = 12
     names: tuple = ()
+    joined: bool = False
 
     def name(self, key: int) -> str:
         """The legend's name of series ``key``."""
@@ -101,6 +107,7 @@ def similarity_curve(iterations, values, levels, measure: str = "ZNCC", now="") 
         now,
         log_allowed=False,
         names=names,
+        joined=True,
     )
 
 
