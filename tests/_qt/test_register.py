@@ -448,8 +448,18 @@ def test_live_snapshots_redraw_in_place_and_never_write_into_a_result(
         "redraw_in_place",
         lambda layer, data: in_place.append(layer.name) or real(layer, data),
     )
-    # long enough for several displays (one every DISPLAY_MS): the first live one replaces
+    # long enough for several displays (one every DISPLAY_MS, spaced further when the
+    # GUI thread is busy, as on a loaded machine; each report slowed to 20 ms, since the
+    # run may converge early): the first live one styles the layer, the second replaces
     # the previous result's array by a copy, the next ones fill that copy
+    import time
+
+    from napari_simwarp.widgets_logic.registration import RegistrationRun
+
+    real_snapshot = RegistrationRun._snapshot
+    monkeypatch.setattr(
+        RegistrationRun, "_snapshot", lambda run, *a: time.sleep(0.02) or real_snapshot(run, *a)
+    )
     w._iterations.value = 400
     _run(qtbot, w)
     assert in_place.count("moving registered") >= 1
