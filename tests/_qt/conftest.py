@@ -88,3 +88,18 @@ def live_from_the_start(monkeypatch):
 
     monkeypatch.setattr(_register, "LIVE_AFTER_MS", 0)
     monkeypatch.setattr(_register, "DISPLAY_MS", 100)
+
+
+def slow_reports(monkeypatch, seconds: float = 0.02) -> None:
+    """Each progress report of a registration run takes ``seconds`` longer: a test's short
+    run (which may also converge early) then lasts long enough for the several live
+    displays the test counts, on a busy machine too, where the displays are spaced after
+    the GUI thread's busy time."""
+    import time
+
+    from napari_simwarp.widgets_logic.registration import RegistrationRun
+
+    real = RegistrationRun._snapshot
+    monkeypatch.setattr(
+        RegistrationRun, "_snapshot", lambda run, *a: time.sleep(seconds) or real(run, *a)
+    )

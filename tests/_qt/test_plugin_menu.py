@@ -18,7 +18,7 @@ import napari_simwarp as sw
 from napari_simwarp import ops
 from napari_simwarp._qt._common import layer_by_name
 
-from .conftest import no_workers_running
+from .conftest import no_workers_running, slow_reports
 
 PLUGIN = "napari-simwarp"
 
@@ -78,9 +78,10 @@ def test_register_docked_over_two_images_takes_them_as_fixed_then_moving(shown_v
 
 
 def test_register_docked_from_the_menu_reuses_its_layers_and_keeps_the_selection(
-    shown_viewer, qtbot
+    shown_viewer, qtbot, monkeypatch
 ):
     viewer = shown_viewer
+    slow_reports(monkeypatch)  # several live displays, also on a busy machine
     viewer.open_sample(PLUGIN, "deformed_pair")
     fixed, moving = viewer.layers["fixed"], viewer.layers["moving"]
     w = _from_menu(viewer, "Register")

@@ -12,7 +12,7 @@ from napari_simwarp._qt import RegisterWidget
 from napari_simwarp._qt._plot import LEVEL_COLORS
 from napari_simwarp.registration import load_transform
 
-from .conftest import dock, no_workers_running
+from .conftest import dock, no_workers_running, slow_reports
 
 
 def _setup(viewer, fixed, moving, **values):
@@ -307,6 +307,7 @@ def test_result_layers_styled_once_then_only_data(viewer, qtbot, small_pair, mon
     w, f, m = _setup(viewer, fixed, moving, model="deformable", iterations=40)
     settings = w.settings
     w.settings = lambda: dataclasses.replace(settings(), min_interval=0.0)  # every snapshot
+    slow_reports(monkeypatch)  # several displays, also on a busy machine
     _run(qtbot, w)
     assert w.snapshots_received > 3 and w.snapshots_shown >= 2
     for name in ("moving registered", "displacement", "similarity gradient"):
@@ -448,18 +449,10 @@ def test_live_snapshots_redraw_in_place_and_never_write_into_a_result(
         "redraw_in_place",
         lambda layer, data: in_place.append(layer.name) or real(layer, data),
     )
-    # long enough for several displays (one every DISPLAY_MS, spaced further when the
-    # GUI thread is busy, as on a loaded machine; each report slowed to 20 ms, since the
-    # run may converge early): the first live one styles the layer, the second replaces
-    # the previous result's array by a copy, the next ones fill that copy
-    import time
-
-    from napari_simwarp.widgets_logic.registration import RegistrationRun
-
-    real_snapshot = RegistrationRun._snapshot
-    monkeypatch.setattr(
-        RegistrationRun, "_snapshot", lambda run, *a: time.sleep(0.02) or real_snapshot(run, *a)
-    )
+    # long enough for several displays (slow_reports): the first live one styles the
+    # layer, the second replaces the previous result's array by a copy, the next ones
+    # fill that copy
+    slow_reports(monkeypatch)
     w._iterations.value = 400
     _run(qtbot, w)
     assert in_place.count("moving registered") >= 1
