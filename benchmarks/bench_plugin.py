@@ -197,7 +197,6 @@ def register_from_menu(report, model: str = "affine", runs: int = 3, settle: flo
         print("  (no display: Register from the Plugins menu skipped; run under xvfb-run -a)")
         return
     import napari
-    from qtpy.QtCore import QTimer
     from qtpy.QtWidgets import QApplication
 
     from _harness import Row
@@ -225,15 +224,7 @@ def register_from_menu(report, model: str = "affine", runs: int = 3, settle: flo
         time.sleep(0.01)
 
     def through_widget():
-        ticks, gaps = [time.perf_counter()], []
-
-        def tick():
-            gaps.append(time.perf_counter() - ticks[-1])
-            ticks.append(time.perf_counter())
-
-        timer = QTimer()
-        timer.setInterval(10)
-        timer.timeout.connect(tick)
+        timer, _, gaps = _tick_meter()
         timer.start()
         widget._run = None
         repaints.clear()
@@ -339,7 +330,6 @@ def register_widget_vs_api(report, pairs: int = 7) -> None:
         print("  (no display: Register widget vs API skipped; run under xvfb-run -a)")
         return
     import napari
-    from qtpy.QtCore import QTimer
     from qtpy.QtWidgets import QApplication
 
     from _harness import Row
@@ -361,15 +351,7 @@ def register_widget_vs_api(report, pairs: int = 7) -> None:
     def through_widget():
         """Wall time of one run (until its last display is drawn) and the longest gap
         between two ticks of a 10 ms QTimer on the GUI thread meanwhile."""
-        ticks, gaps = [time.perf_counter()], []
-
-        def tick():
-            gaps.append(time.perf_counter() - ticks[-1])
-            ticks.append(time.perf_counter())
-
-        timer = QTimer()
-        timer.setInterval(10)
-        timer.timeout.connect(tick)
+        timer, _, gaps = _tick_meter()
         timer.start()
         start = time.perf_counter()
         widget.run()
