@@ -377,6 +377,23 @@ def _fused_with_gradients(fused, a, b, window, data_range, reduction, upstream):
     return [t.detach().cpu().double() for t in (out, a32.grad, b32.grad)]
 
 
+def _skimage_ssim_map(a, b, data_range):
+    """scikit-image's SSIM map of ``a[0, 0]`` and ``b[0, 0]`` with the fused kernels'
+    window (Gaussian, sigma 1.5, 11 taps) and population covariance; skips the test
+    where scikit-image is not installed (scripts/ci_cuda_build.sh's venv)."""
+    structural_similarity = pytest.importorskip("skimage.metrics").structural_similarity
+    _, full = structural_similarity(
+        a[0, 0],
+        b[0, 0],
+        full=True,
+        gaussian_weights=True,
+        sigma=1.5,
+        use_sample_covariance=False,
+        data_range=data_range,
+    )
+    return full
+
+
 def _float64_with_gradients(a, b, window, data_range, reduction, upstream):
     """The moment engine's pure torch path in float64 (the reference of the float32 paths)."""
     a64 = torch.as_tensor(a, dtype=torch.float64).requires_grad_()
@@ -431,22 +448,12 @@ def test_fused_ssim_matches_skimage_and_the_float32_torch_path(fused, monkeypatc
     Skipped where scikit-image is not installed (scripts/ci_cuda_build.sh's venv)."""
     from napari_simwarp.ops import _numerics
 
-    structural_similarity = pytest.importorskip("skimage.metrics").structural_similarity
-
     rng = np.random.default_rng(3)
     a, b = _microscopy_pair(rng, (1, 1, 150, 140))
     window = make_window("gaussian", (11, 11), (1.5, 1.5))
     data_range = float(max(a.max(), b.max()) - min(a.min(), b.min()))
     ours = _fused_with_gradients(fused, a, b, window, data_range, "mean", None)
-    _, full = structural_similarity(
-        a[0, 0],
-        b[0, 0],
-        full=True,
-        gaussian_weights=True,
-        sigma=1.5,
-        use_sample_covariance=False,
-        data_range=data_range,
-    )
+    full = _skimage_ssim_map(a, b, data_range)
     library, device = fused
     a32 = torch.as_tensor(a, dtype=torch.float32, device=device)
     b32 = torch.as_tensor(b, dtype=torch.float32, device=device)
@@ -493,7 +500,6 @@ def test_fused_ssim_dim_region_beside_a_bright_one(fused, monkeypatch):
     about the tiles' shifts)."""
     from napari_simwarp.ops import _numerics
 
-    structural_similarity = pytest.importorskip("skimage.metrics").structural_similarity
     rng = np.random.default_rng(13)
     shape = (48, 48)
     rows = np.arange(shape[0])[:, None] * np.ones((1, shape[1]))
@@ -507,15 +513,7 @@ def test_fused_ssim_dim_region_beside_a_bright_one(fused, monkeypatch):
     upstream = torch.as_tensor(rng.standard_normal(a.shape))
     ours = _fused_with_gradients(fused, a, b, window, 1.0, "none", upstream)
     expected = _float64_with_gradients(a, b, window, 1.0, "none", upstream)
-    _, full = structural_similarity(
-        a[0, 0],
-        b[0, 0],
-        full=True,
-        gaussian_weights=True,
-        sigma=1.5,
-        use_sample_covariance=False,
-        data_range=1.0,
-    )
+    full = _skimage_ssim_map(a, b, 1.0)
     types = _numerics.FLOAT32_MOMENT_DEVICE_TYPES | {"cpu"}
     monkeypatch.setattr(_numerics, "FLOAT32_MOMENT_DEVICE_TYPES", types)
     monkeypatch.setenv("SIMWARP_BACKEND", "torch")
