@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import numpy as np
 import pytest
@@ -382,6 +383,39 @@ def test_closing_the_widget_while_its_layers_are_added_leaves_the_window_repaint
     w.native.deleteLater()
     qtbot.waitUntil(lambda: window.updatesEnabled(), timeout=10000)
     qtbot.waitUntil(no_workers_running, timeout=30000)
+
+
+def test_a_first_runs_result_is_drawn_in_one_repaint(viewer, qtbot, small_pair, monkeypatch):
+    # Issue 27: a first run's result display gives its placeholders their first data (first
+    # draws, thumbnails), over several turns of the event loop; the window is not
+    # repainted between them (a result half drawn, 40-80 ms a repaint with software
+    # OpenGL), and repaints again once the result is shown. A later run's display, on
+    # layers already drawn, leaves the window as it is.
+    from napari_simwarp._qt import _register
+
+    monkeypatch.setattr(_register, "LIVE_AFTER_MS", 60_000)  # the result is the only display
+    fixed, moving, _ = small_pair
+    w, _f, _m = _setup(viewer, fixed, moving, model="affine", iterations=20)
+    window = weakref.ref(w.native.window())  # weakly: the viewer's teardown checks leaks
+    repainting = []  # (layer, whether the window repaints) at each result layer's data
+
+    def watch(event):
+        name = event.value.name
+        event.value.events.data.connect(
+            lambda e: repainting.append((name, window().updatesEnabled()))
+        )
+
+    viewer.layers.events.inserted.connect(watch)
+    _run(qtbot, w)
+    results = {"moving registered", "displacement", "similarity gradient"}
+    assert {name for name, _ in repainting} == results
+    assert not any(on for _, on in repainting)
+    assert window().updatesEnabled()
+    repainting.clear()
+    w._run = None
+    _run(qtbot, w)
+    assert {name for name, _ in repainting} == results
+    assert all(on for _, on in repainting)
 
 
 def test_a_run_shorter_than_live_after_shows_its_result_only(

@@ -666,6 +666,12 @@ class RegisterWidget(WorkerWidget):
         self.snapshots_received += 1
         self._waiting = snap.merged_into(self._waiting)
         if snap.final:
+            if self._reveal:
+                # This run's placeholders get their first data now: their first draws and
+                # thumbnails make the display's batches outlast one turn of the event loop,
+                # and a repaint between two (40-80 ms each with software OpenGL) showed a
+                # result half drawn. One repaint, at the result (_report_result).
+                self._freeze_window()
             self._display_waiting()
         elif not self._display_timer.isActive():
             self._display_timer.start(self._display_ms)
@@ -747,6 +753,15 @@ class RegisterWidget(WorkerWidget):
             )
             top = float(norms.max()) if norms.size else 0.0
             length = min(max(0.9 * self._run.spacing / top, 1.0), 20.0) if top > 0 else 1.0
+
+            def relength():
+                layer = layer_by_name(self._viewer, DISPLACEMENT_LAYER)
+                if layer is not None and not 2 / 3 <= layer.length / length <= 1.5:
+                    layer.length = length
+
+            # Before the arrows are assigned: a length set redraws the layer and its
+            # thumbnail (a Python loop per arrow), cheap on a placeholder's one arrow.
+            steps.append(("arrow length", relength))
             steps += self._put(
                 "vectors",
                 DISPLACEMENT_LAYER,
@@ -756,13 +771,6 @@ class RegisterWidget(WorkerWidget):
                 **VECTOR_STYLES[DISPLACEMENT_LAYER],
                 length=length,
             )
-
-            def relength():
-                layer = layer_by_name(self._viewer, DISPLACEMENT_LAYER)
-                if layer is not None and not 2 / 3 <= layer.length / length <= 1.5:
-                    layer.length = length
-
-            steps.append(("arrow length", relength))
         if snap.gradient is not None:
             steps += self._put(
                 "vectors",
@@ -812,6 +820,7 @@ class RegisterWidget(WorkerWidget):
         self._display_ms = ms
 
     def _report_result(self):
+        self._thaw_window()
         self._lag_timer.stop()
         self._set_running(False)
         if self._run is not None and self._run.result is not None:
