@@ -292,9 +292,13 @@ def register_from_menu(report, model: str = "affine", runs: int = 3, settle: flo
         f"  target (1.3 x API + 0.2 s): first {target[0]:.2f} s, warm "
         f"{', '.join(f'{t:.2f}' for t in target[1:])} s"
     )
+    import torch
+
     print(
-        f"  menu path, {model}: first {first:.2f} s (API {first_api:.2f} s), warm "
-        f"{', '.join(f'{w:.2f}' for w in warm)} s (API {', '.join(f'{a:.2f}' for a in api)} s); "
+        f"  menu path, {model}, {torch.get_num_threads()} torch thread(s) (the widgets leave "
+        f"a core to the viewer: napari_simwarp._threads): first {first:.2f} s (API "
+        f"{first_api:.2f} s), warm {', '.join(f'{w:.2f}' for w in warm)} s "
+        f"(API {', '.join(f'{a:.2f}' for a in api)} s); "
         f"pauses {', '.join(f'{p * 1000:.0f}' for p in pauses)} ms; removed {len(removed)}"
     )
     # Load-robust figures (the machine is shared): what the GUI thread spent (CPU), and

@@ -201,3 +201,23 @@ def test_kernels_cached_names_the_build_the_kernels_load_from():
 
         pytest.skip("no compiled kernels here")
     assert _common.kernels_cached()  # the session built (or found) them: conftest
+
+
+def test_a_docked_widget_leaves_a_core_to_the_viewer(viewer, monkeypatch):
+    # every widget (they share WorkerWidget) applies the thread policy when made
+    import torch
+
+    from napari_simwarp import _threads
+    from napari_simwarp._qt import RegisterWidget, SimilarityMapWidget, TemplateMatchingWidget
+
+    before = torch.get_num_threads()
+    for widget in (RegisterWidget, SimilarityMapWidget, TemplateMatchingWidget):
+        monkeypatch.setitem(_threads._state, "done", False)
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+        torch.set_num_threads(3)
+        try:
+            dock(viewer, widget(viewer))
+            assert torch.get_num_threads() == 2, widget.__name__
+        finally:
+            torch.set_num_threads(before)

@@ -675,7 +675,10 @@ class WorkerWidget(Container):
     def __init__(self):
         from qtpy.QtWidgets import QSizePolicy
 
+        from .._threads import leave_a_core_for_the_viewer
+
         super().__init__()
+        leave_a_core_for_the_viewer()  # the GUI thread's, while a worker computes
         self._worker = None
         self._closed = False
         self._teardown = None  # the destroyed callback (watch_destroyed), also run at exit
