@@ -363,7 +363,6 @@ def _two_pass_moments(padded, grid, shifts, moments, redo, window):
         Σw(a-μa)(b-μb)`` with ``μ`` the one-pass window means (float32); the first two are
         the (tiny) residuals of those means.
     centers : two Tensors ``(R,)``: ``μa, μb``.
-    deltas : two Tensors ``(R,)``: ``μ`` minus the tile's shift.
     """
     d = grid.dims
     extended = padded.shape[-d:]
@@ -390,7 +389,6 @@ def _two_pass_moments(padded, grid, shifts, moments, redo, window):
         m.reshape(-1).index_select(0, redo).div_(window.total).add_(s)
         for m, s in zip(moments[:2], tile_shifts)
     ]
-    deltas = [c - s for c, s in zip(centers, tile_shifts)]
     out = [padded.new_empty(redo.shape) for _ in range(5)]
     step = max(1, REDO_CHUNK // offsets.numel())
     for lo in range(0, redo.numel(), step):
@@ -405,7 +403,7 @@ def _two_pass_moments(padded, grid, shifts, moments, redo, window):
         torch.sum(wa.mul_(da), 1, out=out[2][lo : lo + step])
         torch.sum(wb.mul_(db), 1, out=out[3][lo : lo + step])
         torch.sum(da.mul_(db).mul_(weights), 1, out=out[4][lo : lo + step])
-    return out, centers, deltas
+    return out, centers
 
 
 def _tiled_pointwise(padded, grid, shifts, moments, window, metric, need_partials):
@@ -413,41 +411,145 @@ def _tiled_pointwise(padded, grid, shifts, moments, window, metric, need_partial
     redone two-pass in float32 from the padded images (:func:`_two_pass_moments`).
 
     ``padded`` ``(2, N, C, *(n T + k - 1))``, ``shifts`` two ``(N, C, *n, 1, ...)``,
-    ``moments`` five ``(N, C, *n, *T)`` (overwritten). Returns the map ``(N, C, *n, *T)``
-    and the partials ``(P, N, C, *n, *T)`` (or None), float32.
+    ``moments`` five ``(N, C, *n, *T)`` (overwritten). Returns the map ``(N, C, *n, *T)``,
+    the partials ``(P, N, C, *n, *T)`` (or None), float32, and the redone windows: None,
+    or their flat indices ``(R,)`` into ``(N, C, *n, *T)`` and their centres ``(2, R)``.
 
-    A redone window's moments are taken about its own mean ``μ``, so its variances come
-    out of float32 whole; the metric gets ``μ`` as the shift, and its partials are
-    converted back to moments about the tile's shift ``m``, which the backward uses (with
-    ``δ = μ - m``, a constant):
-
-        ∂F/∂M_a = ∂F/∂M'_a - 2 δ_a ∂F/∂M'_aa - δ_b ∂F/∂M'_ab    (b likewise)
+    A redone window's moments are taken about its own mean ``μ`` (its centre), so its
+    variances come out of float32 whole; the metric gets ``μ`` as the shift, and its
+    partials stay with respect to the moments about ``μ``. They are not converted back to
+    the tile's shift ``m``: ``∂F/∂M_a = ∂F/∂M'_a - 2 δ_a ∂F/∂M'_aa - δ_b ∂F/∂M'_ab`` with
+    ``δ = μ - m`` would keep a rounding error of ``u |δ| |∂F/∂M'_aa|``, as large as the
+    gradient itself in a dim region of a bright tile. The backward reads the centres
+    instead (:func:`_redo_risky_gradients`); the tile-shift adjoint pass never uses these
+    partials for a sample it keeps.
     """
     # One device sync: the index of the windows to redo (usually none, or a few).
     risky = _risky_windows(moments, window.total, metric.variance_floor)
     redo = risky.flatten().nonzero().squeeze(1)
     if redo.numel():
-        redone, centers, deltas = _two_pass_moments(padded, grid, shifts, moments, redo, window)
+        redone, centers = _two_pass_moments(padded, grid, shifts, moments, redo, window)
     out, partials = metric.pointwise(moments, shifts, window.total, need_partials)
     if not redo.numel():
-        return out, partials
+        return out, partials, None
     out_r, partials_r = metric.pointwise(redone, centers, window.total, need_partials)
     out.view(-1).index_copy_(0, redo, out_r.to(out.dtype))
     if partials is not None:
-        i_a, i_b, i_aa, i_bb, i_ab = metric.slots
-        c_aa, c_ab = metric.coefficients
-        delta_a, delta_b = deltas
-        # The metric stores ∂F/∂M_aa as c_aa/2 · partials[i_aa], ∂F/∂M_ab as c_ab · ....
-        to_a = (
-            partials_r[i_a] - c_aa * delta_a * partials_r[i_aa] - c_ab * delta_b * partials_r[i_ab]
-        )
-        to_b = (
-            partials_r[i_b] - c_aa * delta_b * partials_r[i_bb] - c_ab * delta_a * partials_r[i_ab]
-        )
-        partials_r[i_a], partials_r[i_b] = to_a, to_b
         flat = partials.view(partials.shape[0], -1)
         flat.index_copy_(1, redo, partials_r.to(partials.dtype))
-    return out, partials
+    return out, partials, (redo, torch.stack(centers))
+
+
+def _unravel(flat: torch.Tensor, shape: Sequence[int]) -> list[torch.Tensor]:
+    """Row-major coordinates of ``flat`` indices into the trailing ``shape``, and the
+    index over the leading axes first: ``[lead, i_0, ..., i_{d-1}]``."""
+    coords = []
+    for extent in reversed(shape):
+        coords.append(flat % extent)
+        flat = flat // extent
+    return [flat, *reversed(coords)]
+
+
+def _ravel(lead: torch.Tensor, coords: Sequence[torch.Tensor], shape: Sequence[int]):
+    """The inverse of :func:`_unravel`."""
+    flat = lead
+    for c, extent in zip(coords, shape):
+        flat = flat * extent + c
+    return flat
+
+
+def _redo_risky_gradients(
+    grads, padded, grid, shifts, partials, upstream, redone, window, metric, scale, impl
+):
+    """Overwrite, in place, the tile-input gradients of the samples that a redone window
+    reads with a direct sum centred on each window (float32, no cancellation).
+
+    The adjoint pass gives, for a sample ``q`` of a tile of shift ``m`` (``a_q`` its value,
+    windows ``p`` over the tile's outputs whose window holds ``q``, ``w`` their weights,
+    ``G`` the upstream gradient, ``P`` the partials about ``m``)
+
+        ∂L/∂a_q = Σ_p w G P_a(p) + c_aa (a_q - m) Σ_p w G P_aa(p) + c_ab (b_q - m_b) Σ_p ...
+
+    where ``P_a(p)`` holds ``-c_aa (μ_p - m) P_aa(p)``: both terms are ``|a_q - m|`` times
+    the variance partial, and nearly cancel where the tile's shift is far from the window
+    (a dim region beside a bright one; beside a step). The same sum about any per-window
+    centre ``c(p)`` is exact (moments about a constant: the partials change by the terms
+    that the ``(a_q - c)`` factors give back):
+
+        ∂L/∂a_q = Σ_p w G [P^c_a(p) + c_aa (a_q - c_a(p)) P_aa(p) + c_ab (b_q - c_b(p)) P_ab(p)]
+
+    With ``c(p) = μ_p`` for a redone window (its partials are about ``μ_p``,
+    :func:`_tiled_pointwise`) and ``m`` for the others (``|μ_p - m|`` within
+    ``sqrt(FLOAT32_RISK)`` of its spread), and ``a_q - c`` taken from the images as they
+    are (``padded``, not the tile-centred copy), every term is about the window's own
+    spread. The samples redone are those some redone window reads: elsewhere every window
+    in reach is within the risk bound and the adjoint pass keeps its accuracy.
+
+    Parameters
+    ----------
+    grads : two Tensors ``(N, C, *n, *(T + k - 1))`` or None: the gradients over the tiles'
+        inputs from the adjoint pass (with the factor ``scale`` of the weights), changed.
+    padded : Tensor ``(2, N, C, *(n T + k - 1))``: the images reflect-padded as they are.
+    shifts : two Tensors ``(N, C, *n, 1, ...)``: the tiles' shifts.
+    partials : Tensor ``(P, N, C, *n, *T)``: about ``m``, or about ``μ`` where redone.
+    upstream : Tensor ``(N, C, *n, *T)`` or None (a gradient of 1).
+    redone : flat indices ``(R,)`` into ``(N, C, *n, *T)`` and centres ``(2, R)``.
+    scale : float: the factor the adjoint pass put on the window's weights.
+    """
+    d, tile, sizes = grid.dims, grid.tile, window.sizes
+    inputs = [t + k - 1 for t, k in zip(tile, sizes)]
+    redo, centers = redone
+    lead = partials.shape[1:-d]  # (N, C, *n)
+    # The samples some redone window reads: the risky windows' footprint ("full" box sum of
+    # a 0/1 map, exact in float32).
+    flags = partials.new_zeros((*lead, *tile))
+    flags.view(-1).index_fill_(0, redo, 1.0)
+    reached = impl.box_sum(flags, sizes, full=True).view(-1) > 0.5
+    samples = reached.nonzero().squeeze(1)
+    del flags, reached
+    # Each window's centre: the tile's shift, or its own mean where redone.
+    cent = [s.expand(*lead, *tile).reshape(-1).clone() for s in shifts]
+    for c, mu in zip(cent, centers):
+        c.index_copy_(0, redo, mu)
+    i_a, i_b, i_aa, i_bb, i_ab = metric.slots
+    c_aa, c_ab = metric.coefficients
+    flat_p = partials.view(partials.shape[0], -1)
+    flat_g = None if upstream is None else upstream.reshape(-1)
+    images = padded.reshape(2, -1)
+    weights = _window_weights(window, partials.dtype, partials.device) * scale
+    taps = _unravel(torch.arange(weights.numel(), device=partials.device), sizes)[1:]
+    step = max(1, REDO_CHUNK // weights.numel())
+    for lo in range(0, samples.numel(), step):
+        q = samples[lo : lo + step]
+        tile_id, *s = _unravel(q, inputs)
+        # The windows p = q - j of the same tile that read q, j over the window's taps.
+        p_coords = [si[:, None] - j for si, j in zip(s, taps)]
+        inside = torch.ones_like(p_coords[0], dtype=torch.bool)
+        for c, t in zip(p_coords, tile):
+            inside &= (c >= 0) & (c < t)
+        p_coords = [c.clamp(0, t - 1) for c, t in zip(p_coords, tile)]
+        p = _ravel(tile_id[:, None], p_coords, tile)
+        w = torch.where(inside, weights, 0.0)
+        if flat_g is not None:
+            w = w * flat_g[p]
+        # The sample's place in the padded image: its tile's origin plus its position.
+        image, *tile_coords = _unravel(tile_id, grid.counts)
+        at = _ravel(
+            image, [tc * t + si for tc, t, si in zip(tile_coords, tile, s)], padded.shape[-d:]
+        )
+        del image, tile_coords
+        a_q, b_q = images[0][at][:, None], images[1][at][:, None]
+        da = a_q - cent[0][p]
+        db = b_q - cent[1][p]
+        p_ab = flat_p[i_ab][p]
+        if grads[0] is not None:
+            terms = torch.addcmul(flat_p[i_a][p], da, flat_p[i_aa][p], value=c_aa)
+            terms.addcmul_(db, p_ab, value=c_ab)
+            grads[0].view(-1).index_copy_(0, q, (terms * w).sum(1))
+        if grads[1] is not None:
+            terms = torch.addcmul(flat_p[i_b][p], db, flat_p[i_bb][p], value=c_aa)
+            terms.addcmul_(da, p_ab, value=c_ab)
+            grads[1].view(-1).index_copy_(0, q, (terms * w).sum(1))
 
 
 class _MomentMap(torch.autograd.Function):
@@ -480,10 +582,9 @@ class _MomentMap(torch.autograd.Function):
             else:
                 padded, centered, shifts = _tile_inputs(a, b, window, grid)
                 moments = impl.moments5(centered, window.taps)
-                out, partials = _tiled_pointwise(
+                out, partials, redone = _tiled_pointwise(
                     padded, grid, shifts, moments, window, metric, need_partials
                 )
-                del padded
                 out = grid.untile(out)
                 if partials is not None:  # outputs past the image must send nothing back
                     grid.zero_outside_(partials)
@@ -495,27 +596,32 @@ class _MomentMap(torch.autograd.Function):
         ctx.grid = grid
         ctx.spatial = tuple(a.shape[2:])
         if need_partials:
-            ctx.save_for_backward(centered, partials)
+            # Where windows were redone, the backward redoes the samples they read from the
+            # images as they are (:func:`_redo_risky_gradients`).
+            extra = (None,) * 5 if grid is None or redone is None else (padded, *shifts, *redone)
+            ctx.save_for_backward(centered, partials, *extra)
         return out
 
     @staticmethod
     @first_order_backward("ssim/local_ncc")
     def backward(ctx, grad_out):
-        centered, partials = ctx.saved_tensors
+        centered, partials, padded, shift_a, shift_b, redo, centers = ctx.saved_tensors
         window, metric = ctx.window, ctx.metric
+        upstream = None
         if ctx.reduction == "mean":
             # Scalar upstream gradient: 1/numel rides on the adjoint pass; g itself is
             # applied to the two final maps, and skipped when it is a CPU 1 (the usual
             # loss.backward()) to save two passes without a device sync elsewhere.
             adjoint, factor = _window_adjoint(ctx.impl, window, partials, 1.0 / ctx.numel)
+            scale = 1.0 / ctx.numel if factor == 1.0 else 1.0
             g = grad_out if factor == 1.0 else grad_out * factor
             if g.device.type == "cpu" and float(g) == 1.0:
                 g = None
         else:
             if ctx.grid is not None:
-                grad_out = ctx.grid.split(grad_out)
+                grad_out = upstream = ctx.grid.split(grad_out)
             adjoint, _ = _window_adjoint(ctx.impl, window, partials * grad_out, 1.0)
-            g = None
+            scale, g = 1.0, None
         grad_a = grad_b = None
         i_a, i_b, i_aa, i_bb, i_ab = metric.slots
         c_aa, c_ab = metric.coefficients
@@ -527,6 +633,20 @@ class _MomentMap(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_b = adjoint[i_b].addcmul_(b_c, adjoint[i_bb], value=c_aa)
             grad_b.addcmul_(a_c, adjoint[i_ab], value=c_ab)
+        if redo is not None:
+            _redo_risky_gradients(
+                (grad_a, grad_b),
+                padded,
+                ctx.grid,
+                (shift_a, shift_b),
+                partials,
+                upstream,
+                (redo, centers),
+                window,
+                metric,
+                scale,
+                ctx.impl,
+            )
         pads = centered_pads(window.sizes)
         if grad_a is not None:
             grad_a = _to_image(grad_a, ctx.grid, ctx.spatial, pads)
