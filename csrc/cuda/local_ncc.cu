@@ -33,13 +33,14 @@
 //   ∂L/∂a_q = Σ_p w(p, q) G(p) [P0'(p) − (a_q − m) P2(p) + (b_q − m_b) P4(p)]
 //   ∂L/∂b_q = Σ_p w(p, q) G(p) [P1'(p) − (b_q − m_b) P3(p) + (a_q − m) P4(p)]
 // with m q's tile's shift and P0' converted from p's centre voxel to m:
-// P0' = P0 + (a_p − m) P2 − (b_p − m_b) P4 (P1' likewise). Where a tile in reach flagged
-// a redone window, the tile's shift may be far from the windows' values and the two terms
-// in (a − m) cancel (docs/maths.md §1.3): the block then sums each voxel's gradient
-// directly about each window's centre voxel,
+// P0' = P0 + (a_p − m) P2 − (b_p − m_b) P4 (P1' likewise). Where a tile that redid a
+// window (its flag) is in reach of q's windows, the tile's shift may be far from their
+// values and the two terms in (a − m) cancel (docs/maths.md §1.3): q's gradients are then
+// summed directly about each window's centre voxel,
 //   ∂L/∂a_q = Σ_p w(p, q) G(p) [P0(p) − (a_q − a_p) P2(p) + (b_q − b_p) P4(p)],
-// w(p, q) G(p) and the maps read from L1/L2 (K taps per voxel instead of the passes' 3 k;
-// of the order of the forward's own redo of those windows). w(p, q) folds the reflection
+// (ncc_direct: w(p, q) G(p) and the maps from L1/L2, K taps per voxel instead of the
+// passes' 3 k, of the order of the forward's own redo of those windows; a flagged tile's
+// block does only that, its neighbours' blocks the passes too). w(p, q) folds the reflection
 // into the taps (ssim.cu's folded_tap), so nothing is folded afterwards. For each plane
 // of outputs p along z within the halo: load G·(P0', P1', P2, P3, P4) for the plane's
 // rows and columns within the halo into shared memory, the horizontal then vertical
@@ -229,6 +230,49 @@ __global__ void local_ncc_fwd_kernel(const float* __restrict__ a, const float* _
   }
 }
 
+// The gradients of the voxels (z0 + oz, qy, qx), oz < TZ, of one volume summed directly
+// over the windows p that read them, about each window's centre voxel (the forward's
+// partials are about it):
+//   ∂L/∂a_q = Σ_p w(p, q) G(p) [P0(p) − (a_q − a_p) P2(p) + (b_q − b_p) P4(p)]
+// and b likewise, every difference between values of one window (no tile shift to
+// cancel). ai, bi, pai: the volume's a, b and first partial map (the others `all` apart);
+// `base` the volume's offset in grad, grad_a and grad_b. No barrier.
+template <int TZ>
+__device__ __forceinline__ void ncc_direct(const float* grad, bool grad_is_scalar,
+                                           const float* ai, const float* bi, const float* pai,
+                                           float* grad_a, float* grad_b, const NccTaps& taps,
+                                           int64_t base, int64_t all, int64_t D, int64_t H,
+                                           int64_t W, int64_t z0, int64_t qy, int64_t qx) {
+  const int rz = taps.kz / 2, ry = taps.ky / 2, rx = taps.kx / 2;
+  const int64_t y_lo = qy - ry > 0 ? qy - ry : 0, y_hi = qy + ry < H - 1 ? qy + ry : H - 1;
+  const int64_t x_lo = qx - rx > 0 ? qx - rx : 0, x_hi = qx + rx < W - 1 ? qx + rx : W - 1;
+  for (int oz = 0; oz < TZ; ++oz) {
+    const int64_t qz = z0 + oz;
+    if (qz >= D) break;
+    const int64_t q = (qz * H + qy) * W + qx;
+    const float aq = ai[q], bq = bi[q];
+    const int64_t z_lo = qz - rz > 0 ? qz - rz : 0, z_hi = qz + rz < D - 1 ? qz + rz : D - 1;
+    float ga = 0.0f, gb = 0.0f;
+    for (int64_t pz = z_lo; pz <= z_hi; ++pz) {
+      const float wz = folded_tap(taps.wz, rz, D, pz, qz);
+      for (int64_t py = y_lo; py <= y_hi; ++py) {
+        const float wzy = wz * folded_tap(taps.wy, ry, H, py, qy);
+        for (int64_t px = x_lo; px <= x_hi; ++px) {
+          const int64_t p = (pz * H + py) * W + px;
+          const float w = wzy * folded_tap(taps.wx, rx, W, px, qx) *
+                          (grad_is_scalar ? grad[0] : grad[base + p]);
+          const float p4 = pai[4 * all + p];
+          const float da = aq - ai[p], db = bq - bi[p];
+          ga += w * (pai[p] - da * pai[2 * all + p] + db * p4);
+          gb += w * (pai[all + p] - db * pai[3 * all + p] + da * p4);
+        }
+      }
+    }
+    grad_a[base + q] = ga;
+    grad_b[base + q] = gb;
+  }
+}
+
 template <int TZ>
 __global__ void local_ncc_bwd_kernel(const float* __restrict__ grad, bool grad_is_scalar,
                                      const float* __restrict__ a, const float* __restrict__ b,
@@ -257,53 +301,26 @@ __global__ void local_ncc_bwd_kernel(const float* __restrict__ grad, bool grad_i
   const float* bi = b + tile.image * volume;
   const float* pai = partials + tile.image * volume;
 
-  // Whether a tile whose outputs reach this one's voxels redid a window (the same answer
-  // for every thread: the branch below is the block's).
-  bool direct = false;
-  {
-    const int64_t ez = tile.z0 + TZ - 1 + rz, ey = tile.y0 + kTile - 1 + ry;
-    const int64_t ex = tile.x0 + kTile - 1 + rx;
-    const int64_t z0 = bz > 0 ? bz : 0, z1 = ez < D - 1 ? ez : D - 1;
-    const int64_t y0 = by > 0 ? by : 0, y1 = ey < H - 1 ? ey : H - 1;
-    const int64_t x0 = bx > 0 ? bx : 0, x1 = ex < W - 1 ? ex : W - 1;
-    for (int64_t tz = z0 / TZ; tz <= z1 / TZ; ++tz)
-      for (int64_t ty = y0 / kTile; ty <= y1 / kTile; ++ty)
-        for (int64_t tx = x0 / kTile; tx <= x1 / kTile; ++tx)
-          direct = direct || flags[(tz * tiles_y + ty) * tiles_x + tx] != 0.0f;
-  }
-  if (direct) {
-    // Direct sums about each window's centre voxel p (the forward's partials are about
-    // it), no barrier:
-    //   ∂L/∂a_q = Σ_p w G [P0(p) − (a_q − a_p) P2(p) + (b_q − b_p) P4(p)],
-    // every difference between values of one window (no tile shift to cancel).
-    if (qy >= H || qx >= W) return;
+  // Whether the windows of this thread's column of voxels reach into a tile that redid a
+  // window (then the tile's shift may be far from them: the column is summed directly);
+  // all of a flagged tile's own voxels are.
+  const bool inside = qy < H && qx < W;
+  const bool own = flags[tile.index] != 0.0f;  // the same for every thread of the block
+  bool direct = own;
+  if (inside && !own) {
+    const int64_t ez = tile.z0 + TZ - 1 + rz;
+    const int64_t z_lo = bz > 0 ? bz : 0, z_hi = ez < D - 1 ? ez : D - 1;
     const int64_t y_lo = qy - ry > 0 ? qy - ry : 0, y_hi = qy + ry < H - 1 ? qy + ry : H - 1;
     const int64_t x_lo = qx - rx > 0 ? qx - rx : 0, x_hi = qx + rx < W - 1 ? qx + rx : W - 1;
-    for (int oz = 0; oz < TZ; ++oz) {
-      const int64_t qz = tile.z0 + oz;
-      if (qz >= D) break;
-      const int64_t q = (qz * H + qy) * W + qx;
-      const float aq = ai[q], bq = bi[q];
-      const int64_t z_lo = qz - rz > 0 ? qz - rz : 0, z_hi = qz + rz < D - 1 ? qz + rz : D - 1;
-      float ga = 0.0f, gb = 0.0f;
-      for (int64_t pz = z_lo; pz <= z_hi; ++pz) {
-        const float wz = folded_tap(taps.wz, rz, D, pz, qz);
-        for (int64_t py = y_lo; py <= y_hi; ++py) {
-          const float wzy = wz * folded_tap(taps.wy, ry, H, py, qy);
-          for (int64_t px = x_lo; px <= x_hi; ++px) {
-            const int64_t p = (pz * H + py) * W + px;
-            const float w = wzy * folded_tap(taps.wx, rx, W, px, qx) *
-                            (grad_is_scalar ? grad[0] : grad[tile.image * volume + p]);
-            const float p4 = pai[4 * all + p];
-            const float da = aq - ai[p], db = bq - bi[p];
-            ga += w * (pai[p] - da * pai[2 * all + p] + db * p4);
-            gb += w * (pai[all + p] - db * pai[3 * all + p] + da * p4);
-          }
-        }
-      }
-      grad_a[tile.image * volume + q] = ga;
-      grad_b[tile.image * volume + q] = gb;
-    }
+    for (int64_t tz = z_lo / TZ; tz <= z_hi / TZ; ++tz)
+      for (int64_t ty = y_lo / kTile; ty <= y_hi / kTile; ++ty)
+        for (int64_t tx = x_lo / kTile; tx <= x_hi / kTile; ++tx)
+          direct = direct || flags[(tz * tiles_y + ty) * tiles_x + tx] != 0.0f;
+  }
+  if (own) {  // no barrier below for the block
+    if (inside)
+      ncc_direct<TZ>(grad, grad_is_scalar, ai, bi, pai, grad_a, grad_b, taps,
+                     tile.image * volume, all, D, H, W, tile.z0, qy, qx);
     return;
   }
 
@@ -360,7 +377,12 @@ __global__ void local_ncc_bwd_kernel(const float* __restrict__ grad, bool grad_i
   }
 
   // 4. The gradients.
-  if (qy >= H || qx >= W) return;
+  if (!inside) return;
+  if (direct) {
+    ncc_direct<TZ>(grad, grad_is_scalar, ai, bi, pai, grad_a, grad_b, taps,
+                   tile.image * volume, all, D, H, W, tile.z0, qy, qx);
+    return;
+  }
 #pragma unroll
   for (int oz = 0; oz < TZ; ++oz) {
     const int64_t qz = tile.z0 + oz;

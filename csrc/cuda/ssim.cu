@@ -36,12 +36,13 @@
 //   ∂L/∂a_q = Σ_p w(p, q) G(p) [pa'(p) − 2 (a_q − m) pv(p) + (b_q − m_b) pc(p)]
 // and the same for b with a and b swapped; m is the block's own tile's shift and pa' is
 // pa converted from p's centre pixel to m (the moments about them differ by constants):
-// pa' = pa + 2 (a_p − m) pv − (b_p − m_b) pc. Where a tile in reach flagged a redone
-// window, m may be far from the windows' values and the two terms in (a − m) cancel
-// (docs/maths.md §1.3): the block then sums each pixel's gradient directly about each
+// pa' = pa + 2 (a_p − m) pv − (b_p − m_b) pc. Where a tile that redid a window (its flag)
+// is in reach of q's windows, m may be far from their values and the two terms in
+// (a − m) cancel (docs/maths.md §1.3): q's gradients are then summed directly about each
 // window's centre pixel, ∂L/∂a_q = Σ_p w G [pa(p) − 2 (a_q − a_p) pv(p) + (b_q − b_p) pc(p)]
-// (w G and the maps read from L1/L2: k² taps per pixel instead of the passes' 2 k, of the
-// order of the forward's own redo of those windows). w(p, q) folds the
+// (ssim_direct: w G and the maps from L1/L2, k² taps per pixel instead of the passes' 2 k,
+// of the order of the forward's own redo of those windows; a flagged tile's block does
+// only that, its neighbours' blocks the passes too). w(p, q) folds the
 // reflection into the taps: the sum of the taps that put pixel q (directly or mirrored)
 // into the window of output p, so no padded gradient buffer is folded afterwards. Every p
 // whose window reaches q, mirrored or not, lies within the halo of q's tile, so:
@@ -200,6 +201,39 @@ __global__ void ssim_fwd_kernel(const float* __restrict__ a, const float* __rest
   partials[3 * all + at] = a1 * r2;
 }
 
+// The gradients of pixel q = (qy, qx) of one image summed directly over the windows p
+// that read it, about each window's centre pixel (the forward's partials are about it):
+//   ∂L/∂a_q = Σ_p w(p, q) G(p) [pa(p) − 2 (a_q − a_p) pv(p) + (b_q − b_p) pc(p)]
+// and b likewise, every difference between values of one window (no tile shift to
+// cancel). ai, bi, pai: the image's a, b and first partial map (the others `all` apart);
+// `base` the image's offset in grad, grad_a and grad_b. No barrier.
+__device__ __forceinline__ void ssim_direct(const float* grad, bool grad_is_scalar,
+                                            const float* ai, const float* bi,
+                                            const float* pai, float* grad_a, float* grad_b,
+                                            const SsimTaps& taps, int64_t base, int64_t all,
+                                            int64_t H, int64_t W, int64_t qy, int64_t qx) {
+  const int ry = taps.ky / 2, rx = taps.kx / 2;
+  const int64_t q = qy * W + qx;
+  const float aq = ai[q], bq = bi[q];
+  const int64_t y_lo = qy - ry > 0 ? qy - ry : 0, y_hi = qy + ry < H - 1 ? qy + ry : H - 1;
+  const int64_t x_lo = qx - rx > 0 ? qx - rx : 0, x_hi = qx + rx < W - 1 ? qx + rx : W - 1;
+  float ga = 0.0f, gb = 0.0f;
+  for (int64_t py = y_lo; py <= y_hi; ++py) {
+    const float wy = folded_tap(taps.wy, ry, H, py, qy);
+    for (int64_t px = x_lo; px <= x_hi; ++px) {
+      const int64_t p = py * W + px;
+      const float w = wy * folded_tap(taps.wx, rx, W, px, qx) *
+                      (grad_is_scalar ? grad[0] : grad[base + p]);
+      const float pv = pai[2 * all + p], pc = pai[3 * all + p];
+      const float da = aq - ai[p], db = bq - bi[p];
+      ga += w * (pai[p] - 2.0f * da * pv + db * pc);
+      gb += w * (pai[all + p] - 2.0f * db * pv + da * pc);
+    }
+  }
+  grad_a[base + q] = ga;
+  grad_b[base + q] = gb;
+}
+
 __global__ void ssim_bwd_kernel(const float* __restrict__ grad, bool grad_is_scalar,
                                 const float* __restrict__ a, const float* __restrict__ b,
                                 const float* __restrict__ partials,
@@ -222,45 +256,25 @@ __global__ void ssim_bwd_kernel(const float* __restrict__ grad, bool grad_is_sca
   const float* bi = b + tile.image * plane;
   const float* pai = partials + tile.image * plane;
 
-  // Whether a tile whose outputs reach this one's pixels redid a window (the same answer
-  // for every thread: the branch below is the block's).
-  bool direct = false;
-  {
-    const int64_t py0 = tile.y0 - ry > 0 ? tile.y0 - ry : 0;
-    const int64_t py1 = tile.y0 + kTile - 1 + ry < H - 1 ? tile.y0 + kTile - 1 + ry : H - 1;
-    const int64_t px0 = tile.x0 - rx > 0 ? tile.x0 - rx : 0;
-    const int64_t px1 = tile.x0 + kTile - 1 + rx < W - 1 ? tile.x0 + kTile - 1 + rx : W - 1;
-    for (int64_t ty = py0 / kTile; ty <= py1 / kTile; ++ty)
-      for (int64_t tx = px0 / kTile; tx <= px1 / kTile; ++tx)
-        direct = direct || flags[ty * tiles_x + tx] != 0.0f;
-  }
-  if (direct) {
-    // Direct sums about each window's centre pixel p (the forward's partials are about
-    // it), no barrier:
-    //   ∂L/∂a_q = Σ_p w G [pa(p) − 2 (a_q − a_p) pv(p) + (b_q − b_p) pc(p)],
-    // every difference between values of one window (no tile shift to cancel).
-    const int ly = t / kTile, ox = t % kTile;
-    const int64_t qy = tile.y0 + ly, qx = tile.x0 + ox;
-    if (qy >= H || qx >= W) return;
-    const int64_t q = qy * W + qx;
-    const float aq = ai[q], bq = bi[q];
+  // Whether the windows of this thread's pixel q reach into a tile that redid a window
+  // (then the tile's shift may be far from them: q is summed directly); all of a flagged
+  // tile's own pixels are.
+  const int ly = t / kTile, ox = t % kTile;
+  const int64_t qy = tile.y0 + ly, qx = tile.x0 + ox;
+  const bool inside = qy < H && qx < W;
+  const bool own = flags[tile.index] != 0.0f;  // the same for every thread of the block
+  bool direct = own;
+  if (inside && !own) {
     const int64_t y_lo = qy - ry > 0 ? qy - ry : 0, y_hi = qy + ry < H - 1 ? qy + ry : H - 1;
     const int64_t x_lo = qx - rx > 0 ? qx - rx : 0, x_hi = qx + rx < W - 1 ? qx + rx : W - 1;
-    float ga = 0.0f, gb = 0.0f;
-    for (int64_t py = y_lo; py <= y_hi; ++py) {
-      const float wy = folded_tap(taps.wy, ry, H, py, qy);
-      for (int64_t px = x_lo; px <= x_hi; ++px) {
-        const int64_t p = py * W + px;
-        const float w = wy * folded_tap(taps.wx, rx, W, px, qx) *
-                        (grad_is_scalar ? grad[0] : grad[tile.image * plane + p]);
-        const float pv = pai[2 * all + p], pc = pai[3 * all + p];
-        const float da = aq - ai[p], db = bq - bi[p];
-        ga += w * (pai[p] - 2.0f * da * pv + db * pc);
-        gb += w * (pai[all + p] - 2.0f * db * pv + da * pc);
-      }
-    }
-    grad_a[tile.image * plane + q] = ga;
-    grad_b[tile.image * plane + q] = gb;
+    for (int64_t ty = y_lo / kTile; ty <= y_hi / kTile; ++ty)
+      for (int64_t tx = x_lo / kTile; tx <= x_hi / kTile; ++tx)
+        direct = direct || flags[ty * tiles_x + tx] != 0.0f;
+  }
+  if (own) {  // no barrier below for the block
+    if (inside)
+      ssim_direct(grad, grad_is_scalar, ai, bi, pai, grad_a, grad_b, taps, tile.image * plane,
+                  all, H, W, qy, qx);
     return;
   }
 
@@ -293,9 +307,12 @@ __global__ void ssim_bwd_kernel(const float* __restrict__ grad, bool grad_is_sca
   __syncthreads();
 
   // 3. Vertical adjoint pass and the gradients.
-  const int ly = t / kTile, ox = t % kTile;
-  const int64_t qy = tile.y0 + ly, qx = tile.x0 + ox;
-  if (qy >= H || qx >= W) return;
+  if (!inside) return;
+  if (direct) {
+    ssim_direct(grad, grad_is_scalar, ai, bi, pai, grad_a, grad_b, taps, tile.image * plane,
+                all, H, W, qy, qx);
+    return;
+  }
   float q[4];
   adjoint_column<4, kTile>(rows, rows_plane, taps.wy, ry, H, tile.y0 - ry, qy, ox, q);
   const int64_t at = tile.image * plane + qy * W + qx;
