@@ -440,29 +440,11 @@ def _tiled_pointwise(padded, grid, shifts, moments, window, metric, need_partial
     return out, partials, (redo, torch.stack(centers))
 
 
-def _unravel(flat: torch.Tensor, shape: Sequence[int]) -> list[torch.Tensor]:
-    """Row-major coordinates of ``flat`` indices into the trailing ``shape``, and the
-    index over the leading axes first: ``[lead, i_0, ..., i_{d-1}]``."""
-    coords = []
-    for extent in reversed(shape):
-        coords.append(flat % extent)
-        flat = flat // extent
-    return [flat, *reversed(coords)]
-
-
-def _ravel(lead: torch.Tensor, coords: Sequence[torch.Tensor], shape: Sequence[int]):
-    """The inverse of :func:`_unravel`."""
-    flat = lead
-    for c, extent in zip(coords, shape):
-        flat = flat * extent + c
-    return flat
-
-
 def _redo_risky_gradients(
-    grads, padded, grid, shifts, partials, upstream, redone, window, metric, scale, impl
+    grads, padded, grid, shifts, partials, upstream, redone, window, metric, scale
 ):
-    """Overwrite, in place, the tile-input gradients of the samples that a redone window
-    reads with a direct sum centred on each window (float32, no cancellation).
+    """Overwrite, in place, the tile-input gradients of the tiles that redid a window with
+    direct sums centred on each window (float32, no cancellation).
 
     The adjoint pass gives, for a sample ``q`` of a tile of shift ``m`` (``a_q`` its value,
     windows ``p`` over the tile's outputs whose window holds ``q``, ``w`` their weights,
@@ -482,8 +464,10 @@ def _redo_risky_gradients(
     :func:`_tiled_pointwise`) and ``m`` for the others (``|μ_p - m|`` within
     ``sqrt(FLOAT32_RISK)`` of its spread), and ``a_q - c`` taken from the images as they
     are (``padded``, not the tile-centred copy), every term is about the window's own
-    spread. The samples redone are those some redone window reads: elsewhere every window
-    in reach is within the risk bound and the adjoint pass keeps its accuracy.
+    spread. Every sample that a redone window reads lies in its tile's input, so the tiles
+    that redid a window are summed this way, whole: one term per window tap, over those
+    tiles at once (``Π k`` element-wise passes over them); elsewhere every window in reach
+    is within the risk bound and the adjoint pass keeps its accuracy.
 
     Parameters
     ----------
@@ -497,59 +481,45 @@ def _redo_risky_gradients(
     scale : float: the factor the adjoint pass put on the window's weights.
     """
     d, tile, sizes = grid.dims, grid.tile, window.sizes
-    inputs = [t + k - 1 for t, k in zip(tile, sizes)]
     redo, centers = redone
     lead = partials.shape[1:-d]  # (N, C, *n)
-    # The samples some redone window reads: the risky windows' footprint ("full" box sum of
-    # a 0/1 map, exact in float32).
-    flags = partials.new_zeros((*lead, *tile))
-    flags.view(-1).index_fill_(0, redo, 1.0)
-    reached = impl.box_sum(flags, sizes, full=True).view(-1) > 0.5
-    samples = reached.nonzero().squeeze(1)
-    del flags, reached
-    # Each window's centre: the tile's shift, or its own mean where redone.
-    cent = [s.expand(*lead, *tile).reshape(-1).clone() for s in shifts]
-    for c, mu in zip(cent, centers):
-        c.index_copy_(0, redo, mu)
+    per_out = math.prod(tile)
+    # The tiles that redid a window, flat over (N, C, *n).
+    chosen = torch.unique(redo // per_out)
+
+    def outputs(x):  # (..., N, C, *n, *T') -> (..., chosen, *T'), the chosen tiles' maps
+        flat = x.reshape(*x.shape[: x.dim() - 2 * d - 2], -1, *x.shape[x.dim() - d :])
+        return flat.index_select(flat.dim() - d - 1, chosen)
+
+    # Each window's centre: its tile's shift, or its own mean where redone.
+    cent = []
+    for shift, mu in zip(shifts, centers):
+        c = shift.expand(*lead, *tile).reshape(-1).clone()
+        cent.append(outputs(c.index_copy_(0, redo, mu).view(*lead, *tile)))
+    maps = outputs(partials)
+    g = None if upstream is None else outputs(upstream)
+    a_in, b_in = (outputs(grid.tiles(x)) for x in padded)  # (chosen, *(T + k - 1))
     i_a, i_b, i_aa, i_bb, i_ab = metric.slots
     c_aa, c_ab = metric.coefficients
-    flat_p = partials.view(partials.shape[0], -1)
-    flat_g = None if upstream is None else upstream.reshape(-1)
-    images = padded.reshape(2, -1)
-    weights = _window_weights(window, partials.dtype, partials.device) * scale
-    taps = _unravel(torch.arange(weights.numel(), device=partials.device), sizes)[1:]
-    step = max(1, REDO_CHUNK // weights.numel())
-    for lo in range(0, samples.numel(), step):
-        q = samples[lo : lo + step]
-        tile_id, *s = _unravel(q, inputs)
-        # The windows p = q - j of the same tile that read q, j over the window's taps.
-        p_coords = [si[:, None] - j for si, j in zip(s, taps)]
-        inside = torch.ones_like(p_coords[0], dtype=torch.bool)
-        for c, t in zip(p_coords, tile):
-            inside &= (c >= 0) & (c < t)
-        p_coords = [c.clamp(0, t - 1) for c, t in zip(p_coords, tile)]
-        p = _ravel(tile_id[:, None], p_coords, tile)
-        w = torch.where(inside, weights, 0.0)
-        if flat_g is not None:
-            w = w * flat_g[p]
-        # The sample's place in the padded image: its tile's origin plus its position.
-        image, *tile_coords = _unravel(tile_id, grid.counts)
-        at = _ravel(
-            image, [tc * t + si for tc, t, si in zip(tile_coords, tile, s)], padded.shape[-d:]
-        )
-        del image, tile_coords
-        a_q, b_q = images[0][at][:, None], images[1][at][:, None]
-        da = a_q - cent[0][p]
-        db = b_q - cent[1][p]
-        p_ab = flat_p[i_ab][p]
-        if grads[0] is not None:
-            terms = torch.addcmul(flat_p[i_a][p], da, flat_p[i_aa][p], value=c_aa)
-            terms.addcmul_(db, p_ab, value=c_ab)
-            grads[0].view(-1).index_copy_(0, q, (terms * w).sum(1))
-        if grads[1] is not None:
-            terms = torch.addcmul(flat_p[i_b][p], db, flat_p[i_bb][p], value=c_aa)
-            terms.addcmul_(da, p_ab, value=c_ab)
-            grads[1].view(-1).index_copy_(0, q, (terms * w).sum(1))
+    out = [None if x is None else a_in.new_zeros(a_in.shape) for x in grads]
+    for taps in itertools.product(*[range(k) for k in sizes]):
+        weight = math.prod(w[j] for w, j in zip(window.taps, taps)) * scale
+        # The windows p read the samples q = p + j: a shifted view of each tile's input.
+        at = (Ellipsis, *[slice(j, j + t) for j, t in zip(taps, tile)])
+        da = a_in[at] - cent[0]
+        db = b_in[at] - cent[1]
+        if out[0] is not None:
+            terms = torch.addcmul(maps[i_a], da, maps[i_aa], value=c_aa)
+            terms.addcmul_(db, maps[i_ab], value=c_ab)
+            out[0][at].add_(terms.mul_(weight if g is None else g * weight))
+        if out[1] is not None:
+            terms = torch.addcmul(maps[i_b], db, maps[i_bb], value=c_aa)
+            terms.addcmul_(da, maps[i_ab], value=c_ab)
+            out[1][at].add_(terms.mul_(weight if g is None else g * weight))
+    for grad, redone_grad in zip(grads, out):
+        if grad is not None:
+            flat = grad.view(-1, *redone_grad.shape[1:])
+            flat.index_copy_(0, chosen, redone_grad)
 
 
 class _MomentMap(torch.autograd.Function):
@@ -645,7 +615,6 @@ class _MomentMap(torch.autograd.Function):
                 window,
                 metric,
                 scale,
-                ctx.impl,
             )
         pads = centered_pads(window.sizes)
         if grad_a is not None:
