@@ -47,7 +47,9 @@ regions beside bright ones coarser than the data), and ``m`` becomes a per-tile 
 ``(N, C, *n, 1, ...)``;
 the work runs in the tiled layout and only the final map is untiled. Tiles where float32
 could still cancel (:func:`_risky_windows`) are redone two-pass in float32, about their own
-means, as the fused CUDA kernels do (docs/maths.md §1.3): no float64 on the device.
+means, as the fused CUDA kernels do (docs/maths.md §1.3): no float64 on the device. The
+backward of the tiles that redid a window is summed about each window's centre
+(:func:`_redo_risky_gradients`): about the tile's shift its terms cancel there too.
 """
 
 from __future__ import annotations
