@@ -176,9 +176,8 @@ inline void ssim_fwd(const at::Tensor& a, const at::Tensor& b, at::ArrayRef<doub
                 max_taps, ", got ", sizes);
 }
 
-// Its backward: grad one value or a's shape, partials (4, ...a), shifts (3, images, tiles
-// along H, tiles along W: the tiles' shifts of a and b, and their redo flags), all float32
-// on a's device.
+// Its backward: grad one value or a's shape, partials (4, ...a), shifts (2, images, tiles
+// along H, tiles along W), all float32 on a's device.
 inline void ssim_bwd(const at::Tensor& grad, const at::Tensor& a, const at::Tensor& b,
                      const at::Tensor& partials, const at::Tensor& shifts,
                      at::ArrayRef<double> taps, at::IntArrayRef sizes, int64_t max_taps,
@@ -192,7 +191,7 @@ inline void ssim_bwd(const at::Tensor& grad, const at::Tensor& a, const at::Tens
   shape("ssim_bwd", {"partials", partials}, four);
   const int64_t H = a.size(-2), W = a.size(-1), images = H * W ? a.numel() / (H * W) : 0;
   shape("ssim_bwd", {"shifts", shifts},
-        {3, images, (H + tile - 1) / tile, (W + tile - 1) / tile});
+        {2, images, (H + tile - 1) / tile, (W + tile - 1) / tile});
 }
 
 // The fused local NCC (CUDA only, cuda/local_ncc.cpp): a and b (..., H, W) or (..., D, H,
@@ -215,9 +214,8 @@ inline void local_ncc_fwd(const at::Tensor& a, const at::Tensor& b, at::ArrayRef
                 max_taps, ", got ", sizes);
 }
 
-// Its backward: grad one value or a's shape, partials (5, ...a), shifts (3, images, tiles
-// along D, H and W: the tiles' shifts of a and b, and their redo flags), all float32 on
-// a's device.
+// Its backward: grad one value or a's shape, partials (5, ...a), shifts (2, images, tiles
+// along D, H and W), all float32 on a's device.
 inline void local_ncc_bwd(const at::Tensor& grad, const at::Tensor& a, const at::Tensor& b,
                           const at::Tensor& partials, const at::Tensor& shifts,
                           at::ArrayRef<double> taps, at::IntArrayRef sizes, int64_t max_taps,

@@ -38,30 +38,3 @@ def microscopy(rng: np.random.Generator, shape, offset=1000.0, noise=5.0, backgr
     blobs = ndi.gaussian_filter(blobs, 3.0)
     blobs *= 400.0 / max(blobs.max(), 1e-12)
     return offset + smooth + blobs + rng.normal(0.0, noise, shape)
-
-
-def dim_stripe(rng: np.random.Generator, shape=(48, 48)) -> tuple[np.ndarray, np.ndarray]:
-    """A dim stripe (a ramp from 10 to 50, noise 0.7, 11 columns wide from column 16) in a
-    60000 field (noise 5), and ``b = a`` plus noise 0.5; float32 values held in float64.
-
-    The tiles of the GPU's float32 moment engine that hold the stripe are centred on ~35000,
-    far from the dim windows' values: their moments and gradients about the tile's shift
-    cancel there (ops/_moments.py).
-    """
-    rows = np.arange(shape[0])[:, None] * np.ones((1, shape[1]))
-    a = np.full(shape, 60000.0) + rng.standard_normal(shape) * 5
-    dim = 10 + 40 * rows / (shape[0] - 1) + rng.standard_normal(shape) * 0.7
-    a[:, 16:27] = dim[:, 16:27]
-    b = a + rng.standard_normal(shape) * 0.5
-    return a.astype(np.float32).astype(np.float64), b.astype(np.float32).astype(np.float64)
-
-
-def step(rng: np.random.Generator, shape, at: int, low=1000.0, high=3000.0, noise=0.5):
-    """A step from ``low`` to ``high`` at column ``at`` with Gaussian noise, and ``b = a``
-    plus noise ``noise``; float32 values held in float64. Windows on either side hold a sum
-    of squares about their tile's shift ~10^6 times their variance."""
-    a = np.full(shape, low)
-    a[..., at:] = high
-    a = (a + rng.standard_normal(shape) * noise).astype(np.float32).astype(np.float64)
-    b = (a + rng.standard_normal(shape) * noise).astype(np.float32).astype(np.float64)
-    return a, b

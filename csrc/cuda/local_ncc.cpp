@@ -43,7 +43,7 @@ std::array<int64_t, 4> volumes(const at::Tensor& a, at::IntArrayRef sizes) {
 
 std::vector<int64_t> shift_shape(const std::array<int64_t, 4>& v, int kz) {
   const int64_t tz = ncc_tile_z(v[1], kz);
-  return {3, v[0], ncc_tiles(v[1], tz), ncc_tiles(v[2], kNccTile), ncc_tiles(v[3], kNccTile)};
+  return {2, v[0], ncc_tiles(v[1], tz), ncc_tiles(v[2], kNccTile), ncc_tiles(v[3], kNccTile)};
 }
 
 }  // namespace
@@ -107,8 +107,8 @@ SIMWARP_CUDA_ONLY_SCHEMAS(m) {
   // Fused local NCC of (..., H, W) or (..., D, H, W) float32 images, SciPy "reflect"
   // padding, taps concatenated per axis (odd sizes, at most 25), inv_total = 1 / the
   // window's weight sum, flat_factor the flat rule's level: returns (map, partials (5, ...),
-  // shifts (3, images, tiles_z, tiles_y, tiles_x): the tiles' shifts of a and b and their
-  // redo flags); the last two empty unless need_partials.
+  // shifts (2, images, tiles_z, tiles_y, tiles_x)); the last two empty unless
+  // need_partials.
   m.def("local_ncc_fwd(Tensor a, Tensor b, float[] taps, int[] sizes, float inv_total, float flat_factor, bool need_partials) -> (Tensor, Tensor, Tensor)");
   // Gradients (grad_a, grad_b) from grad (one value, or the map's shape) and the forward's.
   m.def("local_ncc_bwd(Tensor grad, Tensor a, Tensor b, Tensor partials, Tensor shifts, float[] taps, int[] sizes) -> (Tensor, Tensor)");

@@ -14,33 +14,23 @@
 //   3. per output, the metric in registers. A window whose sum of squares about m
 //      exceeds FLOAT32_RISK (128) times its variance is redone two-pass from the images
 //      themselves (global memory, through L1/L2: rare): its mean μ, then the moments
-//      about μ, and it sets its tile's flag (the third plane of `shifts`).
-//   The partials of every window are taken about its centre voxel (a_p, b_p), which the
-//   backward reads back from the volumes: with da = μa − a_p (from the centred moments,
-//   or from μ − a_p where redone: differences of nearby values, no tile shift in them).
+//      about μ; its partials are converted back to moments about m (δ = μ - m):
+//        p_a ← p_a + δ_a ρ/Va − δ_b r,  p_b ← p_b + δ_b ρ/Vb − δ_a r.
 // Traffic: reads a and b once (the input boxes' overlap from L2; the shift's pass too),
-// writes the map, 5 partial maps and three floats per tile: 8 floats per voxel.
+// writes the map, 5 partial maps and two floats per tile: 8 floats per voxel.
 //
 // With the moments M about m (sums for a box, total n; weighted means for a Gaussian,
 // n = 1), Va = M_aa − M_a²/n, Vb likewise, C = M_ab − M_a M_b / n, flat = Va <= f M_aa or
 // Vb <= f M_bb (f = ops/_numerics.flat_threshold_factor), r = (Va Vb)^-½ (0 when flat),
-// ρ = C r (the map clamps it to [-1, 1]), and the partials about the centre voxel
-//   P0 = da ρ/Va − r db,  P1 = db ρ/Vb − r da,  P2 = ρ/Va,  P3 = ρ/Vb,  P4 = r
-// (∂ρ/∂M_a, ∂ρ/∂M_b about (a_p, b_p), −2 ∂ρ/∂M_aa, −2 ∂ρ/∂M_bb, ∂ρ/∂M_ab; 1/V = 0 when
-// flat; M_a about a_p is n da).
+// ρ = C r (the map clamps it to [-1, 1]), and the partials
+//   P0 = (M_a ρ/Va − r M_b)/n,  P1 = (M_b ρ/Vb − r M_a)/n,  P2 = ρ/Va,  P3 = ρ/Vb,  P4 = r
+// (∂ρ/∂M_a, ∂ρ/∂M_b, −2 ∂ρ/∂M_aa, −2 ∂ρ/∂M_bb, ∂ρ/∂M_ab; 1/V = 0 when flat).
 //
 // Backward, one block per tile of input voxels q (the same grid), G = upstream gradient:
 //   ∂L/∂a_q = Σ_p w(p, q) G(p) [P0'(p) − (a_q − m) P2(p) + (b_q − m_b) P4(p)]
 //   ∂L/∂b_q = Σ_p w(p, q) G(p) [P1'(p) − (b_q − m_b) P3(p) + (a_q − m) P4(p)]
-// with m q's tile's shift and P0' converted from p's centre voxel to m:
-// P0' = P0 + (a_p − m) P2 − (b_p − m_b) P4 (P1' likewise). Where a tile that redid a
-// window (its flag) is in reach of q's windows, the tile's shift may be far from their
-// values and the two terms in (a − m) cancel (docs/maths.md §1.3): q's gradients are then
-// summed directly about each window's centre voxel,
-//   ∂L/∂a_q = Σ_p w(p, q) G(p) [P0(p) − (a_q − a_p) P2(p) + (b_q − b_p) P4(p)],
-// (ncc_direct: w(p, q) G(p) and the maps from L1/L2, K taps per voxel instead of the
-// passes' 3 k, of the order of the forward's own redo of those windows; a flagged tile's
-// block does only that, its neighbours' blocks the passes too). w(p, q) folds the reflection
+// with m q's tile's shift and P0' converted from the shift of p's tile, m_p:
+// P0' = P0 + (m_p − m) P2 − (m_b,p − m_b) P4 (P1' likewise). w(p, q) folds the reflection
 // into the taps (ssim.cu's folded_tap), so nothing is folded afterwards. For each plane
 // of outputs p along z within the halo: load G·(P0', P1', P2, P3, P4) for the plane's
 // rows and columns within the halo into shared memory, the horizontal then vertical
@@ -126,8 +116,6 @@ __global__ void local_ncc_fwd_kernel(const float* __restrict__ a, const float* _
   if (t == 0 && shifts != nullptr) {
     shifts[tile.image * per_image + tile.index] = shift_a;
     shifts[(images + tile.image) * per_image + tile.index] = shift_b;
-    // The tile's flag: 0 until a window of it is redone (step 3, after the barriers).
-    shifts[(2 * images + tile.image) * per_image + tile.index] = 0.0f;
   }
 
   // 2. The moments, plane by plane of the box.
@@ -178,16 +166,15 @@ __global__ void local_ncc_fwd_kernel(const float* __restrict__ a, const float* _
     if (gz >= D) break;
     float sa = acc[oz][0], sb = acc[oz][1], saa = acc[oz][2], sbb = acc[oz][3],
           sab = acc[oz][4];
+    float delta_a = 0.0f, delta_b = 0.0f;
     const float va1 = saa - sa * sa * inv_total, vb1 = sbb - sb * sb * inv_total;
     const bool risky = saa > kRisk * va1 || sbb > kRisk * vb1;
-    // The partials are taken about the window's centre voxel (a_p, b_p), which the
-    // backward reads back from the volumes: da = μa − a_p, db = μb − b_p.
-    const int64_t p = (gz * H + gy) * W + gx;
-    float da = sa * inv_total - (ai[p] - shift_a), db = sb * inv_total - (bi[p] - shift_b);
     if (risky) {
       // Two-pass from the volumes themselves: differences from the window's mean round
       // no coarser than the data (from the centred plane they would keep its rounding).
       const float center_a = shift_a + sa * inv_total, center_b = shift_b + sb * inv_total;
+      delta_a = center_a - shift_a;
+      delta_b = center_b - shift_b;
       float m[5] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
       for (int k = 0; k < taps.kz; ++k) {
         const int64_t z = reflect(gz - rz + k, D);
@@ -205,9 +192,6 @@ __global__ void local_ncc_fwd_kernel(const float* __restrict__ a, const float* _
       saa = m[2];
       sbb = m[3];
       sab = m[4];
-      // center − a_p from the volumes themselves: exact where they are close.
-      da = (center_a - ai[p]) + sa * inv_total;
-      db = (center_b - bi[p]) + sb * inv_total;
     }
     const float va = saa - sa * sa * inv_total, vb = sbb - sb * sb * inv_total;
     const float cov = sab - sa * sb * inv_total;
@@ -218,58 +202,17 @@ __global__ void local_ncc_fwd_kernel(const float* __restrict__ a, const float* _
     const int64_t at = tile.image * volume + (gz * H + gy) * W + gx;
     map[at] = rho < -1.0f ? -1.0f : (rho > 1.0f ? 1.0f : rho);  // as clamp_
     if (partials == nullptr) continue;
-    // A redone window flags its tile: the backward sums the gradients of the voxels in its
-    // reach directly, about each window's centre voxel.
-    if (risky) shifts[(2 * images + tile.image) * per_image + tile.index] = 1.0f;
     const float p2 = rho * inv_va, p3 = rho * inv_vb;
-    partials[at] = da * p2 - db * r;
-    partials[all + at] = db * p3 - da * r;
+    float p0 = (sa * p2 - r * sb) * inv_total, p1 = (sb * p3 - r * sa) * inv_total;
+    if (risky) {  // to moments about the tile's shift
+      p0 += delta_a * p2 - delta_b * r;
+      p1 += delta_b * p3 - delta_a * r;
+    }
+    partials[at] = p0;
+    partials[all + at] = p1;
     partials[2 * all + at] = p2;
     partials[3 * all + at] = p3;
     partials[4 * all + at] = r;
-  }
-}
-
-// The gradients of the voxels (z0 + oz, qy, qx), oz < TZ, of one volume summed directly
-// over the windows p that read them, about each window's centre voxel (the forward's
-// partials are about it):
-//   ∂L/∂a_q = Σ_p w(p, q) G(p) [P0(p) − (a_q − a_p) P2(p) + (b_q − b_p) P4(p)]
-// and b likewise, every difference between values of one window (no tile shift to
-// cancel). ai, bi, pai: the volume's a, b and first partial map (the others `all` apart);
-// `base` the volume's offset in grad, grad_a and grad_b. No barrier.
-template <int TZ>
-__device__ __forceinline__ void ncc_direct(const float* grad, bool grad_is_scalar,
-                                           const float* ai, const float* bi, const float* pai,
-                                           float* grad_a, float* grad_b, const NccTaps& taps,
-                                           int64_t base, int64_t all, int64_t D, int64_t H,
-                                           int64_t W, int64_t z0, int64_t qy, int64_t qx) {
-  const int rz = taps.kz / 2, ry = taps.ky / 2, rx = taps.kx / 2;
-  const int64_t y_lo = qy - ry > 0 ? qy - ry : 0, y_hi = qy + ry < H - 1 ? qy + ry : H - 1;
-  const int64_t x_lo = qx - rx > 0 ? qx - rx : 0, x_hi = qx + rx < W - 1 ? qx + rx : W - 1;
-  for (int oz = 0; oz < TZ; ++oz) {
-    const int64_t qz = z0 + oz;
-    if (qz >= D) break;
-    const int64_t q = (qz * H + qy) * W + qx;
-    const float aq = ai[q], bq = bi[q];
-    const int64_t z_lo = qz - rz > 0 ? qz - rz : 0, z_hi = qz + rz < D - 1 ? qz + rz : D - 1;
-    float ga = 0.0f, gb = 0.0f;
-    for (int64_t pz = z_lo; pz <= z_hi; ++pz) {
-      const float wz = folded_tap(taps.wz, rz, D, pz, qz);
-      for (int64_t py = y_lo; py <= y_hi; ++py) {
-        const float wzy = wz * folded_tap(taps.wy, ry, H, py, qy);
-        for (int64_t px = x_lo; px <= x_hi; ++px) {
-          const int64_t p = (pz * H + py) * W + px;
-          const float w = wzy * folded_tap(taps.wx, rx, W, px, qx) *
-                          (grad_is_scalar ? grad[0] : grad[base + p]);
-          const float p4 = pai[4 * all + p];
-          const float da = aq - ai[p], db = bq - bi[p];
-          ga += w * (pai[p] - da * pai[2 * all + p] + db * p4);
-          gb += w * (pai[all + p] - db * pai[3 * all + p] + da * p4);
-        }
-      }
-    }
-    grad_a[base + q] = ga;
-    grad_b[base + q] = gb;
   }
 }
 
@@ -291,38 +234,12 @@ __global__ void local_ncc_bwd_kernel(const float* __restrict__ grad, bool grad_i
   const Tile tile = block_tile<TZ>(tiles_z, tiles_y, tiles_x);
   const int64_t volume = D * H * W, all = images * volume;
   const int64_t per_image = tiles_z * tiles_y * tiles_x;
-  const float m_a = shifts[tile.image * per_image + tile.index];
-  const float m_b = shifts[(images + tile.image) * per_image + tile.index];
-  const float* flags = shifts + (2 * images + tile.image) * per_image;
+  const float* shifts_a = shifts + tile.image * per_image;
+  const float* shifts_b = shifts + (images + tile.image) * per_image;
+  const float m_a = shifts_a[tile.index], m_b = shifts_b[tile.index];
   const int64_t bz = tile.z0 - rz, by = tile.y0 - ry, bx = tile.x0 - rx;
   const int ly = t / kTile, lx = t % kTile;
   const int64_t qy = tile.y0 + ly, qx = tile.x0 + lx;
-  const float* ai = a + tile.image * volume;
-  const float* bi = b + tile.image * volume;
-  const float* pai = partials + tile.image * volume;
-
-  // Whether the windows of this thread's column of voxels reach into a tile that redid a
-  // window (then the tile's shift may be far from them: the column is summed directly);
-  // all of a flagged tile's own voxels are.
-  const bool inside = qy < H && qx < W;
-  const bool own = flags[tile.index] != 0.0f;  // the same for every thread of the block
-  bool direct = own;
-  if (inside && !own) {
-    const int64_t ez = tile.z0 + TZ - 1 + rz;
-    const int64_t z_lo = bz > 0 ? bz : 0, z_hi = ez < D - 1 ? ez : D - 1;
-    const int64_t y_lo = qy - ry > 0 ? qy - ry : 0, y_hi = qy + ry < H - 1 ? qy + ry : H - 1;
-    const int64_t x_lo = qx - rx > 0 ? qx - rx : 0, x_hi = qx + rx < W - 1 ? qx + rx : W - 1;
-    for (int64_t tz = z_lo / TZ; tz <= z_hi / TZ; ++tz)
-      for (int64_t ty = y_lo / kTile; ty <= y_hi / kTile; ++ty)
-        for (int64_t tx = x_lo / kTile; tx <= x_hi / kTile; ++tx)
-          direct = direct || flags[(tz * tiles_y + ty) * tiles_x + tx] != 0.0f;
-  }
-  if (own) {  // no barrier below for the block
-    if (inside)
-      ncc_direct<TZ>(grad, grad_is_scalar, ai, bi, pai, grad_a, grad_b, taps,
-                     tile.image * volume, all, D, H, W, tile.z0, qy, qx);
-    return;
-  }
 
   float acc[TZ][5];
 #pragma unroll
@@ -343,9 +260,8 @@ __global__ void local_ncc_bwd_kernel(const float* __restrict__ grad, bool grad_i
         const float g = grad_is_scalar ? grad[0] : grad[at];
         const float p2 = partials[2 * all + at], p3 = partials[3 * all + at];
         const float p4 = partials[4 * all + at];
-        // From the window's centre voxel to the tile's shift (within the window's spread:
-        // no window in reach was redone).
-        const float da = a[at] - m_a, db = b[at] - m_b;
+        const int64_t p_tile = ((pz / TZ) * tiles_y + py / kTile) * tiles_x + px / kTile;
+        const float da = shifts_a[p_tile] - m_a, db = shifts_b[p_tile] - m_b;
         x[0] = g * (partials[at] + da * p2 - db * p4);
         x[1] = g * (partials[all + at] + db * p3 - da * p4);
         x[2] = g * p2;
@@ -377,12 +293,7 @@ __global__ void local_ncc_bwd_kernel(const float* __restrict__ grad, bool grad_i
   }
 
   // 4. The gradients.
-  if (!inside) return;
-  if (direct) {
-    ncc_direct<TZ>(grad, grad_is_scalar, ai, bi, pai, grad_a, grad_b, taps,
-                   tile.image * volume, all, D, H, W, tile.z0, qy, qx);
-    return;
-  }
+  if (qy >= H || qx >= W) return;
 #pragma unroll
   for (int oz = 0; oz < TZ; ++oz) {
     const int64_t qz = tile.z0 + oz;

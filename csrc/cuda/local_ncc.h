@@ -37,7 +37,7 @@ inline int64_t ncc_tile_z(int64_t D, int kz) { return D == 1 && kz == 1 ? 1 : kN
 
 // Forward over `images` volumes (D, H, W) of a and b (D = 1 for 2-D images): map (images,
 // D, H, W); when partials is not null, the five partial maps (5, images, D, H, W) and the
-// tiles' shifts and redo flags (3, images, tiles_z, tiles_y, tiles_x) the backward reads. inv_total is
+// tiles' shifts (2, images, tiles_z, tiles_y, tiles_x) the backward reads. inv_total is
 // 1 / (the window's weight sum), flat_factor the relative level below which a variance
 // counts as 0 (ops/_numerics.py).
 cudaError_t launch_local_ncc_fwd(const float* a, const float* b, float* map, float* partials,

@@ -37,7 +37,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ssim_fwd(const at::Tensor& a_in,
   four.insert(four.begin(), 4);
   at::Tensor map = at::empty(a.sizes(), a.options());
   at::Tensor partials = at::empty(need_partials ? four : std::vector<int64_t>{0}, a.options());
-  at::Tensor shifts = at::empty(need_partials ? std::vector<int64_t>{3, images, ssim_tiles(H), ssim_tiles(W)}
+  at::Tensor shifts = at::empty(need_partials ? std::vector<int64_t>{2, images, ssim_tiles(H), ssim_tiles(W)}
                                               : std::vector<int64_t>{0},
                                 a.options());
   if (images == 0) return {map, partials.zero_(), shifts.zero_()};
@@ -80,8 +80,7 @@ std::tuple<at::Tensor, at::Tensor> ssim_bwd(const at::Tensor& grad_in, const at:
 SIMWARP_CUDA_ONLY_SCHEMAS(m) {
   // Fused 2-D Gaussian SSIM of (..., H, W) float32 images, SciPy "reflect" padding, taps
   // concatenated per axis (odd sizes, at most 31): returns (map, partials (4, ...),
-  // shifts (3, images, tiles_y, tiles_x): the tiles' shifts of a and b and their redo
-  // flags); the last two empty unless need_partials.
+  // shifts (2, images, tiles_y, tiles_x)); the last two empty unless need_partials.
   m.def("ssim_fwd(Tensor a, Tensor b, float[] taps, int[] sizes, float c1, float c2, bool need_partials) -> (Tensor, Tensor, Tensor)");
   // Gradients (grad_a, grad_b) from grad (one value, or the map's shape) and the forward's.
   m.def("ssim_bwd(Tensor grad, Tensor a, Tensor b, Tensor partials, Tensor shifts, float[] taps, int[] sizes) -> (Tensor, Tensor)");

@@ -15,34 +15,26 @@
 //      images themselves in global memory (L2), about its own mean: the differences then
 //      round no coarser than the data, as in ops/_moments.py and cuda/local_ncc.cu (from
 //      the centred copy they would keep the spacing of |a − m|, coarse in a dim region
-//      beside a bright one); it sets its tile's flag (the third plane of `shifts`).
+//      beside a bright one); its first moments are then taken back to the tile's shift.
 // Traffic: reads a and b once (plus halos, and the windows of risky outputs, from L2),
-// writes the map, 4 partial maps and three floats per tile: 7 floats per pixel.
+// writes the map, 4 partial maps and two floats per tile: 7 floats per pixel.
 //
 // With M the window moments of the centred images (M_a = W⋆(a − m), ...), μ = M_a + m,
 // σa² = M_aa − M_a², σab = M_ab − M_a M_b, A1 = 2μaμb + C1, B1 = μa² + μb² + C1,
 // A2 = 2σab + C2, B2 = σa² + σb² + C2, S = A1 A2 / (B1 B2), r = 1 / (B1 B2), the
-// partials of S with respect to the moments about the window's centre pixel (a_p, b_p)
-// (da = μa − a_p, db = μb − b_p: from M_a − (a_p − m), or from μ − a_p where redone) are
-//   pa = 2r (μb A2 − μa B2 S + da B1 S − db A1)     (∂S/∂M_a, the others held)
-//   pb = 2r (μa A2 − μb B2 S + db B1 S − da A1)
+// partials of S with respect to (M_a, M_b, M_aa = M_bb, M_ab) are stored as
+//   pa = 2r (μb A2 − μa B2 S + M_a B1 S − M_b A1)     (∂S/∂M_a, the others held)
+//   pb = 2r (μa A2 − μb B2 S + M_b B1 S − M_a A1)
 //   pv = S / B2 = −∂S/∂σ² = −∂S/∂M_aa = −∂S/∂M_bb
 //   pc = 2 A1 r = ∂S/∂σab = ∂S/∂M_ab
-// (in terms of moments about a value of the window, small numbers, not of the plain
-// moments, whose partials cancel; the backward reads a_p, b_p back from the images).
+// (in terms of M, small numbers, not of the plain moments, whose partials cancel).
 //
 // Backward, one block per 16 x 16 tile of input pixels q (the same grid: the output of a
 // "same" filter has the image's shape), with G = upstream gradient:
 //   ∂L/∂a_q = Σ_p w(p, q) G(p) [pa'(p) − 2 (a_q − m) pv(p) + (b_q − m_b) pc(p)]
 // and the same for b with a and b swapped; m is the block's own tile's shift and pa' is
-// pa converted from p's centre pixel to m (the moments about them differ by constants):
-// pa' = pa + 2 (a_p − m) pv − (b_p − m_b) pc. Where a tile that redid a window (its flag)
-// is in reach of q's windows, m may be far from their values and the two terms in
-// (a − m) cancel (docs/maths.md §1.3): q's gradients are then summed directly about each
-// window's centre pixel, ∂L/∂a_q = Σ_p w G [pa(p) − 2 (a_q − a_p) pv(p) + (b_q − b_p) pc(p)]
-// (ssim_direct: w G and the maps from L1/L2, k² taps per pixel instead of the passes' 2 k,
-// of the order of the forward's own redo of those windows; a flagged tile's block does
-// only that, its neighbours' blocks the passes too). w(p, q) folds the
+// pa converted from the shift of p's tile, m_p, to m (the moments about m and m_p differ
+// by constants): pa' = pa − 2 (m − m_p) pv + (m_b − m_b,p) pc. w(p, q) folds the
 // reflection into the taps: the sum of the taps that put pixel q (directly or mirrored)
 // into the window of output p, so no padded gradient buffer is folded afterwards. Every p
 // whose window reaches q, mirrored or not, lies within the halo of q's tile, so:
@@ -116,12 +108,9 @@ __global__ void ssim_fwd_kernel(const float* __restrict__ a, const float* __rest
   const int64_t cols_in = (last_x - (tile.x0 - rx) + 1) < RX ? last_x - (tile.x0 - rx) + 1 : RX;
   const float count = static_cast<float>(rows_in * cols_in);
   const float shift_a = scratch[0] / count, shift_b = scratch[kThreadsPerTile] / count;
-  const int64_t per_image = tiles_y * tiles_x;
   if (t == 0 && shifts != nullptr) {
-    shifts[tile.image * per_image + tile.index] = shift_a;
-    shifts[(images + tile.image) * per_image + tile.index] = shift_b;
-    // The tile's flag: 0 until a window of it is redone (step 4, after the barriers).
-    shifts[(2 * images + tile.image) * per_image + tile.index] = 0.0f;
+    shifts[tile.image * tiles_y * tiles_x + tile.index] = shift_a;
+    shifts[(images + tile.image) * tiles_y * tiles_x + tile.index] = shift_b;
   }
   // 2. Centre (the zeros past the padded image stay zeros).
   for (int e = t; e < RY * RX; e += kThreadsPerTile) {
@@ -148,12 +137,7 @@ __global__ void ssim_fwd_kernel(const float* __restrict__ a, const float* __rest
   float va = mxx - mx * mx, vb = myy - my * my, cov = mxy - mx * my;
   const float floor = 0.5f * c2;
   float mua = mx + shift_a, mub = my + shift_b;
-  // The partials are taken about the window's centre pixel (a_p, b_p), which the backward
-  // reads back from the images: da = μa − a_p, db = μb − b_p (within the window's spread).
-  const int centre = (ly + ry) * RX + ox + rx;
-  float da = mx - in_a[centre], db = my - in_b[centre];
-  const bool risky = mxx > kRisk * (va + floor) || myy > kRisk * (vb + floor);
-  if (risky) {
+  if (mxx > kRisk * (va + floor) || myy > kRisk * (vb + floor)) {
     // Two-pass from the images themselves (the reflection applied to the index), about
     // the window's mean as the one pass found it: the centred copy in shared memory holds
     // a − m rounded to the spacing of |a − m|, coarser than the data wherever the tile's
@@ -177,11 +161,9 @@ __global__ void ssim_fwd_kernel(const float* __restrict__ a, const float* __rest
     cov = m[4] - m[0] * m[1];
     mua = ca + m[0];
     mub = cb + m[1];
-    // About the centre pixel from the images themselves: ca − a_p is exact where they are
-    // close (not through a − m, which keeps the spacing of |a − m|).
-    const int64_t p = gy * W + gx;
-    da = (ca - ai[p]) + m[0];
-    db = (cb - bi[p]) + m[1];
+    // The partials below take the first moments about the tile's shift (the backward's).
+    mx = mua - shift_a;
+    my = mub - shift_b;
   }
   const float a1 = 2.0f * mua * mub + c1, b1 = mua * mua + mub * mub + c1;
   const float a2 = 2.0f * cov + c2, b2 = va + vb + c2;
@@ -190,48 +172,12 @@ __global__ void ssim_fwd_kernel(const float* __restrict__ a, const float* __rest
   const int64_t at = tile.image * plane + gy * W + gx;
   map[at] = s;
   if (partials == nullptr) return;
-  // A redone window flags its tile: the backward sums the gradients of the pixels in its
-  // reach directly, about each window's centre pixel.
-  if (risky) shifts[(2 * images + tile.image) * per_image + tile.index] = 1.0f;
   const int64_t all = images * plane;
   const float r2 = 2.0f * r;
-  partials[at] = r2 * (mub * a2 - mua * b2 * s + da * b1 * s - db * a1);
-  partials[all + at] = r2 * (mua * a2 - mub * b2 * s + db * b1 * s - da * a1);
+  partials[at] = r2 * (mub * a2 - mua * b2 * s + mx * b1 * s - my * a1);
+  partials[all + at] = r2 * (mua * a2 - mub * b2 * s + my * b1 * s - mx * a1);
   partials[2 * all + at] = s / b2;
   partials[3 * all + at] = a1 * r2;
-}
-
-// The gradients of pixel q = (qy, qx) of one image summed directly over the windows p
-// that read it, about each window's centre pixel (the forward's partials are about it):
-//   ∂L/∂a_q = Σ_p w(p, q) G(p) [pa(p) − 2 (a_q − a_p) pv(p) + (b_q − b_p) pc(p)]
-// and b likewise, every difference between values of one window (no tile shift to
-// cancel). ai, bi, pai: the image's a, b and first partial map (the others `all` apart);
-// `base` the image's offset in grad, grad_a and grad_b. No barrier.
-__device__ __forceinline__ void ssim_direct(const float* grad, bool grad_is_scalar,
-                                            const float* ai, const float* bi,
-                                            const float* pai, float* grad_a, float* grad_b,
-                                            const SsimTaps& taps, int64_t base, int64_t all,
-                                            int64_t H, int64_t W, int64_t qy, int64_t qx) {
-  const int ry = taps.ky / 2, rx = taps.kx / 2;
-  const int64_t q = qy * W + qx;
-  const float aq = ai[q], bq = bi[q];
-  const int64_t y_lo = qy - ry > 0 ? qy - ry : 0, y_hi = qy + ry < H - 1 ? qy + ry : H - 1;
-  const int64_t x_lo = qx - rx > 0 ? qx - rx : 0, x_hi = qx + rx < W - 1 ? qx + rx : W - 1;
-  float ga = 0.0f, gb = 0.0f;
-  for (int64_t py = y_lo; py <= y_hi; ++py) {
-    const float wy = folded_tap(taps.wy, ry, H, py, qy);
-    for (int64_t px = x_lo; px <= x_hi; ++px) {
-      const int64_t p = py * W + px;
-      const float w = wy * folded_tap(taps.wx, rx, W, px, qx) *
-                      (grad_is_scalar ? grad[0] : grad[base + p]);
-      const float pv = pai[2 * all + p], pc = pai[3 * all + p];
-      const float da = aq - ai[p], db = bq - bi[p];
-      ga += w * (pai[p] - 2.0f * da * pv + db * pc);
-      gb += w * (pai[all + p] - 2.0f * db * pv + da * pc);
-    }
-  }
-  grad_a[base + q] = ga;
-  grad_b[base + q] = gb;
 }
 
 __global__ void ssim_bwd_kernel(const float* __restrict__ grad, bool grad_is_scalar,
@@ -249,34 +195,9 @@ __global__ void ssim_bwd_kernel(const float* __restrict__ grad, bool grad_is_sca
   const int t = threadIdx.x;
   const Tile tile = block_tile(tiles_y, tiles_x);
   const int64_t plane = H * W, all = images * plane, per_image = tiles_y * tiles_x;
-  const float m_a = shifts[tile.image * per_image + tile.index];
-  const float m_b = shifts[(images + tile.image) * per_image + tile.index];
-  const float* flags = shifts + (2 * images + tile.image) * per_image;
-  const float* ai = a + tile.image * plane;
-  const float* bi = b + tile.image * plane;
-  const float* pai = partials + tile.image * plane;
-
-  // Whether the windows of this thread's pixel q reach into a tile that redid a window
-  // (then the tile's shift may be far from them: q is summed directly); all of a flagged
-  // tile's own pixels are.
-  const int ly = t / kTile, ox = t % kTile;
-  const int64_t qy = tile.y0 + ly, qx = tile.x0 + ox;
-  const bool inside = qy < H && qx < W;
-  const bool own = flags[tile.index] != 0.0f;  // the same for every thread of the block
-  bool direct = own;
-  if (inside && !own) {
-    const int64_t y_lo = qy - ry > 0 ? qy - ry : 0, y_hi = qy + ry < H - 1 ? qy + ry : H - 1;
-    const int64_t x_lo = qx - rx > 0 ? qx - rx : 0, x_hi = qx + rx < W - 1 ? qx + rx : W - 1;
-    for (int64_t ty = y_lo / kTile; ty <= y_hi / kTile; ++ty)
-      for (int64_t tx = x_lo / kTile; tx <= x_hi / kTile; ++tx)
-        direct = direct || flags[ty * tiles_x + tx] != 0.0f;
-  }
-  if (own) {  // no barrier below for the block
-    if (inside)
-      ssim_direct(grad, grad_is_scalar, ai, bi, pai, grad_a, grad_b, taps, tile.image * plane,
-                  all, H, W, qy, qx);
-    return;
-  }
+  const float* shifts_a = shifts + tile.image * per_image;
+  const float* shifts_b = shifts + (images + tile.image) * per_image;
+  const float m_a = shifts_a[tile.index], m_b = shifts_b[tile.index];
 
   // 1. The weighted partial maps of every output whose window reaches the tile.
   for (int e = t; e < in_plane; e += kThreadsPerTile) {
@@ -286,11 +207,10 @@ __global__ void ssim_bwd_kernel(const float* __restrict__ grad, bool grad_is_sca
       const int64_t at = tile.image * plane + py * W + px;
       const float g = grad_is_scalar ? grad[0] : grad[at];
       const float pv = partials[2 * all + at], pc = partials[3 * all + at];
-      // From the window's centre pixel to the tile's shift (within the window's spread:
-      // no window in reach was redone).
-      const float da = a[at] - m_a, db = b[at] - m_b;
-      xa = g * (partials[at] + 2.0f * da * pv - db * pc);
-      xb = g * (partials[all + at] + 2.0f * db * pv - da * pc);
+      const int64_t p_tile = (py / kTile) * tiles_x + px / kTile;
+      const float da = m_a - shifts_a[p_tile], db = m_b - shifts_b[p_tile];
+      xa = g * (partials[at] - 2.0f * da * pv + db * pc);
+      xb = g * (partials[all + at] - 2.0f * db * pv + da * pc);
       xv = g * pv;
       xc = g * pc;
     }
@@ -307,12 +227,9 @@ __global__ void ssim_bwd_kernel(const float* __restrict__ grad, bool grad_is_sca
   __syncthreads();
 
   // 3. Vertical adjoint pass and the gradients.
-  if (!inside) return;
-  if (direct) {
-    ssim_direct(grad, grad_is_scalar, ai, bi, pai, grad_a, grad_b, taps, tile.image * plane,
-                all, H, W, qy, qx);
-    return;
-  }
+  const int ly = t / kTile, ox = t % kTile;
+  const int64_t qy = tile.y0 + ly, qx = tile.x0 + ox;
+  if (qy >= H || qx >= W) return;
   float q[4];
   adjoint_column<4, kTile>(rows, rows_plane, taps.wy, ry, H, tile.y0 - ry, qy, ox, q);
   const int64_t at = tile.image * plane + qy * W + qx;

@@ -32,7 +32,7 @@ inline int64_t ssim_tiles(int64_t n) { return (n + kSsimTile - 1) / kSsimTile; }
 
 // Forward over `images` images (H, W) each of a and b: map (images, H, W); when
 // partials is not null, the four partial maps (4, images, H, W) and the tiles' shifts
-// and redo flags (3, images, tiles_y, tiles_x) the backward reads.
+// (2, images, tiles_y, tiles_x) the backward reads.
 cudaError_t launch_ssim_fwd(const float* a, const float* b, float* map, float* partials,
                             float* shifts, const SsimTaps& taps, int64_t images, int64_t H,
                             int64_t W, float c1, float c2, cudaStream_t stream);

@@ -59,17 +59,10 @@ def _calls(rng):
     a, b = _offset_images(rng)
     spatial = a.shape[2:]
     template = a.detach()[:, :, 20:31, 14:23].clone().requires_grad_()
-    # A dim stripe in a bright field: windows redone two-pass, forward and backward.
-    dim_a, dim_b = (
-        torch.tensor(x, dtype=torch.float32)[None, None].requires_grad_()
-        for x in images.dim_stripe(rng)
-    )
     return {
         "local_std": lambda: ops.local_std(a, window=7),
         "local_ncc": lambda: ops.local_ncc(a, b, window=7),
         "ssim": lambda: ops.ssim(a, b, data_range=1000.0),
-        "local_ncc_redone": lambda: ops.local_ncc(dim_a, dim_b, window=5),
-        "ssim_redone": lambda: ops.ssim(dim_a, dim_b),
         "ncc": lambda: ops.ncc(a, b),
         "match_template": lambda: ops.match_template(a, template),
         "mutual_information": lambda: ops.mutual_information(a, b),
@@ -91,8 +84,6 @@ OPERATORS = [
     "local_std",
     "local_ncc",
     "ssim",
-    "local_ncc_redone",
-    "ssim_redone",
     "ncc",
     "match_template",
     "mutual_information",

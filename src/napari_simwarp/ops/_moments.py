@@ -47,9 +47,7 @@ regions beside bright ones coarser than the data), and ``m`` becomes a per-tile 
 ``(N, C, *n, 1, ...)``;
 the work runs in the tiled layout and only the final map is untiled. Tiles where float32
 could still cancel (:func:`_risky_windows`) are redone two-pass in float32, about their own
-means, as the fused CUDA kernels do (docs/maths.md §1.3): no float64 on the device. The
-backward of the tiles that redid a window is summed about each window's centre
-(:func:`_redo_risky_gradients`): about the tile's shift its terms cancel there too.
+means, as the fused CUDA kernels do (docs/maths.md §1.3): no float64 on the device.
 """
 
 from __future__ import annotations
@@ -365,6 +363,7 @@ def _two_pass_moments(padded, grid, shifts, moments, redo, window):
         Σw(a-μa)(b-μb)`` with ``μ`` the one-pass window means (float32); the first two are
         the (tiny) residuals of those means.
     centers : two Tensors ``(R,)``: ``μa, μb``.
+    deltas : two Tensors ``(R,)``: ``μ`` minus the tile's shift.
     """
     d = grid.dims
     extended = padded.shape[-d:]
@@ -391,6 +390,7 @@ def _two_pass_moments(padded, grid, shifts, moments, redo, window):
         m.reshape(-1).index_select(0, redo).div_(window.total).add_(s)
         for m, s in zip(moments[:2], tile_shifts)
     ]
+    deltas = [c - s for c, s in zip(centers, tile_shifts)]
     out = [padded.new_empty(redo.shape) for _ in range(5)]
     step = max(1, REDO_CHUNK // offsets.numel())
     for lo in range(0, redo.numel(), step):
@@ -405,7 +405,7 @@ def _two_pass_moments(padded, grid, shifts, moments, redo, window):
         torch.sum(wa.mul_(da), 1, out=out[2][lo : lo + step])
         torch.sum(wb.mul_(db), 1, out=out[3][lo : lo + step])
         torch.sum(da.mul_(db).mul_(weights), 1, out=out[4][lo : lo + step])
-    return out, centers
+    return out, centers, deltas
 
 
 def _tiled_pointwise(padded, grid, shifts, moments, window, metric, need_partials):
@@ -413,115 +413,41 @@ def _tiled_pointwise(padded, grid, shifts, moments, window, metric, need_partial
     redone two-pass in float32 from the padded images (:func:`_two_pass_moments`).
 
     ``padded`` ``(2, N, C, *(n T + k - 1))``, ``shifts`` two ``(N, C, *n, 1, ...)``,
-    ``moments`` five ``(N, C, *n, *T)`` (overwritten). Returns the map ``(N, C, *n, *T)``,
-    the partials ``(P, N, C, *n, *T)`` (or None), float32, and the redone windows: None,
-    or their flat indices ``(R,)`` into ``(N, C, *n, *T)`` and their centres ``(2, R)``.
+    ``moments`` five ``(N, C, *n, *T)`` (overwritten). Returns the map ``(N, C, *n, *T)``
+    and the partials ``(P, N, C, *n, *T)`` (or None), float32.
 
-    A redone window's moments are taken about its own mean ``μ`` (its centre), so its
-    variances come out of float32 whole; the metric gets ``μ`` as the shift, and its
-    partials stay with respect to the moments about ``μ``. They are not converted back to
-    the tile's shift ``m``: ``∂F/∂M_a = ∂F/∂M'_a - 2 δ_a ∂F/∂M'_aa - δ_b ∂F/∂M'_ab`` with
-    ``δ = μ - m`` would keep a rounding error of ``u |δ| |∂F/∂M'_aa|``, as large as the
-    gradient itself in a dim region of a bright tile. The backward reads the centres
-    instead (:func:`_redo_risky_gradients`); the tile-shift adjoint pass never uses these
-    partials for a sample it keeps.
+    A redone window's moments are taken about its own mean ``μ``, so its variances come
+    out of float32 whole; the metric gets ``μ`` as the shift, and its partials are
+    converted back to moments about the tile's shift ``m``, which the backward uses (with
+    ``δ = μ - m``, a constant):
+
+        ∂F/∂M_a = ∂F/∂M'_a - 2 δ_a ∂F/∂M'_aa - δ_b ∂F/∂M'_ab    (b likewise)
     """
     # One device sync: the index of the windows to redo (usually none, or a few).
     risky = _risky_windows(moments, window.total, metric.variance_floor)
     redo = risky.flatten().nonzero().squeeze(1)
     if redo.numel():
-        redone, centers = _two_pass_moments(padded, grid, shifts, moments, redo, window)
+        redone, centers, deltas = _two_pass_moments(padded, grid, shifts, moments, redo, window)
     out, partials = metric.pointwise(moments, shifts, window.total, need_partials)
     if not redo.numel():
-        return out, partials, None
+        return out, partials
     out_r, partials_r = metric.pointwise(redone, centers, window.total, need_partials)
     out.view(-1).index_copy_(0, redo, out_r.to(out.dtype))
     if partials is not None:
+        i_a, i_b, i_aa, i_bb, i_ab = metric.slots
+        c_aa, c_ab = metric.coefficients
+        delta_a, delta_b = deltas
+        # The metric stores ∂F/∂M_aa as c_aa/2 · partials[i_aa], ∂F/∂M_ab as c_ab · ....
+        to_a = (
+            partials_r[i_a] - c_aa * delta_a * partials_r[i_aa] - c_ab * delta_b * partials_r[i_ab]
+        )
+        to_b = (
+            partials_r[i_b] - c_aa * delta_b * partials_r[i_bb] - c_ab * delta_a * partials_r[i_ab]
+        )
+        partials_r[i_a], partials_r[i_b] = to_a, to_b
         flat = partials.view(partials.shape[0], -1)
         flat.index_copy_(1, redo, partials_r.to(partials.dtype))
-    return out, partials, (redo, torch.stack(centers))
-
-
-def _redo_risky_gradients(
-    grads, padded, grid, shifts, partials, upstream, redone, window, metric, scale
-):
-    """Overwrite, in place, the tile-input gradients of the tiles that redid a window with
-    direct sums centred on each window (float32, no cancellation).
-
-    The adjoint pass gives, for a sample ``q`` of a tile of shift ``m`` (``a_q`` its value,
-    windows ``p`` over the tile's outputs whose window holds ``q``, ``w`` their weights,
-    ``G`` the upstream gradient, ``P`` the partials about ``m``)
-
-        ∂L/∂a_q = Σ_p w G P_a(p) + c_aa (a_q - m) Σ_p w G P_aa(p) + c_ab (b_q - m_b) Σ_p ...
-
-    where ``P_a(p)`` holds ``-c_aa (μ_p - m) P_aa(p)``: both terms are ``|a_q - m|`` times
-    the variance partial, and nearly cancel where the tile's shift is far from the window
-    (a dim region beside a bright one; beside a step). The same sum about any per-window
-    centre ``c(p)`` is exact (moments about a constant: the partials change by the terms
-    that the ``(a_q - c)`` factors give back):
-
-        ∂L/∂a_q = Σ_p w G [P^c_a(p) + c_aa (a_q - c_a(p)) P_aa(p) + c_ab (b_q - c_b(p)) P_ab(p)]
-
-    With ``c(p) = μ_p`` for a redone window (its partials are about ``μ_p``,
-    :func:`_tiled_pointwise`) and ``m`` for the others (``|μ_p - m|`` within
-    ``sqrt(FLOAT32_RISK)`` of its spread), and ``a_q - c`` taken from the images as they
-    are (``padded``, not the tile-centred copy), every term is about the window's own
-    spread. Every sample that a redone window reads lies in its tile's input, so the tiles
-    that redid a window are summed this way, whole: one term per window tap, over those
-    tiles at once (``Π k`` element-wise passes over them); elsewhere every window in reach
-    is within the risk bound and the adjoint pass keeps its accuracy.
-
-    Parameters
-    ----------
-    grads : two Tensors ``(N, C, *n, *(T + k - 1))`` or None: the gradients over the tiles'
-        inputs from the adjoint pass (with the factor ``scale`` of the weights), changed.
-    padded : Tensor ``(2, N, C, *(n T + k - 1))``: the images reflect-padded as they are.
-    shifts : two Tensors ``(N, C, *n, 1, ...)``: the tiles' shifts.
-    partials : Tensor ``(P, N, C, *n, *T)``: about ``m``, or about ``μ`` where redone.
-    upstream : Tensor ``(N, C, *n, *T)`` or None (a gradient of 1).
-    redone : flat indices ``(R,)`` into ``(N, C, *n, *T)`` and centres ``(2, R)``.
-    scale : float: the factor the adjoint pass put on the window's weights.
-    """
-    d, tile, sizes = grid.dims, grid.tile, window.sizes
-    redo, centers = redone
-    lead = partials.shape[1:-d]  # (N, C, *n)
-    per_out = math.prod(tile)
-    # The tiles that redid a window, flat over (N, C, *n).
-    chosen = torch.unique(redo // per_out)
-
-    def outputs(x):  # (..., N, C, *n, *T') -> (..., chosen, *T'), the chosen tiles' maps
-        flat = x.reshape(*x.shape[: x.dim() - 2 * d - 2], -1, *x.shape[x.dim() - d :])
-        return flat.index_select(flat.dim() - d - 1, chosen)
-
-    # Each window's centre: its tile's shift, or its own mean where redone.
-    cent = []
-    for shift, mu in zip(shifts, centers):
-        c = shift.expand(*lead, *tile).reshape(-1).clone()
-        cent.append(outputs(c.index_copy_(0, redo, mu).view(*lead, *tile)))
-    maps = outputs(partials)
-    g = None if upstream is None else outputs(upstream)
-    a_in, b_in = (outputs(grid.tiles(x)) for x in padded)  # (chosen, *(T + k - 1))
-    i_a, i_b, i_aa, i_bb, i_ab = metric.slots
-    c_aa, c_ab = metric.coefficients
-    out = [None if x is None else a_in.new_zeros(a_in.shape) for x in grads]
-    for taps in itertools.product(*[range(k) for k in sizes]):
-        weight = math.prod(w[j] for w, j in zip(window.taps, taps)) * scale
-        # The windows p read the samples q = p + j: a shifted view of each tile's input.
-        at = (Ellipsis, *[slice(j, j + t) for j, t in zip(taps, tile)])
-        da = a_in[at] - cent[0]
-        db = b_in[at] - cent[1]
-        if out[0] is not None:
-            terms = torch.addcmul(maps[i_a], da, maps[i_aa], value=c_aa)
-            terms.addcmul_(db, maps[i_ab], value=c_ab)
-            out[0][at].add_(terms.mul_(weight if g is None else g * weight))
-        if out[1] is not None:
-            terms = torch.addcmul(maps[i_b], db, maps[i_bb], value=c_aa)
-            terms.addcmul_(da, maps[i_ab], value=c_ab)
-            out[1][at].add_(terms.mul_(weight if g is None else g * weight))
-    for grad, redone_grad in zip(grads, out):
-        if grad is not None:
-            flat = grad.view(-1, *redone_grad.shape[1:])
-            flat.index_copy_(0, chosen, redone_grad)
+    return out, partials
 
 
 class _MomentMap(torch.autograd.Function):
@@ -554,9 +480,10 @@ class _MomentMap(torch.autograd.Function):
             else:
                 padded, centered, shifts = _tile_inputs(a, b, window, grid)
                 moments = impl.moments5(centered, window.taps)
-                out, partials, redone = _tiled_pointwise(
+                out, partials = _tiled_pointwise(
                     padded, grid, shifts, moments, window, metric, need_partials
                 )
+                del padded
                 out = grid.untile(out)
                 if partials is not None:  # outputs past the image must send nothing back
                     grid.zero_outside_(partials)
@@ -568,32 +495,27 @@ class _MomentMap(torch.autograd.Function):
         ctx.grid = grid
         ctx.spatial = tuple(a.shape[2:])
         if need_partials:
-            # Where windows were redone, the backward redoes the samples they read from the
-            # images as they are (:func:`_redo_risky_gradients`).
-            extra = (None,) * 5 if grid is None or redone is None else (padded, *shifts, *redone)
-            ctx.save_for_backward(centered, partials, *extra)
+            ctx.save_for_backward(centered, partials)
         return out
 
     @staticmethod
     @first_order_backward("ssim/local_ncc")
     def backward(ctx, grad_out):
-        centered, partials, padded, shift_a, shift_b, redo, centers = ctx.saved_tensors
+        centered, partials = ctx.saved_tensors
         window, metric = ctx.window, ctx.metric
-        upstream = None
         if ctx.reduction == "mean":
             # Scalar upstream gradient: 1/numel rides on the adjoint pass; g itself is
             # applied to the two final maps, and skipped when it is a CPU 1 (the usual
             # loss.backward()) to save two passes without a device sync elsewhere.
             adjoint, factor = _window_adjoint(ctx.impl, window, partials, 1.0 / ctx.numel)
-            scale = 1.0 / ctx.numel if factor == 1.0 else 1.0
             g = grad_out if factor == 1.0 else grad_out * factor
             if g.device.type == "cpu" and float(g) == 1.0:
                 g = None
         else:
             if ctx.grid is not None:
-                grad_out = upstream = ctx.grid.split(grad_out)
+                grad_out = ctx.grid.split(grad_out)
             adjoint, _ = _window_adjoint(ctx.impl, window, partials * grad_out, 1.0)
-            scale, g = 1.0, None
+            g = None
         grad_a = grad_b = None
         i_a, i_b, i_aa, i_bb, i_ab = metric.slots
         c_aa, c_ab = metric.coefficients
@@ -605,19 +527,6 @@ class _MomentMap(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_b = adjoint[i_b].addcmul_(b_c, adjoint[i_bb], value=c_aa)
             grad_b.addcmul_(a_c, adjoint[i_ab], value=c_ab)
-        if redo is not None:
-            _redo_risky_gradients(
-                (grad_a, grad_b),
-                padded,
-                ctx.grid,
-                (shift_a, shift_b),
-                partials,
-                upstream,
-                (redo, centers),
-                window,
-                metric,
-                scale,
-            )
         pads = centered_pads(window.sizes)
         if grad_a is not None:
             grad_a = _to_image(grad_a, ctx.grid, ctx.spatial, pads)

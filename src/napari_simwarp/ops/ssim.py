@@ -29,22 +29,16 @@ from ._windows import Window, make_window
 class _SSIMMetric(MomentMetric):
     """SSIM of the Gaussian moments, docs/maths.md §5.1 notation, ``r = 1/(B1 B2)``.
 
-    With ``M`` the moments about the shifts ``m`` the engine gives (``M_x = μx - m_x``,
-    ``M_xx = σx² + M_x²``, ``M_xy = σxy + M_x M_y``) the partials are
+    With the plain moments ``U = (μx, μy, G⋆x², G⋆y², G⋆xy)`` the partials are
 
-        ∂S/∂M_xx = ∂S/∂M_yy = ∂S/∂σ² = -S/B2                 one shared map (slot 2)
-        ∂S/∂M_xy = ∂S/∂σxy = 2 A1 r                          (slot 3)
-        ∂S/∂M_x = 2 r A2 (μy B1 - μx A1) / B1 + 2 M_x S/B2 - 2 M_y A1 r
-                                                             (slot 0; swapped: slot 1)
+        ∂S/∂(G⋆x²) = ∂S/∂(G⋆y²) = ∂S/∂σ² = -S/B2          one shared map (slot 2)
+        ∂S/∂(G⋆xy) = ∂S/∂σxy = 2 A1 r                     (slot 3)
+        ∂S/∂μx (total) = 2 r [μy (A2 - A1) + μx S (B1 - B2)]    (slot 0; swapped: slot 1)
 
-    (the first term is the luminance's, ``∂l/∂μx · A2/B2``, the others the variance's and
-    covariance's dependence on ``M_x``). Slot 2 stores ``+S/B2``, so its coefficient is
-    ``-2``; sharing the σ² map saves one of five adjoint passes. This form keeps float32's
-    accuracy (docs/maths.md §5.2): every term is of the size of the result, or, for
-    ``μy B1 - μx A1``, cancels only to ``u μ³``, which ``A2 / B1²`` scales to ``u / μ``.
-    The form of the plain moments converted to centred ones (``∂S/∂μx|_U + 2 m_x ∂S/∂U_xx
-    + ...``) instead adds and subtracts terms of ``|m| S / B2``: a float32 error of
-    ``u |m| / σ`` of the gradient (3e-4 on a 3000-count step, noise 0.5).
+    and slots 0, 1 are then converted to the centered moments the engine uses (see
+    ``_moments``): ``∂S/∂M_x = ∂S/∂μx + 2 m_x ∂S/∂σ² + m_y ∂S/∂σxy``. Slot 2 stores
+    ``+S/B2``, so its coefficient is ``-2``. Sharing the σ² map saves one of five adjoint
+    passes.
     """
 
     name = "ssim"
@@ -65,12 +59,8 @@ class _SSIMMetric(MomentMetric):
         a2 = torch.add(c2, mxy, alpha=2.0).addcmul_(mx, my, value=-2.0)  # 2 σxy + C2
         squares = torch.addcmul(-c2, mx, mx).addcmul_(my, my)
         b2 = mxx.add_(myy).sub_(squares)  # σx² + σy² + C2
-        # Luminance terms from the plain local means; the partials need the centred ones
-        # too (into the buffers of M_yy and M_xy, read above).
-        if need_partials:
-            mux, muy = torch.add(mx, shift_x, out=myy), torch.add(my, shift_y, out=mxy)
-        else:
-            mux, muy = mx.add_(shift_x), my.add_(shift_y)
+        # Luminance terms from the plain local means.
+        mux, muy = mx.add_(shift_x), my.add_(shift_y)
         a1 = torch.addcmul(c1, mux, muy, value=2.0)  # 2 μx μy + C1
         b1 = torch.addcmul(c1, mux, mux, out=squares).addcmul_(muy, muy)  # μx² + μy² + C1
         den = torch.mul(b1, b2)
@@ -83,13 +73,13 @@ class _SSIMMetric(MomentMetric):
         r2 = torch.div(mx.new_tensor(2.0), den, out=den)  # 2 / (B1 B2), in place
         torch.div(ssim_map, b2, out=p_var)  # S / B2 = -∂S/∂σ²
         torch.mul(a1, r2, out=p_cov)  # 2 A1 / (B1 B2) = ∂S/∂σxy
-        k = a2.mul_(r2).div_(b1)  # 2 A2 / (B1² B2)
-        torch.mul(muy, b1, out=p_mux).addcmul_(mux, a1, value=-1.0).mul_(k)
-        torch.mul(mux, b1, out=p_muy).addcmul_(muy, a1, value=-1.0).mul_(k)
-        # The variances' and covariance's dependence on the centred means (p_var holds
-        # -∂S/∂σ², hence +2).
-        p_mux.addcmul_(mx, p_var, value=2.0).addcmul_(my, p_cov, value=-1.0)
-        p_muy.addcmul_(my, p_var, value=2.0).addcmul_(mx, p_cov, value=-1.0)
+        d = a2.sub_(a1)  # A2 - A1
+        e = b1.sub_(b2).mul_(ssim_map)  # S (B1 - B2)
+        torch.mul(muy, d, out=p_mux).addcmul_(mux, e).mul_(r2)
+        torch.mul(mux, d, out=p_muy).addcmul_(muy, e).mul_(r2)
+        # To centered moments (p_var holds -∂S/∂σ², hence -2).
+        p_mux.addcmul_(shift_x, p_var, value=-2.0).addcmul_(shift_y, p_cov)
+        p_muy.addcmul_(shift_y, p_var, value=-2.0).addcmul_(shift_x, p_cov)
         return ssim_map, partials
 
 

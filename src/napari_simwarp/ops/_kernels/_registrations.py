@@ -219,7 +219,7 @@ def register_fused_ssim_fakes(namespace: str) -> None:
             return a.new_empty(a.shape), a.new_empty((0,)), a.new_empty((0,))
         H, W = a.shape[-2], a.shape[-1]
         images = a.numel() // (H * W)
-        shifts = (3, images, (H + tile - 1) // tile, (W + tile - 1) // tile)
+        shifts = (2, images, (H + tile - 1) // tile, (W + tile - 1) // tile)
         return a.new_empty(a.shape), a.new_empty((4, *a.shape)), a.new_empty(shifts)
 
     @torch.library.register_fake(f"{namespace}::ssim_bwd")
@@ -248,8 +248,7 @@ def register_fused_local_std_fakes(namespace: str) -> None:
 
 
 def local_ncc_shift_shape(shape, sizes) -> tuple[int, ...]:
-    """The fused local NCC's tile shifts and redo flags ``(3, images, tiles_z, tiles_y,
-    tiles_x)`` for
+    """The fused local NCC's tile shifts ``(2, images, tiles_z, tiles_y, tiles_x)`` for
     images of ``shape`` ``(..., [D,] H, W)`` and a window of ``sizes`` (csrc/cuda/local_ncc.h:
     tiles of 8 x 16 x 16, 1 x 16 x 16 for 2-D images)."""
     W, H = shape[-1], shape[-2]
@@ -257,7 +256,7 @@ def local_ncc_shift_shape(shape, sizes) -> tuple[int, ...]:
     kz = sizes[0] if len(sizes) == 3 else 1
     tz = 1 if D == 1 and kz == 1 else 8
     images = math.prod(shape) // (D * H * W) if D * H * W else 0
-    return (3, images, -(-D // tz), -(-H // 16), -(-W // 16))
+    return (2, images, -(-D // tz), -(-H // 16), -(-W // 16))
 
 
 def register_fused_local_ncc_fakes(namespace: str) -> None:

@@ -149,9 +149,8 @@ def ssim_fwd(
     library=None,
 ):
     """Fused 2-D Gaussian SSIM of float32 ``a``, ``b`` ``(..., H, W)`` (CUDA only),
-    SciPy "reflect" padding: ``(map (..., H, W), partials (4, ..., H, W), shifts (3,
-    images, tiles_y, tiles_x): the tiles' shifts of a and b, their redo flags)``, the last
-    two empty unless ``need_partials``.
+    SciPy "reflect" padding: ``(map (..., H, W), partials (4, ..., H, W), shifts (2,
+    images, tiles_y, tiles_x))``, the last two empty unless ``need_partials``.
     ``library`` is ``torch.ops.simwarp`` (default) or the host shim's."""
     flat, sizes = _flat_list(taps)
     preconditions.ssim_fwd(a, b, flat, sizes, SSIM_MAX_TAPS)
@@ -182,9 +181,8 @@ def local_ncc_fwd(
     library=None,
 ):
     """Fused local NCC of float32 ``a``, ``b`` ``(..., [D,] H, W)`` (CUDA only), 2-D or 3-D
-    window, SciPy "reflect" padding: ``(map, partials (5, *a.shape), shifts (3, images,
-    tiles_z, tiles_y, tiles_x): the tiles' shifts of a and b, their redo flags)``, the last
-    two empty unless ``need_partials``.
+    window, SciPy "reflect" padding: ``(map, partials (5, *a.shape), shifts (2, images,
+    tiles_z, tiles_y, tiles_x))``, the last two empty unless ``need_partials``.
     ``library`` as :func:`ssim_fwd`'s."""
     flat, sizes = _flat_list(taps)
     preconditions.local_ncc_fwd(a, b, flat, sizes, LOCAL_NCC_MAX_TAPS)

@@ -172,8 +172,7 @@ def ssim_fwd(
 
 def ssim_bwd(grad, a, b, partials, shifts, values, sizes, max_taps: int, tile: int) -> None:
     """Its backward: grad one value or ``a``'s shape, partials ``(4, *a.shape)``, shifts
-    ``(3, images, tiles along H, tiles along W)`` (the tiles' shifts of ``a`` and ``b``, and
-    their redo flags)."""
+    ``(2, images, tiles along H, tiles along W)``."""
     ssim_fwd(a, b, values, sizes, max_taps)
     like_first("ssim_bwd", [("a", a), ("grad", grad), ("partials", partials), ("shifts", shifts)])
     if grad.numel() != 1 and tuple(grad.shape) != tuple(a.shape):
@@ -184,7 +183,7 @@ def ssim_bwd(grad, a, b, partials, shifts, values, sizes, max_taps: int, tile: i
     shape("ssim_bwd", "partials", partials, (4, *a.shape))
     H, W = a.shape[-2:]
     images = a.numel() // (H * W) if H * W else 0
-    shape("ssim_bwd", "shifts", shifts, (3, images, -(-H // tile), -(-W // tile)))
+    shape("ssim_bwd", "shifts", shifts, (2, images, -(-H // tile), -(-W // tile)))
 
 
 def local_ncc_fwd(
