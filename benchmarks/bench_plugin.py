@@ -236,8 +236,10 @@ def register_from_menu(report, model: str = "affine", runs: int = 3, settle: flo
             time.sleep(0.002)
         # to the result on screen: the window's next repaint (it shows every change the
         # display made; a run that ended within one batch of steps had not been drawn yet)
-        drawn = len(repaints)
-        while len(repaints) == drawn and time.perf_counter() - start < 60:
+        drawn, waited = len(repaints), time.perf_counter()
+        while len(repaints) == drawn:
+            if time.perf_counter() - waited > 10:
+                raise RuntimeError("the window was not repainted within 10 s of the result")
             app.processEvents()
             time.sleep(0.002)
         seconds = time.perf_counter() - start

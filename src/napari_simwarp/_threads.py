@@ -11,15 +11,17 @@ thread and 0.89-1.25 s with two; headless, with another program busy on one core
 0.36-0.43 s with one.
 
 A viewer's widgets therefore leave one core out of the pool, once per process, unless the
-user chose the count (``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` set: torch took it).
-Scripts and the command line keep torch's default.
+user chose the count with ``OMP_NUM_THREADS`` (or ``MKL_NUM_THREADS``) in the environment.
+It holds for the threads that run torch after it (a widget's workers, the GUI thread): an
+OpenMP thread keeps the count it started with. Scripts and the command line that make no
+widget keep torch's default.
 """
 
 from __future__ import annotations
 
 import os
 
-#: environment variables by which a user sets torch's CPU threads (torch reads them)
+#: environment variables by which a user sets the CPU threads of torch and its libraries
 USER_CHOICE = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 _state = {"done": False}
