@@ -5,10 +5,10 @@ at the end of each operator for the next one. In a viewer, a worker's run shares
 with the GUI thread (and, with software OpenGL, the rasterizer's threads), and with every
 core in the pool an operator waits for whichever of its threads lost its core, thousands of
 operators a run. Measured on this project's 2-core machines (docs/benchmarks.md, "Issue
-27, fifth pass"): under Xvfb, the Register widget's deformable runs took 0.74-0.89 s with one
-thread and 0.89-1.25 s with two; headless, with another program busy on one core, an affine
-``register`` took 3.6-9.8 s with two threads in two processes of three (0.26 s quiet) and
-0.36-0.43 s with one.
+27, fifth pass"): under Xvfb, the Register widget's deformable runs took 0.74-0.89 s with
+one thread and 0.89-1.25 s with two; headless, with another program busy on one core, an
+affine ``register`` took a median of 3.8-9.8 s per call with two threads in three
+processes of four (0.26 s quiet) and 0.36-0.43 s with one.
 
 A viewer's widgets therefore leave one core out of the pool, once per process, unless the
 user chose the count with ``OMP_NUM_THREADS`` (or ``MKL_NUM_THREADS``) in the environment.
