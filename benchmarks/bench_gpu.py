@@ -375,6 +375,31 @@ def _peer_lncc() -> dict[str, tuple[Callable, int]]:
     return peers
 
 
+def fluorescence(shape, generator: torch.Generator, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A float32 pair ``(N, C, *S)`` like fluorescence images: cells up to ~3000 counts over
+    a camera offset of 100 on a dark background, noise growing with the signal; the second
+    image a dimmer, noisier view of the first.
+
+    A dim window beside a bright one in the same tile is where the float32 moment kernels
+    redo windows two-pass from the images (ops/_moments.py, cuda/ssim.cu,
+    cuda/local_ncc.cu); uniform noise never gets there, so its timings leave that cost out.
+    """
+    import torch.nn.functional as F
+
+    lead, spatial = tuple(shape[:2]), tuple(shape[2:])
+    coarse = torch.rand(
+        (*lead, *[max(2, side // 24) for side in spatial]), generator=generator, device=device
+    )
+    mode = "bilinear" if len(spatial) == 2 else "trilinear"
+    field = F.interpolate(coarse, size=spatial, mode=mode, align_corners=False)
+    cells = 3000.0 * ((field - 0.6) / 0.4).clamp(0, 1).sqrt()
+    noise = torch.randn(shape, generator=generator, device=device)
+    a = 100.0 + cells + noise * (2.0 + 0.02 * cells)
+    noise = torch.randn(shape, generator=generator, device=device)
+    b = 100.0 + 0.8 * cells + noise * (3.0 + 0.03 * cells)
+    return a, b
+
+
 def op_cases(device: torch.device, smoke: bool):
     """(title, floor in maps of the input's size, our op, peers, inputs) per target."""
     from napari_simwarp import ops
@@ -386,11 +411,21 @@ def op_cases(device: torch.device, smoke: bool):
         b = (0.7 * a + 0.3 * torch.rand(shape, generator=gen, device=device)).clamp(0, 1)
         return a, b
 
+    def ssim(a, b):
+        return ops.ssim(a, b, window=11, reduction="mean")
+
+    def lncc(a, b):
+        return ops.local_ncc(a, b, window=9, reduction="mean")
+
     n = 64 if smoke else 4096
     ssim_shape = (2, 1, 48, 64) if smoke else (5, 1, 1080, 1920)
     # fussim's and fused-ssim's own benchmark shape (three channels, portrait)
     rgb_shape = (1, 3, 64, 48) if smoke else (1, 3, 1920, 1080)
     lncc_side = 24 if smoke else 160
+    # fluorescence-like pairs: one frame and a smaller volume (their redone windows may cost
+    # several times the uniform pairs' time; the check's bench step has 190 s in all)
+    frame_shape = (1, 1, 48, 64) if smoke else (1, 1, 1080, 1920)
+    volume_side = 24 if smoke else 96
     return [
         # read x and the upstream gradient, write the map and the image gradient
         (
@@ -401,26 +436,29 @@ def op_cases(device: torch.device, smoke: bool):
             images(1, 1, n, n)[:1],
         ),
         # read a and b, write the two image gradients (a scalar loss)
-        (
-            f"ssim {ssim_shape} w11, mean",
-            4,
-            lambda a, b: ops.ssim(a, b, window=11, reduction="mean"),
-            _peer_ssim(),
-            images(*ssim_shape),
-        ),
-        (
-            f"ssim {rgb_shape} w11, mean",
-            4,
-            lambda a, b: ops.ssim(a, b, window=11, reduction="mean"),
-            _peer_ssim(),
-            images(*rgb_shape),
-        ),
+        (f"ssim {ssim_shape} w11, mean", 4, ssim, _peer_ssim(), images(*ssim_shape)),
+        (f"ssim {rgb_shape} w11, mean", 4, ssim, _peer_ssim(), images(*rgb_shape)),
         (
             f"local_ncc {lncc_side}³ w9, mean",
             4,
-            lambda a, b: ops.local_ncc(a, b, window=9, reduction="mean"),
+            lncc,
             _peer_lncc(),
             images(1, 1, lncc_side, lncc_side, lncc_side),
+        ),
+        # the same shapes as fluorescence images: the cost of the windows redone two-pass
+        (
+            f"ssim {frame_shape} w11, mean, fluorescence-like",
+            4,
+            ssim,
+            {},
+            fluorescence(frame_shape, gen, device),
+        ),
+        (
+            f"local_ncc {volume_side}³ w9, mean, fluorescence-like",
+            4,
+            lncc,
+            {},
+            fluorescence((1, 1, volume_side, volume_side, volume_side), gen, device),
         ),
     ]
 
