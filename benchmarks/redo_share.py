@@ -15,6 +15,7 @@ measures it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -23,44 +24,63 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_gpu import fluorescence
+from bench_gpu import fluorescence, uniform_pair
+
+
+@contextlib.contextmanager
+def redone_window_shares():
+    """The GPU's float32 moment policy forced on the CPU (pure torch path), and a list
+    that gets, at each call of the moment engine, the share of its windows redone
+    two-pass; all restored on exit."""
+    from napari_simwarp.ops import _moments, _numerics
+
+    policy, check = _numerics.FLOAT32_MOMENT_DEVICE_TYPES, _moments._risky_windows
+    backend = os.environ.get("SIMWARP_BACKEND")
+    shares: list[float] = []
+
+    def counted(*args, **kwargs):
+        risky = check(*args, **kwargs)
+        shares.append(risky.float().mean().item())
+        return risky
+
+    _numerics.FLOAT32_MOMENT_DEVICE_TYPES = policy | {"cpu"}
+    _moments._risky_windows = counted
+    os.environ["SIMWARP_BACKEND"] = "torch"
+    try:
+        yield shares
+    finally:
+        _numerics.FLOAT32_MOMENT_DEVICE_TYPES, _moments._risky_windows = policy, check
+        if backend is None:
+            os.environ.pop("SIMWARP_BACKEND", None)
+        else:
+            os.environ["SIMWARP_BACKEND"] = backend
 
 
 def main(side: int = 540) -> None:
     from napari_simwarp import ops
-    from napari_simwarp.ops import _moments, _numerics
 
-    _numerics.FLOAT32_MOMENT_DEVICE_TYPES = _numerics.FLOAT32_MOMENT_DEVICE_TYPES | {"cpu"}
-    os.environ["SIMWARP_BACKEND"] = "torch"
-    shares = []
-    real = _moments._risky_windows
-
-    def counted(*args, **kwargs):
-        risky = real(*args, **kwargs)
-        shares.append(risky.float().mean().item())
-        return risky
-
-    _moments._risky_windows = counted
     gen = torch.Generator().manual_seed(0)
     shape = (1, 1, side, 2 * side)
-    uniform_a = torch.rand(shape, generator=gen)
-    uniform_b = (0.7 * uniform_a + 0.3 * torch.rand(shape, generator=gen)).clamp(0, 1)
-    pairs = {"uniform": (uniform_a, uniform_b), "fluorescence": fluorescence(shape, gen, "cpu")}
+    pairs = {
+        "uniform": uniform_pair(shape, gen, "cpu"),
+        "fluorescence": fluorescence(shape, gen, "cpu"),
+    }
     print(f"| op, {side}×{2 * side} | data | windows redone | forward+backward (ms) |")
     print("|---|---|---:|---:|")
-    for name, op in (("ssim w11", ops.ssim), ("local_ncc w9", ops.local_ncc)):
-        window = 11 if name.startswith("ssim") else 9
-        for data, (a, b) in pairs.items():
-            a, b = a.clone().requires_grad_(), b.clone().requires_grad_()
-            times = []
-            for _ in range(4):  # the first one warms up
-                a.grad = b.grad = None
-                shares.clear()
-                start = time.perf_counter()
-                op(a, b, window=window, reduction="mean").backward()
-                times.append(time.perf_counter() - start)
-            share = max(shares, default=float("nan"))
-            print(f"| {name} | {data} | {share:.0%} | {min(times[1:]) * 1e3:.0f} |")
+    with redone_window_shares() as shares:
+        for name, op in (("ssim w11", ops.ssim), ("local_ncc w9", ops.local_ncc)):
+            window = 11 if name.startswith("ssim") else 9
+            for data, (a, b) in pairs.items():
+                a, b = a.clone().requires_grad_(), b.clone().requires_grad_()
+                times = []
+                for _ in range(4):  # the first one warms up
+                    a.grad = b.grad = None
+                    shares.clear()
+                    start = time.perf_counter()
+                    op(a, b, window=window, reduction="mean").backward()
+                    times.append(time.perf_counter() - start)
+                share = max(shares, default=float("nan"))
+                print(f"| {name} | {data} | {share:.0%} | {min(times[1:]) * 1e3:.0f} |")
 
 
 if __name__ == "__main__":

@@ -78,17 +78,19 @@ def test_gpu_check_fits_the_gpu_machines_box():
     assert reserves == sorted(reserves, reverse=True) and reserves[-1] < 30
 
 
-def _bench_gpu():
+def _benchmark(name: str):
+    """The module ``benchmarks/<name>.py``."""
+    import importlib
+
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        import bench_gpu
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    return bench_gpu
 
 
 def test_splice_replaces_the_checks_sections_and_keeps_the_rest(tmp_path):
-    bench_gpu = _bench_gpu()
+    bench_gpu = _benchmark("bench_gpu")
     page = tmp_path / "benchmarks.md"
     page.write_text(
         "# Benchmarks\n\n## CPU things\n\nkeep me\n\n"
@@ -154,34 +156,21 @@ def test_cuda_toolkit_is_found_by_its_nvcc_version(tmp_path):
     ("op", "shape"),
     [("ssim", (2, 1, 96, 96)), ("local_ncc", (1, 1, 32, 32, 32))],
 )
-def test_the_fluorescence_cases_time_the_windows_redone_two_pass(monkeypatch, op, shape):
+def test_the_fluorescence_cases_time_the_windows_redone_two_pass(op, shape):
     # bench_gpu's fluorescence-like pairs must reach the float32 kernels' two-pass redo
     # (dim windows beside bright ones) that its uniform pairs never reach: the GPU policy
-    # forced on the CPU, the torch path's risky windows counted.
+    # forced on the CPU, the torch path's risky windows counted (benchmarks/redo_share.py).
     import torch
 
     from napari_simwarp import ops
-    from napari_simwarp.ops import _moments, _numerics
 
-    bench_gpu = _bench_gpu()
-    types = _numerics.FLOAT32_MOMENT_DEVICE_TYPES | {"cpu"}
-    monkeypatch.setattr(_numerics, "FLOAT32_MOMENT_DEVICE_TYPES", types)
-    monkeypatch.setenv("SIMWARP_BACKEND", "torch")
-    shares = []
-    real = _moments._risky_windows
-
-    def counted(*args, **kwargs):
-        risky = real(*args, **kwargs)
-        shares.append(risky.float().mean().item())
-        return risky
-
-    monkeypatch.setattr(_moments, "_risky_windows", counted)
+    bench_gpu, redo_share = _benchmark("bench_gpu"), _benchmark("redo_share")
     gen = torch.Generator().manual_seed(0)
     a, b = bench_gpu.fluorescence(shape, gen, "cpu")
     assert a.dtype == torch.float32 and a.min() > 90 and a.max() < 4000
-    getattr(ops, op)(a, b, window=9)
-    assert shares and min(shares) > 0.1
-    shares.clear()
-    u = torch.rand(shape, generator=gen)
-    getattr(ops, op)(u, (0.7 * u + 0.3 * torch.rand(shape, generator=gen)).clamp(0, 1), window=9)
-    assert shares and max(shares) == 0
+    with redo_share.redone_window_shares() as shares:
+        getattr(ops, op)(a, b, window=9)
+        assert shares and min(shares) > 0.1
+        shares.clear()
+        getattr(ops, op)(*bench_gpu.uniform_pair(shape, gen, "cpu"), window=9)
+        assert shares and max(shares) == 0
