@@ -31,6 +31,7 @@ from napari_simwarp.ops._moments import _MomentMap, moment_map
 from napari_simwarp.ops._windows import make_window
 from tests import images
 from tests.csrc.conftest import require_host_shim
+from tests.ops.ssim_reference import skimage_ssim_map
 from tests.ops.test_local_ncc import _scipy_local_ncc
 
 #: the module (napari_simwarp.ops.ssim is also the name of the function it exports)
@@ -379,19 +380,10 @@ def _fused_with_gradients(fused, a, b, window, data_range, reduction, upstream):
 
 def _skimage_ssim_map(a, b, data_range):
     """scikit-image's SSIM map of ``a[0, 0]`` and ``b[0, 0]`` with the fused kernels'
-    window (Gaussian, sigma 1.5, 11 taps) and population covariance; skips the test
-    where scikit-image is not installed (scripts/ci_cuda_build.sh's venv)."""
-    structural_similarity = pytest.importorskip("skimage.metrics").structural_similarity
-    _, full = structural_similarity(
-        a[0, 0],
-        b[0, 0],
-        full=True,
-        gaussian_weights=True,
-        sigma=1.5,
-        use_sample_covariance=False,
-        data_range=data_range,
-    )
-    return full
+    window (Gaussian, sigma 1.5, 11 taps); skips the test where scikit-image is not
+    installed (scripts/ci_cuda_build.sh's venv)."""
+    pytest.importorskip("skimage.metrics")
+    return skimage_ssim_map(a[0, 0], b[0, 0], data_range)
 
 
 def _float64_with_gradients(a, b, window, data_range, reduction, upstream):

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 from scipy import ndimage as ndi
-from skimage.metrics import structural_similarity
 
 from napari_simwarp.ops import (
     LOSSES,
@@ -20,6 +19,7 @@ from napari_simwarp.ops import (
 )
 from tests.images import random_smooth
 from tests.ops.mutual_information_reference import mutual_information_reference
+from tests.ops.ssim_reference import skimage_ssim_map
 
 SHAPE = (30, 34)
 
@@ -47,19 +47,6 @@ def _local_ncc_map(f, m, window, kernel="box"):
     return cov / np.sqrt((filt(f * f) - mf**2) * (filt(m * m) - mm**2))
 
 
-def _ssim_map(f, m, data_range=1.0):
-    _, full = structural_similarity(
-        f,
-        m,
-        full=True,
-        gaussian_weights=True,
-        sigma=1.5,
-        use_sample_covariance=False,
-        data_range=data_range,
-    )
-    return full
-
-
 def _mean(x, mask=None):
     return x.mean() if mask is None else x[mask.astype(bool)].mean()
 
@@ -73,7 +60,7 @@ def reference(metric, f, m, mask=None, **options):
             _local_ncc_map(f, m, options.get("window", 9), options.get("kernel", "box")), mask
         )
     if metric == "ssim":
-        return 1 - _mean(_ssim_map(f, m, options.get("data_range", 1.0)), mask)
+        return 1 - _mean(skimage_ssim_map(f, m, options.get("data_range", 1.0)), mask)
     if metric == "mi":
         normalize = options.get("normalize", True)
         score = mutual_information_reference(f, m, mask, normalize=normalize)
@@ -160,16 +147,7 @@ def test_3d_losses_match_their_references(rng):
     # scikit-image truncates its Gaussian at 3.5 σ: 9 taps for σ = 1.
     np.testing.assert_allclose(
         float(SSIMLoss(window=9, sigma=1.0)(_t(fixed), _t(moving))),
-        1
-        - structural_similarity(
-            f,
-            m,
-            full=True,
-            gaussian_weights=True,
-            sigma=1.0,
-            use_sample_covariance=False,
-            data_range=1.0,
-        )[1].mean(),
+        1 - skimage_ssim_map(f, m, 1.0, sigma=1.0).mean(),
         atol=1e-10,
     )
     np.testing.assert_allclose(

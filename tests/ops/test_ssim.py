@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from skimage.metrics import structural_similarity
 
 from napari_simwarp.ops import ssim
 from tests import images
+from tests.ops.ssim_reference import skimage_ssim_map
 
 # Every test runs on the pure torch path and on the compiled kernels (tests/conftest.py).
 pytestmark = pytest.mark.usefixtures("backend")
@@ -34,19 +34,6 @@ def _pair(kind: str, ndim: int, rng: np.random.Generator):
         b = images.microscopy(rng, shape)
     data_range = float(max(a.max(), b.max()) - min(a.min(), b.min()))
     return a, b, data_range
-
-
-def _skimage_map(a: np.ndarray, b: np.ndarray, data_range: float) -> np.ndarray:
-    _, full = structural_similarity(
-        a,
-        b,
-        full=True,
-        gaussian_weights=True,
-        sigma=1.5,
-        use_sample_covariance=False,
-        data_range=data_range,
-    )
-    return full
 
 
 def _t(x: np.ndarray, dtype=torch.float64, device="cpu") -> torch.Tensor:
@@ -116,7 +103,7 @@ class TestSSIM:
     def test_matches_skimage(self, device, rng, ndim, kind, dtype):
         """Same padding as scikit-image (SciPy "reflect"), so the whole map matches."""
         a, b, data_range = _pair(kind, ndim, rng)
-        expected = _skimage_map(a, b, data_range)
+        expected = skimage_ssim_map(a, b, data_range)
         out = ssim(
             _t(a, dtype, device), _t(b, dtype, device), data_range=data_range, reduction="none"
         )
@@ -193,7 +180,9 @@ class TestSSIM:
         """Guards the test's own reference (it is what the gradients are checked against)."""
         a, b, data_range = _pair("random", 2, rng)
         ref = _ssim_reference(_t(a), _t(b), data_range=data_range)
-        np.testing.assert_allclose(ref[0, 0].numpy(), _skimage_map(a, b, data_range), atol=1e-10)
+        np.testing.assert_allclose(
+            ref[0, 0].numpy(), skimage_ssim_map(a, b, data_range), atol=1e-10
+        )
 
     @pytest.mark.parametrize("ndim", [2, 3])
     def test_noncontiguous(self, device, ndim):
@@ -248,7 +237,9 @@ class TestSSIM:
         out = ssim(
             _t(a), _t(b), window=(11, 11), sigma=(1.5, 1.5), data_range=data_range, reduction="none"
         )
-        np.testing.assert_allclose(out[0, 0].numpy(), _skimage_map(a, b, data_range), atol=1e-10)
+        np.testing.assert_allclose(
+            out[0, 0].numpy(), skimage_ssim_map(a, b, data_range), atol=1e-10
+        )
 
     def test_exception(self, device):
         x = torch.rand(1, 1, 16, 16, device=device)
@@ -304,7 +295,7 @@ class TestFloat32Path:
             data_range = float(max(a.max(), b.max()) - min(a.min(), b.min()))
         out = ssim(_t(a, torch.float32), _t(b, torch.float32), data_range=data_range)
         assert out.dtype == torch.float32
-        expected = _skimage_map(a, b, data_range)
+        expected = skimage_ssim_map(a, b, data_range)
         np.testing.assert_allclose(out[0, 0].double().numpy(), expected, rtol=0, atol=1e-4)
 
     def test_matches_float64_reference_3d(self, rng):
@@ -332,7 +323,7 @@ class TestFloat32Path:
         a[70, 30] = np.nan
         out = ssim(_t(a, torch.float32), _t(b, torch.float32), data_range=50.0)[0, 0].numpy()
         filled = np.where(np.isnan(a), 0.0, a)
-        expected = _skimage_map(filled, b, 50.0)
+        expected = skimage_ssim_map(filled, b, 50.0)
         seen = np.zeros(a.shape, bool)
         seen[65:76, 25:36] = True  # the 11 × 11 windows that hold (70, 30)
         assert np.array_equal(np.isnan(out), seen)
